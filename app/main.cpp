@@ -1,0 +1,20 @@
+// vlmtrain entry point: the one place errors are caught and turned into an exit code.
+#include <cstdio>
+#include <exception>
+
+#include "app/cli.h"
+#include "vlm/check.h"
+
+int main(int argc, char** argv) {
+  try {
+    return vlmtrain::run_cli(argc, argv);
+  } catch (const vlm::Error& e) {
+    std::fprintf(stderr, "vlmtrain: error: %s\n", e.what());
+    vlmtrain::report_fatal(e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "vlmtrain: fatal: %s\n", e.what());
+    vlmtrain::report_fatal(e.what());
+    return 2;
+  }
+}

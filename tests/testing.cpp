@@ -1,0 +1,114 @@
+#include "tests/testing.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace fs = std::filesystem;
+extern char** environ;
+
+namespace vlmtest {
+
+std::string source_dir() { return VLMTRAIN_SOURCE_DIR; }
+std::string binary_dir() { return VLMTRAIN_BINARY_DIR; }
+std::string vlmtrain_bin() {
+#ifdef VLMTRAIN_BIN
+  return VLMTRAIN_BIN;
+#else
+  throw std::runtime_error("this test build has no vlmtrain binary (core-only build)");
+#endif
+}
+
+TempDir::TempDir(const std::string& tag) {
+  static std::atomic<int> counter{0};
+  fs::path base = fs::path(binary_dir()) / "test_tmp";
+  fs::create_directories(base);
+  std::string name = tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  path_ = (base / name).string();
+  fs::remove_all(path_);
+  fs::create_directories(path_);
+}
+
+TempDir::~TempDir() {
+  if (std::getenv("VLMTRAIN_KEEP_TEST_DIRS") == nullptr) {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+}
+
+RunResult run(const std::vector<std::string>& argv, std::chrono::seconds timeout,
+              const std::vector<std::string>& extra_env) {
+  RunResult result;
+  int pipefd[2];
+  if (::pipe(pipefd) != 0) throw std::runtime_error("pipe failed");
+  pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::dup2(pipefd[1], 1);
+    ::dup2(pipefd[1], 2);
+    ::close(pipefd[0]);
+    ::close(pipefd[1]);
+    for (const auto& kv : extra_env) ::putenv(const_cast<char*>(kv.c_str()));
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execvp(args[0], args.data());
+    std::fprintf(stderr, "exec %s failed: %s\n", args[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);
+  ::close(pipefd[1]);
+  std::atomic<bool> done{false};
+  std::thread killer([&] {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!done && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (!done) {
+      result.timed_out = true;
+      ::kill(-pid, SIGKILL);
+    }
+  });
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(pipefd[0], buf, sizeof buf)) > 0) result.output.append(buf, n);
+  ::close(pipefd[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  done = true;
+  killer.join();
+  if (result.timed_out) result.exit_code = 124;
+  else if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  else if (WIFSIGNALED(status)) result.exit_code = 128 + WTERMSIG(status);
+  return result;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  fs::path p(path);
+  if (p.has_parent_path()) fs::create_directories(p.parent_path());
+  std::ofstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error("cannot write " + path);
+  f << text;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error("cannot read " + path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+bool file_exists(const std::string& path) { return fs::exists(path); }
+
+}  // namespace vlmtest

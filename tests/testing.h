@@ -1,0 +1,46 @@
+// Shared helpers for the test executables: scratch directories, running the vlmtrain
+// binary (or any command) as a real subprocess with a hard timeout, reading files.
+#pragma once
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace vlmtest {
+
+// Absolute path of the source tree / build tree / built vlmtrain binary.
+std::string source_dir();
+std::string binary_dir();
+std::string vlmtrain_bin();
+
+// A fresh, empty directory under the build tree, removed when the object dies
+// (unless VLMTRAIN_KEEP_TEST_DIRS is set).
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag = "t");
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+struct RunResult {
+  int exit_code = -1;     // exit status, or 128 + signal, or 124 on timeout
+  bool timed_out = false;
+  std::string output;     // stdout and stderr interleaved
+};
+
+// Runs argv[0] with arguments (no shell), extra env "K=V" entries added, and kills the
+// whole process group after `timeout`.
+RunResult run(const std::vector<std::string>& argv,
+              std::chrono::seconds timeout = std::chrono::seconds(120),
+              const std::vector<std::string>& extra_env = {});
+
+void write_file(const std::string& path, const std::string& text);
+std::string read_file(const std::string& path);
+bool file_exists(const std::string& path);
+
+}  // namespace vlmtest
