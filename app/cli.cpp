@@ -149,6 +149,11 @@ bool is_help(const std::string& a) { return a == "--help" || a == "-h" || a == "
 
 }  // namespace
 
+Recipe recipe_from_args(Args& args, size_t index) {
+  std::string path = args.positional(index, "RECIPE (a .toml file)");
+  return load_recipe(path, args.values("set"));
+}
+
 [[noreturn]] void not_yet(const std::string& command, const std::string& issue) {
   throw vlm::Error("`vlmtrain " + command + "` is not implemented yet (tracked in " + issue +
                    "); see `vlmtrain --help` for what works today");

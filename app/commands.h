@@ -1,6 +1,7 @@
 // One function per subcommand, each defined in app/cmd_<name>.cpp.
 #pragma once
 #include "app/cli.h"
+#include "app/recipe.h"
 
 namespace vlmtrain {
 
@@ -26,6 +27,9 @@ const char* help_inspect();
 const char* help_tokenize();
 const char* help_launch();
 const char* help_report();
+
+// Loads the recipe named by positional `index` with every `--set KEY=VALUE` applied.
+Recipe recipe_from_args(Args& args, size_t index = 0);
 
 // For subcommands whose implementation has not landed: a clear error, non-zero exit.
 [[noreturn]] void not_yet(const std::string& command, const std::string& issue);

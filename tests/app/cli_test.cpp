@@ -1,3 +1,63 @@
+// The vlmtrain binary as a user runs it: help for every subcommand, clear errors.
 #include <gtest/gtest.h>
+
 #include "tests/testing.h"
-TEST(Cli, Runs) { auto r = vlmtest::run({vlmtest::vlmtrain_bin()}); EXPECT_EQ(r.exit_code, 0) << r.output; }
+
+namespace {
+
+const std::vector<std::string> kCommands = {"train", "eval", "plan", "export", "score", "synth-ocr",
+                                            "inspect", "tokenize", "launch", "report"};
+
+TEST(Cli, TopLevelHelpListsEveryCommand) {
+  auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "--help"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const auto& c : kCommands) EXPECT_NE(r.output.find("  " + c + " "), std::string::npos) << c;
+}
+
+TEST(Cli, HelpForEachSubcommandExitsZero) {
+  for (const auto& c : kCommands) {
+    auto r = vlmtest::run({vlmtest::vlmtrain_bin(), c, "--help"});
+    EXPECT_EQ(r.exit_code, 0) << c << ": " << r.output;
+    EXPECT_NE(r.output.find("usage: vlmtrain " + c), std::string::npos) << c << ": " << r.output;
+  }
+}
+
+TEST(Cli, UnknownSubcommandFailsWithHint) {
+  auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "trian"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("unknown command 'trian'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("did you mean `train`"), std::string::npos) << r.output;
+}
+
+TEST(Cli, NoArgumentsPrintsUsageAndFails) {
+  auto r = vlmtest::run({vlmtest::vlmtrain_bin()});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("usage:"), std::string::npos) << r.output;
+}
+
+TEST(Cli, RecipeAsFirstArgumentMeansTrain) {
+  std::string recipe = vlmtest::source_dir() + "/recipes/ocr_tiny.toml";
+  auto r = vlmtest::run({vlmtest::vlmtrain_bin(), recipe, "--dry-run", "--set", "optim.lr=5e-4"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("lr = 0.0005"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("preset = \"tiny\""), std::string::npos) << r.output;
+}
+
+TEST(Cli, BadRecipeExitsNonZeroNamingFileAndKey) {
+  vlmtest::TempDir dir("cli");
+  std::string path = dir / "broken.toml";
+  vlmtest::write_file(path, "[model]\npreset = \"tiny\"\n[optim]\nlearning_rate = 1\n");
+  auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "train", path, "--dry-run"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find(path + ":4"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("optim.learning_rate"), std::string::npos) << r.output;
+}
+
+TEST(Cli, UnknownOptionIsRejected) {
+  std::string recipe = vlmtest::source_dir() + "/recipes/ocr_tiny.toml";
+  auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "train", recipe, "--dry-runn"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("unknown option(s) --dry-runn"), std::string::npos) << r.output;
+}
+
+}  // namespace

@@ -1,0 +1,538 @@
+// Recipe parsing, printing and validation: the only place TOML is read.
+#include "app/recipe.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <toml.hpp>
+#include <type_traits>
+
+#include "vlm/check.h"
+
+namespace vlmtrain {
+namespace {
+
+// ---------------------------------------------------------------- type traits
+
+template <class T, class = void>
+struct has_fields : std::false_type {};
+struct ProbeVisitor {
+  template <class... A>
+  void operator()(A&&...) {}
+};
+template <class T>
+struct has_fields<T, std::void_t<decltype(std::declval<T&>().fields(std::declval<ProbeVisitor&>()))>>
+    : std::true_type {};
+
+template <class T>
+struct is_vector : std::false_type {};
+template <class T>
+struct is_vector<std::vector<T>> : std::true_type {};
+
+template <class T>
+struct is_struct_vector : std::false_type {};
+template <class T>
+struct is_struct_vector<std::vector<T>> : has_fields<T> {};
+
+template <class T>
+struct is_optional : std::false_type {};
+template <class T>
+struct is_optional<std::optional<T>> : std::true_type {};
+
+std::string type_name(const toml::value& v) {
+  switch (v.type()) {
+    case toml::value_t::boolean: return "a boolean";
+    case toml::value_t::integer: return "an integer";
+    case toml::value_t::floating: return "a float";
+    case toml::value_t::string: return "a string";
+    case toml::value_t::array: return "an array";
+    case toml::value_t::table: return "a table";
+    case toml::value_t::empty: return "nothing";
+    default: return "a date/time";
+  }
+}
+
+std::string where_of(const toml::value& v, const std::string& fallback) {
+  auto loc = v.location();
+  const std::string& file = loc.file_name();
+  if (file.rfind("--set", 0) == 0) return file;
+  if (file.empty() || file == "unknown file" || loc.line() == 0) return fallback;
+  return file + ":" + std::to_string(loc.line());
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string quote(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string format_double(double x) {
+  char buf[40];
+  for (int prec = 6; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, x);
+    if (std::strtod(buf, nullptr) == x) break;
+  }
+  std::string s = buf;
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+// ---------------------------------------------------------------- parsing
+
+class Parser {
+ public:
+  // `table` may be null when the section is absent (all defaults).
+  Parser(const toml::value* table, std::string prefix, Recipe& recipe, std::string table_where)
+      : table_(table), prefix_(std::move(prefix)), recipe_(recipe), table_where_(std::move(table_where)) {}
+
+  template <class T>
+  void operator()(const char* key, T& member) {
+    visit(key, member, nullptr, nullptr);
+  }
+  template <class T>
+  void operator()(const char* key, T& member, const Choice& choice) {
+    visit(key, member, &choice, nullptr);
+  }
+  template <class T>
+  void operator()(const char* key, T& member, const Range& range) {
+    visit(key, member, nullptr, &range);
+  }
+
+  // Rejects keys of the table that no field claimed, with a suggestion.
+  void finish() const {
+    if (table_ == nullptr) return;
+    for (const auto& [k, v] : table_->as_table()) {
+      if (known_.count(k)) continue;
+      std::string best;
+      size_t best_d = 3;
+      for (const auto& cand : known_) {
+        size_t d = edit_distance(k, cand);
+        if (d < best_d) best_d = d, best = cand;
+      }
+      std::string valid;
+      for (const auto& cand : order_) valid += (valid.empty() ? "" : ", ") + cand;
+      throw vlm::Error(where_of(v, table_where_) + ": unknown key '" + prefix_ + k + "'" +
+                       (best.empty() ? "" : " (did you mean '" + prefix_ + best + "'?)") +
+                       "; valid keys here: " + valid);
+    }
+  }
+
+ private:
+  template <class T>
+  void visit(const char* key, T& member, const Choice* choice, const Range* range) {
+    known_.insert(key);
+    order_.push_back(key);
+    if (table_ == nullptr) {
+      if constexpr (has_fields<T>::value) {
+        Parser sub(nullptr, prefix_ + key + ".", recipe_, table_where_);
+        member.fields(sub);
+      }
+      return;
+    }
+    const auto& tbl = table_->as_table();
+    auto it = tbl.find(key);
+    std::string dotted = prefix_ + key;
+    if (it == tbl.end()) {
+      if constexpr (has_fields<T>::value) {  // absent section: defaults, still visited
+        Parser sub(nullptr, dotted + ".", recipe_, table_where_);
+        member.fields(sub);
+      }
+      return;
+    }
+    const toml::value& v = it->second;
+    std::string at = where_of(v, table_where_);
+    recipe_.where[dotted] = at;
+    convert(dotted, at, v, member, choice, range);
+  }
+
+  [[noreturn]] static void type_error(const std::string& at, const std::string& key,
+                                      const std::string& expected, const toml::value& v) {
+    throw vlm::Error(at + ": key '" + key + "': expected " + expected + ", got " + type_name(v));
+  }
+
+  static void check_range(const std::string& at, const std::string& key, double x, const Range* r) {
+    if (r == nullptr) return;
+    bool low_ok = r->lo_open ? x > r->lo : x >= r->lo;
+    if (!low_ok || x > r->hi || std::isnan(x)) {
+      std::ostringstream ss;
+      ss << at << ": key '" << key << "': value " << x << " is out of range (expected "
+         << (r->lo_open ? "> " : ">= ") << r->lo << " and <= " << r->hi << ")";
+      throw vlm::Error(ss.str());
+    }
+  }
+
+  static void check_choice(const std::string& at, const std::string& key, const std::string& s,
+                           const Choice* c) {
+    if (c == nullptr) return;
+    for (const auto& ok : c->values)
+      if (s == ok) return;
+    std::string list;
+    for (const auto& ok : c->values) list += (list.empty() ? "" : ", ") + quote(ok);
+    throw vlm::Error(at + ": key '" + key + "': invalid value " + quote(s) + " (expected one of " +
+                     list + ")");
+  }
+
+  template <class T>
+  void convert(const std::string& key, const std::string& at, const toml::value& v, T& out,
+               const Choice* choice, const Range* range) {
+    if constexpr (has_fields<T>::value) {
+      if (!v.is_table()) type_error(at, key, "a table", v);
+      Parser sub(&v, key + ".", recipe_, at);
+      out.fields(sub);
+      sub.finish();
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (!v.is_string()) type_error(at, key, "a string", v);
+      out = v.as_string().str;
+      check_choice(at, key, out, choice);
+    } else if constexpr (std::is_same_v<T, bool>) {
+      if (!v.is_boolean()) type_error(at, key, "true or false", v);
+      out = v.as_boolean();
+    } else if constexpr (std::is_same_v<T, int64_t>) {
+      if (!v.is_integer()) type_error(at, key, "an integer", v);
+      out = v.as_integer();
+      check_range(at, key, static_cast<double>(out), range);
+    } else if constexpr (std::is_same_v<T, double>) {
+      if (v.is_integer()) out = static_cast<double>(v.as_integer());
+      else if (v.is_floating()) out = v.as_floating();
+      else type_error(at, key, "a number", v);
+      check_range(at, key, out, range);
+    } else if constexpr (is_optional<T>::value) {
+      typename T::value_type inner{};
+      convert(key, at, v, inner, choice, range);
+      out = inner;
+    } else if constexpr (is_vector<T>::value) {
+      using E = typename T::value_type;
+      out.clear();
+      if constexpr (std::is_same_v<E, std::string>) {
+        if (v.is_string()) {  // a single string is a list of one
+          out.push_back(v.as_string().str);
+          check_choice(at, key, out.back(), choice);
+          return;
+        }
+      }
+      if (!v.is_array()) type_error(at, key, "an array", v);
+      size_t i = 0;
+      for (const auto& item : v.as_array()) {
+        std::string item_key = key + "[" + std::to_string(i++) + "]";
+        recipe_.where[item_key] = where_of(item, at);
+        E e{};
+        convert(item_key, where_of(item, at), item, e, choice, range);
+        out.push_back(std::move(e));
+      }
+    } else {
+      static_assert(sizeof(T) == 0, "unsupported recipe field type");
+    }
+  }
+
+  const toml::value* table_;
+  std::string prefix_;
+  Recipe& recipe_;
+  std::string table_where_;
+  std::set<std::string> known_;
+  std::vector<std::string> order_;
+};
+
+// ---------------------------------------------------------------- printing
+
+class Printer {
+ public:
+  explicit Printer(std::string header) : header_(std::move(header)) {}
+
+  template <class T, class... Constraint>
+  void operator()(const char* key, T& member, const Constraint&...) {
+    add(key, member);
+  }
+
+  std::string str() const {
+    std::string out;
+    if (!header_.empty() && (!scalars_.empty() || nested_.empty())) out += header_ + "\n";
+    out += scalars_;
+    if (!nested_.empty()) out += (out.empty() ? "" : "\n") + nested_;
+    return out;
+  }
+
+ private:
+  template <class T>
+  void add(const std::string& key, T& member) {
+    if constexpr (has_fields<T>::value) {
+      std::string path = table_path() + key;
+      Printer sub("[" + path + "]");
+      sub.path_ = path;
+      member.fields(sub);
+      nested_ += (nested_.empty() ? "" : "\n") + sub.str();
+    } else if constexpr (is_struct_vector<T>::value) {
+      std::string path = table_path() + key;
+      for (auto& item : member) {
+        Printer sub("[[" + path + "]]");
+        sub.path_ = path;
+        item.fields(sub);
+        nested_ += (nested_.empty() ? "" : "\n") + sub.str();
+      }
+    } else if constexpr (is_optional<T>::value) {
+      if (member.has_value()) add(key, *member);
+    } else {
+      scalars_ += key + " = " + value(member) + "\n";
+    }
+  }
+
+  std::string table_path() const { return path_.empty() ? "" : path_ + "."; }
+
+  static std::string value(const std::string& s) { return quote(s); }
+  static std::string value(bool b) { return b ? "true" : "false"; }
+  static std::string value(int64_t x) { return std::to_string(x); }
+  static std::string value(double x) { return format_double(x); }
+  static std::string value(const std::vector<std::string>& xs) {
+    std::string out = "[";
+    for (size_t i = 0; i < xs.size(); ++i) out += (i ? ", " : "") + quote(xs[i]);
+    return out + "]";
+  }
+
+  std::string header_;
+  std::string path_;
+  std::string scalars_;
+  std::string nested_;
+};
+
+// ---------------------------------------------------------------- overrides
+
+toml::value parse_override_value(const std::string& text, const std::string& source) {
+  std::istringstream in("v = " + text + "\n");
+  try {
+    toml::value doc = toml::parse(in, source);
+    return doc.as_table().at("v");
+  } catch (const std::exception&) {
+    // A bare word such as runs/x or cosine: take it as a string.
+    std::istringstream in2("v = " + quote(text) + "\n");
+    toml::value doc = toml::parse(in2, source);
+    return doc.as_table().at("v");
+  }
+}
+
+void apply_override(toml::value& root, const std::string& spec) {
+  auto eq = spec.find('=');
+  VLM_CHECK(eq != std::string::npos && eq > 0, "--set ", spec,
+            ": expected section.key=value (e.g. --set optim.lr=2e-5)");
+  std::string key = spec.substr(0, eq);
+  std::string source = "--set " + key;
+  toml::value value = parse_override_value(spec.substr(eq + 1), source);
+
+  std::vector<std::string> parts;
+  std::stringstream ss(key);
+  for (std::string p; std::getline(ss, p, '.');) {
+    VLM_CHECK(!p.empty(), source, ": empty component in key '", key, "'");
+    parts.push_back(p);
+  }
+  toml::value* cur = &root;
+  for (size_t i = 0; i + 1 <= parts.size(); ++i) {
+    const std::string& p = parts[i];
+    bool last = i + 1 == parts.size();
+    if (cur->is_array()) {
+      char* end = nullptr;
+      long idx = std::strtol(p.c_str(), &end, 10);
+      auto& arr = cur->as_array();
+      VLM_CHECK(*end == '\0' && idx >= 0 && static_cast<size_t>(idx) < arr.size(), source,
+                ": '", p, "' is not an index of the array (it has ", arr.size(), " entries)");
+      if (last) arr[idx] = value;
+      else cur = &arr[idx];
+      continue;
+    }
+    VLM_CHECK(cur->is_table(), source, ": '", p, "' is inside a value that is not a table");
+    auto& tbl = cur->as_table();
+    if (last) {
+      tbl[p] = value;
+    } else {
+      auto it = tbl.find(p);
+      if (it == tbl.end()) it = tbl.emplace(p, toml::table{}).first;
+      cur = &it->second;
+    }
+  }
+}
+
+Recipe from_toml(toml::value root, const std::string& source, const std::vector<std::string>& overrides) {
+  for (const auto& o : overrides) apply_override(root, o);
+  Recipe r;
+  r.source = source;
+  Parser p(&root, "", r, source);
+  r.fields(p);
+  p.finish();
+  if (r.run.name.empty()) {
+    std::string stem = source.substr(source.find_last_of('/') + 1);
+    if (stem.size() > 5 && stem.substr(stem.size() - 5) == ".toml") stem.resize(stem.size() - 5);
+    r.run.name = stem;
+  }
+  return r;
+}
+
+toml::value parse_toml(std::istream& in, const std::string& source) {
+  try {
+    return toml::parse(in, source);
+  } catch (const toml::exception& e) {
+    throw vlm::Error(source + ": TOML syntax error:\n" + std::string(e.what()));
+  }
+}
+
+bool matches_any_glob_char(const std::string& s) {
+  return s.find_first_not_of(" |") != std::string::npos;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- public API
+
+Recipe parse_recipe(const std::string& text, const std::string& source_name,
+                    const std::vector<std::string>& overrides) {
+  std::istringstream in(text);
+  return from_toml(parse_toml(in, source_name), source_name, overrides);
+}
+
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  VLM_CHECK(in.good(), "cannot open recipe '", path, "' (check the path; recipes live in recipes/)");
+  return from_toml(parse_toml(in, path), path, overrides);
+}
+
+std::string to_toml(const Recipe& recipe) {
+  Recipe copy = recipe;  // fields() is non-const by design (one list for parse and print)
+  Printer root("");
+  copy.fields(root);
+  return root.str();
+}
+
+std::string recipe_hash(const Recipe& recipe) {
+  // FNV-1a 64 over the resolved TOML: stable across platforms and runs.
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : to_toml(recipe)) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+std::vector<std::string> known_presets() {
+  return {"tiny", "tiny-qwen2.5", "qwen2-vl-2b", "qwen2-vl-7b", "qwen2.5-vl-3b", "qwen2.5-vl-7b"};
+}
+
+std::string Recipe::location(const std::string& key) const {
+  auto it = where.find(key);
+  return it != where.end() ? it->second : source;
+}
+
+void Recipe::validate(Purpose purpose) const {
+  auto fail = [&](const std::string& key, const std::string& what) {
+    throw vlm::Error(location(key) + ": key '" + key + "': " + what);
+  };
+
+  // model
+  if (model.preset.empty() && model.path.empty())
+    fail("model", "neither model.preset nor model.path is set (expected one: a built-in preset "
+                  "such as \"tiny\", or an HF model directory)");
+  if (!model.preset.empty() && !model.path.empty())
+    fail("model.path", "both model.preset and model.path are set (expected exactly one)");
+  if (!model.preset.empty()) {
+    auto presets = known_presets();
+    if (std::find(presets.begin(), presets.end(), model.preset) == presets.end()) {
+      std::string list;
+      for (const auto& p : presets) list += (list.empty() ? "" : ", ") + p;
+      fail("model.preset", "unknown preset \"" + model.preset + "\" (expected one of " + list + ")");
+    }
+  }
+
+  // data
+  if (purpose == Purpose::train && data.train.empty())
+    fail("data.train", "no training data (expected one or more JSONL files)");
+  if (purpose == Purpose::eval && data.eval.empty())
+    fail("data.eval", "no evaluation data (expected one or more JSONL files, or pass --data)");
+  if (data.min_pixels > data.max_pixels)
+    fail("data.min_pixels", "min_pixels " + std::to_string(data.min_pixels) +
+                                " is larger than max_pixels " + std::to_string(data.max_pixels));
+  if (data.max_image_tokens * 784 < data.min_pixels)
+    fail("data.max_image_tokens",
+         "a cap of " + std::to_string(data.max_image_tokens) + " tokens (" +
+             std::to_string(data.max_image_tokens * 784) + " pixels) is below data.min_pixels " +
+             std::to_string(data.min_pixels) + " (hint: raise the cap or lower min_pixels)");
+  if (batch.max_image_tokens < 4)
+    fail("batch.max_image_tokens", "must hold at least the 4-token dummy/minimum image");
+
+  // schedule
+  if (purpose == Purpose::train && schedule.steps == 0 && schedule.epochs <= 0)
+    fail("schedule.steps", "no training length (expected schedule.steps > 0 or schedule.epochs > 0)");
+  if (schedule.steps > 0 && schedule.warmup_steps > schedule.steps)
+    fail("schedule.warmup_steps", "warmup (" + std::to_string(schedule.warmup_steps) +
+                                      ") is longer than the run (" + std::to_string(schedule.steps) +
+                                      " steps)");
+
+  // optimizer groups
+  for (size_t i = 0; i < optim.group.size(); ++i) {
+    std::string key = "optim.group[" + std::to_string(i) + "].match";
+    if (!matches_any_glob_char(optim.group[i].match))
+      throw vlm::Error(location(key) + ": key '" + key +
+                       "': empty match (expected globs on parameter names, e.g. \"visual.merger.*\")");
+  }
+
+  // sharding policy table
+  auto check_strategy = [&](const std::string& policy, const std::string& strategy,
+                            const std::string& key, const std::string& where_key) {
+    bool ok = true;
+    if (policy == "freeze") ok = strategy.empty();
+    else if (policy == "ddp") ok = strategy.empty() || strategy == "shard_optimizer";
+    else if (policy == "fsdp") ok = strategy.empty() || strategy == "full_shard" ||
+                                   strategy == "shard_grad_op" || strategy == "no_shard";
+    if (!ok)
+      throw vlm::Error(location(where_key) + ": key '" + key + "': strategy \"" + strategy +
+                       "\" does not apply to policy \"" + policy +
+                       "\" (fsdp: full_shard | shard_grad_op | no_shard; ddp: shard_optimizer; "
+                       "freeze: none)");
+  };
+  check_strategy(sharding.default_policy, sharding.default_strategy, "sharding.default_strategy",
+                 "sharding.default_strategy");
+  for (size_t i = 0; i < sharding.module.size(); ++i) {
+    const auto& rule = sharding.module[i];
+    std::string base = "sharding.module[" + std::to_string(i) + "]";
+    if (!matches_any_glob_char(rule.match))
+      throw vlm::Error(location(base + ".match") + ": key '" + base +
+                       ".match': empty match (expected globs on module paths, e.g. "
+                       "\"model.layers.*\")");
+    if (rule.policy.empty())
+      throw vlm::Error(location(base) + ": key '" + base +
+                       ".policy': missing (expected freeze, ddp or fsdp)");
+    check_strategy(rule.policy, rule.strategy, base + ".strategy", base);
+  }
+
+  // checkpoint
+  if (checkpoint.resume.empty())
+    fail("checkpoint.resume", "empty (expected \"auto\", \"none\" or a checkpoint directory)");
+}
+
+}  // namespace vlmtrain
