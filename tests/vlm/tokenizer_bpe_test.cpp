@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "tests/testing.h"
 #include "tests/vlm/tokenizer_tiny_bpe.h"
@@ -125,6 +126,31 @@ TEST_F(TinyBpe, RoundTripOnRandomUnicode) {
     for (int k = rng() % 10; k >= 0; --k) s += parts[rng() % parts.size()];
     EXPECT_EQ(tok_->decode(tok_->encode(s)), vlm::unicode::nfc(s)) << json(s).dump();
   }
+}
+
+TEST_F(TinyBpe, ConcurrentEncodeEqualsSequential) {
+  // Loader worker threads share one tokenizer (and its pre-token cache).
+  std::mt19937 rng(5);
+  const std::vector<std::string> parts = {"hello", " world", " the", "abab", "aaaa", "12", "  ",
+                                          "\n\n", "안녕", "<|im_end|>", "x"};
+  std::vector<std::string> texts(400);
+  for (auto& t : texts)
+    for (int k = rng() % 20; k >= 0; --k) t += parts[rng() % parts.size()];
+  std::vector<std::vector<int64_t>> expected;
+  {
+    auto fresh = vlm::BpeTokenizer::from_json_text(model_.j.dump(), "fresh.json");
+    for (const auto& t : texts) expected.push_back(fresh->encode(t));
+  }
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 4; ++w)
+    threads.emplace_back([&, w] {
+      for (int rep = 0; rep < 5; ++rep)
+        for (size_t i = (w * 37) % texts.size(), n = 0; n < texts.size(); ++n, i = (i + 1) % texts.size())
+          mismatches[w] += tok_->encode(texts[i]) != expected[i];
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(mismatches, std::vector<int>(4, 0));
 }
 
 TEST(TokenizerLoad, ConfigSpecialsAndErrors) {
