@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "tests/testing.h"
+#include "vlm/chat_template.h"
 #include "vlm/check.h"
 #include "vlm/sp_tokenizer.h"
 #include "vlm/tokenizer.h"
@@ -110,6 +111,34 @@ TEST_F(SpModel, RoundTripsAndSpecials) {
   EXPECT_THROW(tok->decode({tok->vocab_size()}), vlm::Error);
   EXPECT_THROW(vlm::load_tokenizer((*dir_) / "train.txt"), vlm::Error);
   EXPECT_THROW(vlm::train_sentencepiece("--input=/nonexistent --model_prefix=/tmp/x"), vlm::Error);
+}
+
+TEST_F(SpModel, ChatTemplateWorksWithSentencePiece) {
+  auto tok = vlm::load_tokenizer(model());
+  using vlm::ChatItem;
+  std::vector<vlm::ChatTurn> chat = {
+      {"user", {ChatItem::Image(), ChatItem::Text("Read the text.")}},
+      {"assistant", {ChatItem::Text("invoice total 12.50 €")}},
+      {"user", {ChatItem::Text("and the date?")}},
+      {"assistant", {ChatItem::Text("2024")}}};
+  auto r = vlm::render_chat(*tok, chat, {6});
+  // Independent expectation: the rendered text with the pad expanded, encoded whole.
+  std::string text = vlm::render_chat_text(chat);
+  const std::string pad = "<|image_pad|>";
+  std::string expanded = text;
+  expanded.replace(expanded.find(pad), pad.size(), pad + pad + pad + pad + pad + pad);
+  EXPECT_EQ(r.input_ids, tok->encode(expanded));
+  ASSERT_EQ(r.image_spans.size(), 1u);
+  EXPECT_EQ(r.image_spans[0].length, 6);
+  // Supervised runs decode to exactly the answers with <|im_end|>\n.
+  std::vector<std::string> runs;
+  for (size_t i = 0; i < r.labels.size(); ++i) {
+    if (r.labels[i] == vlm::kIgnoreIndex) continue;
+    std::vector<int64_t> run;
+    for (; i < r.labels.size() && r.labels[i] != vlm::kIgnoreIndex; ++i) run.push_back(r.labels[i]);
+    runs.push_back(tok->decode(run));
+  }
+  EXPECT_EQ(runs, (std::vector<std::string>{"invoice total 12.50 €<|im_end|>\n", "2024<|im_end|>\n"}));
 }
 
 TEST_F(SpModel, TokenizeCommandWithSentencePiece) {
