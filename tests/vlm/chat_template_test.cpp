@@ -187,6 +187,15 @@ TEST_F(ChatTemplate, AnswerStartingWithNewlineAndNfc) {
   EXPECT_EQ(r.input_ids[sup[0].first - 1], tok_->token_to_id("\u010a\u010a").value());  // "\n\n"
 }
 
+TEST(MergedImageTokens, MatchesSpecTable) {
+  // shared/spec/qwen2_vl.md section 2: resized HxW -> merged tokens = (h/28)*(w/28).
+  EXPECT_EQ(vlm::merged_image_tokens(1, 476 / 14, 644 / 14), 391);
+  EXPECT_EQ(vlm::merged_image_tokens(1, 1092 / 14, 1932 / 14), 2691);
+  EXPECT_EQ(vlm::merged_image_tokens(1, 2912 / 14, 4368 / 14), 16224);
+  EXPECT_EQ(vlm::merged_image_tokens(1, 56 / 14, 56 / 14), 4);
+  EXPECT_EQ(vlm::merged_image_tokens(1, 336 / 14, 336 / 14), 144);
+}
+
 TEST_F(ChatTemplate, Errors) {
   std::vector<ChatTurn> one_image = {{"user", {ChatItem::Image()}}};
   EXPECT_THROW(vlm::render_chat(*tok_, one_image, {}), vlm::Error);        // count missing

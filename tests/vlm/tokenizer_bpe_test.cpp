@@ -70,6 +70,19 @@ TEST_F(TinyBpe, QwenPreTokenizerSplitsLikeTheRegexSays) {
   EXPECT_EQ(tok_->pre_tokenize(""), V{});
 }
 
+TEST_F(TinyBpe, Gpt2StyleByteLevelRegex) {
+  // ByteLevel(use_regex = true) alone: GPT-2's pattern, case-sensitive contractions.
+  json j = model_.j;
+  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  auto gpt2 = vlm::BpeTokenizer::from_json_text(j.dump(), "gpt2.json");
+  using V = std::vector<std::string>;
+  EXPECT_EQ(gpt2->pre_tokenize("Hello world's  x"), (V{"Hello", " world", "'s", " ", " x"}));
+  EXPECT_EQ(gpt2->pre_tokenize("I'M 2024!!"), (V{"I", "'", "M", " 2024", "!!"}));
+  EXPECT_EQ(gpt2->decode(gpt2->encode("Hello world's  x")), "Hello world's  x");
+  j["pre_tokenizer"]["add_prefix_space"] = true;
+  EXPECT_THROW(vlm::BpeTokenizer::from_json_text(j.dump(), "gpt2.json"), vlm::Error);
+}
+
 TEST_F(TinyBpe, AddedTokensLongestMatchNfcOffsetsAndDecode) {
   const int64_t n = static_cast<int64_t>(model_.vocab.size());
   const int64_t eot = n, im_start = n + 1, im_end = n + 2, im_end_x = n + 3, think = n + 4;
