@@ -16,25 +16,29 @@ namespace vlmtrain {
 // ---------------------------------------------------------------- Args
 
 Args::Args(std::string command, std::vector<std::string> argv) : command_(std::move(command)) {
+  auto add_positional = [&](size_t pos) {
+    positionals_.push_back(argv[pos]);
+    positional_pos_.push_back(pos);
+  };
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& a = argv[i];
     if (a == "--") {  // everything after is positional
-      for (++i; i < argv.size(); ++i) positionals_.push_back(argv[i]);
+      for (++i; i < argv.size(); ++i) add_positional(i);
       break;
     }
     if (a.rfind("--", 0) == 0 && a.size() > 2) {
       auto eq = a.find('=');
       if (eq != std::string::npos) {
-        options_.emplace(a.substr(2, eq - 2), a.substr(eq + 1));
+        options_.emplace(a.substr(2, eq - 2), Opt{a.substr(eq + 1), i});
       } else if (i + 1 < argv.size() && argv[i + 1].rfind("--", 0) != 0) {
         // Value or flag followed by a positional: decided when the command reads it.
-        options_.emplace(a.substr(2), argv[i + 1]);
+        options_.emplace(a.substr(2), Opt{argv[i + 1], i + 1, true});
         ++i;
       } else {
-        options_.emplace(a.substr(2), std::nullopt);
+        options_.emplace(a.substr(2), Opt{std::nullopt, i});
       }
     } else {
-      positionals_.push_back(a);
+      add_positional(i);
     }
   }
 }
@@ -50,7 +54,7 @@ std::optional<std::string> Args::value(const std::string& name) {
   if (range.first == range.second) return std::nullopt;
   used_[name] = true;
   std::optional<std::string> last;
-  for (auto it = range.first; it != range.second; ++it) last = it->second;
+  for (auto it = range.first; it != range.second; ++it) last = it->second.value;
   VLM_CHECK(last.has_value(), "vlmtrain ", command_, ": option --", name, " needs a value");
   return last;
 }
@@ -59,8 +63,9 @@ std::vector<std::string> Args::values(const std::string& name) {
   std::vector<std::string> out;
   auto range = options_.equal_range(name);
   for (auto it = range.first; it != range.second; ++it) {
-    VLM_CHECK(it->second.has_value(), "vlmtrain ", command_, ": option --", name, " needs a value");
-    out.push_back(*it->second);
+    VLM_CHECK(it->second.value.has_value(), "vlmtrain ", command_, ": option --", name,
+              " needs a value");
+    out.push_back(*it->second.value);
   }
   if (!out.empty()) used_[name] = true;
   return out;
@@ -70,11 +75,16 @@ bool Args::flag(const std::string& name) {
   auto it = options_.find(name);
   if (it == options_.end()) return false;
   used_[name] = true;
-  if (it->second.has_value()) {
-    // "--json FILE": the token after a flag was a positional, give it back.
-    positionals_.push_back(*it->second);
-    auto node = options_.extract(it);
-    options_.emplace(name, std::nullopt);
+  VLM_CHECK(it->second.separate || !it->second.value.has_value(), "vlmtrain ", command_,
+            ": option --", name, " takes no value");
+  if (it->second.value.has_value()) {
+    // "--json FILE": the token after a flag was a positional; put it back in its place.
+    size_t pos = it->second.value_pos;
+    size_t at = std::upper_bound(positional_pos_.begin(), positional_pos_.end(), pos) -
+                positional_pos_.begin();
+    positionals_.insert(positionals_.begin() + at, *it->second.value);
+    positional_pos_.insert(positional_pos_.begin() + at, pos);
+    it->second.value.reset();
   }
   return true;
 }

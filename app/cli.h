@@ -37,7 +37,13 @@ class Args {
  private:
   std::string command_;
   std::vector<std::string> positionals_;
-  std::multimap<std::string, std::optional<std::string>> options_;
+  std::vector<size_t> positional_pos_;  // argv position of each positional (keeps order)
+  struct Opt {
+    std::optional<std::string> value;
+    size_t value_pos = 0;                // argv position of the value token
+    bool separate = false;               // value was the next token (not --name=value)
+  };
+  std::multimap<std::string, Opt> options_;
   std::map<std::string, bool> used_;
 };
 

@@ -1,7 +1,9 @@
 // The vlmtrain binary as a user runs it: help for every subcommand, clear errors.
 #include <gtest/gtest.h>
 
+#include "app/cli.h"
 #include "tests/testing.h"
+#include "vlm/check.h"
 
 namespace {
 
@@ -58,6 +60,28 @@ TEST(Cli, UnknownOptionIsRejected) {
   auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "train", recipe, "--dry-runn"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("unknown option(s) --dry-runn"), std::string::npos) << r.output;
+}
+
+}  // namespace
+
+namespace {
+
+TEST(CliArgs, FlagGivesBackItsNeighbourInPlace) {
+  vlmtrain::Args args("x", {"--ids", "A", "B", "--out", "o", "C"});
+  EXPECT_TRUE(args.flag("ids"));
+  EXPECT_EQ(args.value("out").value(), "o");
+  EXPECT_EQ(args.positionals(), (std::vector<std::string>{"A", "B", "C"}));
+  EXPECT_NO_THROW(args.finish());
+}
+
+TEST(CliArgs, UnreadOptionsAreRejected) {
+  vlmtrain::Args args("x", {"--a", "1", "--b"});
+  EXPECT_EQ(args.integer("a").value(), 1);
+  EXPECT_THROW(args.finish(), vlm::Error);
+  vlmtrain::Args flag_with_value("x", {"--json=yes"});
+  EXPECT_THROW(flag_with_value.flag("json"), vlm::Error);
+  vlmtrain::Args repeated("x", {"--data", "a", "--data", "b"});
+  EXPECT_EQ(repeated.values("data"), (std::vector<std::string>{"a", "b"}));
 }
 
 }  // namespace
