@@ -270,7 +270,8 @@ LoadReport load_module_weights(torch::nn::Module& module, const HfCheckpoint& ck
   const size_t n_params = module.named_parameters(true).size();
   NamedTensors state = module_state(module);
   for (size_t i = 0; i < state.size(); ++i) {
-    const auto& [name, dst] = state[i];
+    const std::string name = opts.prefix + state[i].first;
+    const torch::Tensor& dst = state[i].second;
     const bool is_param = i < n_params;
     module_names.insert(name);
     if (dst.is_meta()) meta.push_back(name);
@@ -306,7 +307,7 @@ LoadReport load_module_weights(torch::nn::Module& module, const HfCheckpoint& ck
                     " (hint: config.json does not match these weights)"));
   }
   for (const auto& name : ckpt.names())
-    if (!module_names.count(name)) report.unexpected.push_back(name);
+    if (starts_with(name, opts.prefix) && !module_names.count(name)) report.unexpected.push_back(name);
   VLM_CHECK(report.unexpected.empty() || opts.allow_unexpected, ckpt.path(), ": ", report.unexpected.size(),
             " checkpoint tensors have no parameter or buffer in the module: ", name_list(report.unexpected),
             " (hint: wrong model config, or pass allow_unexpected to ignore them)");
@@ -335,7 +336,8 @@ SaveHfReport save_hf_checkpoint(const std::string& dir, const NamedTensors& tens
     VLM_CHECK(at::isFloatingType(*opts.dtype), "save_hf_checkpoint: dtype must be floating (bf16 or fp32), got ",
               c10::toString(*opts.dtype));
   std::error_code ec;
-  const fs::path target = fs::path(dir).lexically_normal();
+  fs::path target = fs::path(dir).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();  // "out/" -> "out"
   const bool existed = fs::exists(target, ec);
   VLM_CHECK(!existed || opts.overwrite, dir, ": already exists (hint: choose a new directory, or overwrite)");
 

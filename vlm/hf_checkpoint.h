@@ -90,6 +90,10 @@ struct LoadOptions {
   // Buffers (LibTorch has no "persistent" flag) are loaded when the checkpoint holds them;
   // a buffer absent from the checkpoint keeps its value unless this is true.
   bool require_buffers = false;
+  // Loading a submodule: the checkpoint name of module tensor "x" is prefix + "x" (e.g.
+  // prefix "visual." to load a vision tower alone). Checkpoint tensors outside the prefix
+  // are not unexpected.
+  std::string prefix;
 };
 
 struct LoadReport {

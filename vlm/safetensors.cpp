@@ -432,6 +432,7 @@ std::string serialize_safetensors(const NamedTensors& tensors, const Safetensors
   std::memcpy(out.data(), &n, 8);
   out += header;
   for (const auto& p : plan) {
+    if (p.nbytes == 0) continue;
     torch::Tensor t = stored_bytes(p);
     out.append(static_cast<const char*>(t.data_ptr()), p.nbytes);
   }

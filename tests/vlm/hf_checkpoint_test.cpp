@@ -228,7 +228,9 @@ TEST(HfCheckpoint, RoundTripAllLayoutsAndStyles) {
           EXPECT_EQ(f, shard_name(k++, files.size()));
           auto sf = vlm::SafetensorsFile::open(dir + "/" + f);
           EXPECT_EQ(sf.metadata().at("format"), "pt");
-          if (sf.tensors().size() > 1) EXPECT_LE(sf.header().data_len, max_shard) << f;
+          if (sf.tensors().size() > 1) {
+            EXPECT_LE(sf.header().data_len, max_shard) << f;
+          }
           for (const auto& n : sf.names()) stored.insert(n);
         }
         EXPECT_EQ(stored.size(), index["weight_map"].size());
@@ -345,6 +347,26 @@ TEST(HfCheckpoint, UnexpectedTensorsErrorOrIgnored) {
   auto lr = vlm::load_module_weights(*dst, tmp / "c", lo);
   EXPECT_EQ(lr.unexpected, std::vector<std::string>{"visual.merger.extra.weight"});
   expect_same_state(src, dst);
+}
+
+// A submodule loaded alone with a name prefix; the rest of the checkpoint is not "unexpected".
+TEST(HfCheckpoint, LoadSubmoduleWithPrefix) {
+  TinyVlm src(true, 23);
+  vlmtest::TempDir tmp("hfprefix");
+  auto opts = fp32();
+  opts.style = vlm::HfNameStyle::kNested;
+  vlm::save_hf_checkpoint(tmp / "c/", vlm::module_state(*src), opts);  // trailing slash accepted
+  EXPECT_EQ(count_entries(tmp.path()), 1);
+  Visual vis;
+  auto lr = vlm::load_module_weights(*vis, tmp / "c", {false, false, "visual."});
+  EXPECT_EQ(lr.loaded, int64_t(vis->named_parameters().size()));
+  EXPECT_TRUE(lr.unexpected.empty());
+  auto a = vis->named_parameters();
+  auto b = src->visual->named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& item : a) EXPECT_TRUE(torch::equal(item.value(), b[item.key()])) << item.key();
+  expect_error([&] { vlm::load_module_weights(*vis, tmp / "c", {false, false, "vision."}); },
+               {"\"vision.blocks.0.attn.qkv.weight\"", "missing"}, "wrong prefix");
 }
 
 // A tied module accepts a checkpoint that stores lm_head (it is skipped, not unexpected);
