@@ -267,7 +267,9 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     parse_safetensors("", size, path);  // throws the "truncated" error
   }
   // Private + writable: a write into a returned view copies the page, never touches the file.
-  void* m = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  // MAP_NORESERVE: no swap is reserved for the (normally never written) private pages, so
+  // mapping a shard larger than RAM + swap does not fail under heuristic overcommit.
+  void* m = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, fd, 0);
   std::string err = errno_str();
   ::close(fd);
   VLM_CHECK(m != MAP_FAILED, path, ": mmap of ", size, " bytes failed: ", err);
