@@ -40,7 +40,8 @@ std::string styled_hf_name(const std::string& canonical, HfNameStyle style);
 // ---------------------------------------------------------------- reading
 // A checkpoint opened for reading: every file's header is validated at open (the data is
 // only mapped, not read), then tensors are fetched by canonical name on demand. Fetching
-// a tensor touches only that tensor's pages, so a rank can read just what it needs.
+// a tensor touches only that tensor's pages, so a rank can read just what it needs
+// (get(name).narrow(0, begin, len) reads only those rows). Thread-safe after open().
 class HfCheckpoint {
  public:
   // `dir_or_file`: a directory (model.safetensors, else model.safetensors.index.json) or a

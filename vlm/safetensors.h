@@ -64,6 +64,7 @@ StHeader parse_safetensors(const void* data, size_t size, const std::string& sou
 
 // ---------------------------------------------------------------- reader
 // An opened, validated safetensors file (or in-memory image). Cheap to copy (shared).
+// Immutable after open: get() may be called from several threads at once.
 class SafetensorsFile {
  public:
   // Maps `path` read-only (private copy-on-write) and validates it.
