@@ -39,6 +39,41 @@ torch::Tensor normalize_rgb(const cv::Mat& rgb, const PixelConfig& cfg) {
   return u8.to(torch::kFloat32).mul_(scale).add_(shift);
 }
 
+torch::Tensor normalize_patchify_rgb(const cv::Mat& rgb, const PixelConfig& cfg) {
+  VLM_CHECK(rgb.type() == CV_8UC3, "normalize_patchify_rgb: expected an 8-bit RGB image ",
+            "(CV_8UC3), got type ", rgb.type());
+  const vlm::VisionPatchGeometry& g = cfg.geometry;
+  const int64_t p = g.patch_size, m = g.merge_size, T = g.temporal_patch_size;
+  const int64_t h = rgb.rows, w = rgb.cols;
+  VLM_CHECK(h % (p * m) == 0 && w % (p * m) == 0, "normalize_patchify_rgb: expected sides ",
+            "that are multiples of ", p * m, ", got ", h, "x", w);
+  const int64_t bh = h / (p * m), bw = w / (p * m), cols = 3 * T * p * p;
+  torch::Tensor out = torch::empty({bh * bw * m * m, cols}, torch::kFloat32);
+  float* dst = out.data_ptr<float>();
+  float scale[3], shift[3];
+  for (int k = 0; k < 3; ++k) {
+    scale[k] = float(1.0 / (255.0 * cfg.std[k]));
+    shift[k] = float(-cfg.mean[k] / cfg.std[k]);
+  }
+  // Row r = ((by * bw + bx) * m + my) * m + mx; column ((c * T + t) * p + py) * p + px.
+  for (int64_t by = 0; by < bh; ++by)
+    for (int64_t bx = 0; bx < bw; ++bx)
+      for (int64_t my = 0; my < m; ++my)
+        for (int64_t mx = 0; mx < m; ++mx) {
+          float* row = dst + (((by * bw + bx) * m + my) * m + mx) * cols;
+          const int64_t y0 = (by * m + my) * p, x0 = (bx * m + mx) * p;
+          for (int64_t py = 0; py < p; ++py) {
+            const uint8_t* src = rgb.ptr<uint8_t>(int(y0 + py)) + 3 * x0;
+            for (int64_t c = 0; c < 3; ++c) {
+              float* d = row + (c * T * p + py) * p;
+              for (int64_t px = 0; px < p; ++px) d[px] = src[3 * px + c] * scale[c] + shift[c];
+              for (int64_t t = 1; t < T; ++t) std::copy(d, d + p, d + t * p * p);
+            }
+          }
+        }
+  return out;
+}
+
 PixelImage process_image_to_size(const cv::Mat& rgb, int64_t target_height,
                                  int64_t target_width, const PixelConfig& cfg) {
   VLM_CHECK(!rgb.empty(), "process_image: empty image");
@@ -55,7 +90,7 @@ PixelImage process_image_to_size(const cv::Mat& rgb, int64_t target_height,
                cv::INTER_CUBIC);
   }
   PixelImage out;
-  out.pixel_values = patchify(normalize_rgb(resized, cfg), cfg.geometry);
+  out.pixel_values = normalize_patchify_rgb(resized, cfg);
   out.grid_thw = vlm::image_grid_thw(target_height, target_width, cfg.geometry);
   out.resized_height = target_height;
   out.resized_width = target_width;

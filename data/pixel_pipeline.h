@@ -46,6 +46,11 @@ PixelImage process_image_to_size(const cv::Mat& rgb, int64_t target_height,
 // As above with the target from smart_resize under cfg.effective_limits().
 PixelImage process_image(const cv::Mat& rgb, const PixelConfig& cfg = {});
 
+// Fused normalise + temporal duplication + patchify of an RGB uint8 image whose sides are
+// multiples of 28 (no resize): the same result as patchify(normalize_rgb(rgb)), one pass.
+// returns [(h/14)*(w/14), 1176] float32.
+torch::Tensor normalize_patchify_rgb(const cv::Mat& rgb, const PixelConfig& cfg = {});
+
 // Normalised float image [h, w, 3] of an RGB uint8 Mat (no resize): (x/255 - mean)/std.
 torch::Tensor normalize_rgb(const cv::Mat& rgb, const PixelConfig& cfg = {});
 

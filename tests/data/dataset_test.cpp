@@ -155,6 +155,28 @@ TEST(Dataset, BadFractionLimitRaises) {
   EXPECT_THROW(load_dataset({dir / "none.jsonl"}, o), vlm::Error);  // nothing usable
 }
 
+TEST(Dataset, VerifyDecodeCatchesCorruptBodies) {
+  vlmtest::TempDir dir("ds");
+  png(dir / "ok.png", 64, 64);
+  std::vector<uint8_t> bytes;
+  cv::Mat noise(64, 64, CV_8UC3);
+  cv::randu(noise, 0, 255);
+  ASSERT_TRUE(cv::imencode(".png", noise, bytes));
+  vlmtest::write_file(dir / "cut.png", std::string(bytes.begin(), bytes.begin() + bytes.size() / 2));
+  vlmtest::write_file(dir / "d.jsonl", R"({"image":"ok.png","text":"a"})" "\n"
+                                       R"({"image":"cut.png","text":"b"})" "\n");
+  DatasetOptions o = quiet();
+  o.max_bad_fraction = 1.0;
+  o.use_index_cache = false;
+  EXPECT_EQ(load_dataset({dir / "d.jsonl"}, o).records.size(), 2u);  // header looks fine
+  o.verify_decode = true;
+  Dataset ds = load_dataset({dir / "d.jsonl"}, o);
+  ASSERT_EQ(ds.records.size(), 1u);
+  ASSERT_EQ(ds.bad.size(), 1u);
+  EXPECT_EQ(ds.bad[0].reason, "unreadable image");
+  EXPECT_EQ(ds.bad[0].line, 2);
+}
+
 TEST(Dataset, IndexCacheIsWrittenAndUsed) {
   vlmtest::TempDir dir("ds");
   png(dir / "a.png", 20, 30);

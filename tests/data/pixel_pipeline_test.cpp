@@ -91,3 +91,17 @@ TEST(PixelPipeline, TokenCapAndExplicitTarget) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(PixelPipeline, FusedPathEqualsGenericPatchify) {
+  cv::Mat rgb(84, 112, CV_8UC3);
+  cv::RNG rng(3);
+  rng.fill(rgb, cv::RNG::UNIFORM, 0, 256);
+  torch::Tensor fused = vlm::data::normalize_patchify_rgb(rgb);
+  torch::Tensor generic = vlm::data::patchify(vlm::data::normalize_rgb(rgb));
+  ASSERT_EQ(fused.sizes(), generic.sizes());
+  EXPECT_LT((fused - generic).abs().max().item<float>(), 1e-6);
+}
+
+}  // namespace
