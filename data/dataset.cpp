@@ -171,9 +171,21 @@ ImageProbe probe(const std::string& path, bool verify) {
     return p;
   }
   try {
-    ImageInfo info = probe_image(path);
-    p.width = info.width;
-    p.height = info.height;
+    // Header first (cheap); formats without a header parser are decoded once.
+    const std::vector<uint8_t> bytes = read_file_bytes(path);
+    VLM_CHECK(!bytes.empty(), "image '", path, "' is an empty file");
+    std::optional<ImageInfo> info = parse_image_header(bytes);
+    if (!info) {
+      cv::Mat m = decode_image_rgb(bytes, path);
+      info = ImageInfo{m.cols, m.rows, 1, "other"};
+    }
+    p.width = info->width;
+    p.height = info->height;
+    if (p.width <= 0 || p.height <= 0) {
+      p.error = "zero-size image";
+      p.detail = str(path, " is ", p.width, "x", p.height);
+      return p;
+    }
     if (verify) {
       cv::Mat m = decode_image_rgb(path);
       if (m.cols != p.width || m.rows != p.height) {
@@ -185,10 +197,6 @@ ImageProbe probe(const std::string& path, bool verify) {
   } catch (const std::exception& e) {
     p.error = "unreadable image";
     p.detail = e.what();
-  }
-  if (p.error.empty() && (p.width <= 0 || p.height <= 0)) {
-    p.error = "zero-size image";
-    p.detail = str(path, " is ", p.width, "x", p.height);
   }
   return p;
 }

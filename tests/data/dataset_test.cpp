@@ -92,6 +92,12 @@ TEST(Dataset, EachBadKindIsSkippedAndCounted) {
   png(dir / "wide.png", 2, 500);    // aspect 250 > 200
   png(dir / "fine_wide.png", 2, 400);  // aspect 200 is allowed
   vlmtest::write_file(dir / "garbage.png", "not a png at all");
+  {  // A PNG whose header says width 0.
+    std::vector<uint8_t> b;
+    ASSERT_TRUE(cv::imencode(".png", cv::Mat(4, 4, CV_8UC3), b));
+    b[16] = b[17] = b[18] = b[19] = 0;
+    vlmtest::write_file(dir / "zero.png", std::string(b.begin(), b.end()));
+  }
   std::string lines;
   auto good = [] { return std::string(R"({"image":"ok.png","text":"fine"})") + "\n"; };
   lines += good();                                                       // 1
@@ -101,6 +107,7 @@ TEST(Dataset, EachBadKindIsSkippedAndCounted) {
   lines += R"({"image":"garbage.png","text":"x"})" "\n";                 // 5 unreadable
   lines += R"({"image":"wide.png","text":"x"})" "\n";                    // 6 aspect
   lines += R"({"image":"fine_wide.png","text":"x"})" "\n";               // 7 ok
+  lines += R"({"image":"zero.png","text":"x"})" "\n";                   // 8 zero-size
   vlmtest::write_file(dir / "plain.jsonl", lines);
   vlmtest::write_file(dir / "msg.jsonl",
       R"({"messages":[{"role":"user","content":"<image><image>two?"},{"role":"assistant","content":"a"}],"images":["ok.png"]})" "\n"   // 1 count mismatch
@@ -111,9 +118,9 @@ TEST(Dataset, EachBadKindIsSkippedAndCounted) {
   o.max_bad_fraction = 1.0;
   o.max_printed_warnings = 3;
   Dataset ds = load_dataset({dir / "plain.jsonl", dir / "msg.jsonl"}, o);
-  EXPECT_EQ(ds.lines, 10);
+  EXPECT_EQ(ds.lines, 11);
   EXPECT_EQ(ds.records.size(), 3u);
-  ASSERT_EQ(ds.bad.size(), 7u);
+  ASSERT_EQ(ds.bad.size(), 8u);
   auto by = ds.bad_by_reason();
   EXPECT_EQ(by["invalid json"], 1);
   EXPECT_EQ(by["missing field"], 1);
@@ -122,13 +129,14 @@ TEST(Dataset, EachBadKindIsSkippedAndCounted) {
   EXPECT_EQ(by["extreme aspect ratio"], 1);
   EXPECT_EQ(by["image count mismatch"], 1);
   EXPECT_EQ(by["invalid field"], 1);
+  EXPECT_EQ(by["zero-size image"], 1);
   EXPECT_EQ(ds.bad[0].location(), dir / "plain.jsonl:2");
-  EXPECT_EQ(ds.bad[5].location(), dir / "msg.jsonl:1");
+  EXPECT_EQ(ds.bad[6].location(), dir / "msg.jsonl:1");
   // First 3 printed with file:line, a "further ... not printed" note, and the summary.
   ASSERT_EQ(warnings.size(), 5u);
   EXPECT_NE(warnings[0].find("plain.jsonl:2"), std::string::npos) << warnings[0];
   EXPECT_NE(warnings[0].find("invalid json"), std::string::npos) << warnings[0];
-  EXPECT_NE(warnings.back().find("skipped 7"), std::string::npos) << warnings.back();
+  EXPECT_NE(warnings.back().find("skipped 8"), std::string::npos) << warnings.back();
 }
 
 TEST(Dataset, BadFractionLimitRaises) {
