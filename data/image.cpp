@@ -1,0 +1,251 @@
+#include "data/image.h"
+
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "vlm/check.h"
+
+namespace vlm::data {
+namespace {
+
+uint32_t be16(const uint8_t* p) { return (uint32_t(p[0]) << 8) | p[1]; }
+uint32_t be32(const uint8_t* p) {
+  return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | p[3];
+}
+uint32_t le16(const uint8_t* p) { return uint32_t(p[0]) | (uint32_t(p[1]) << 8); }
+uint32_t le24(const uint8_t* p) { return le16(p) | (uint32_t(p[2]) << 16); }
+uint32_t le32(const uint8_t* p) { return le24(p) | (uint32_t(p[3]) << 24); }
+
+// Orientation tag (0x0112) of IFD0 in a TIFF-structured block (the body of an Exif
+// segment). Returns 1 when absent or malformed.
+int tiff_orientation(const uint8_t* d, size_t n) {
+  if (n >= 6 && std::memcmp(d, "Exif\0\0", 6) == 0) { d += 6; n -= 6; }
+  if (n < 8) return 1;
+  bool little;
+  if (d[0] == 'I' && d[1] == 'I') little = true;
+  else if (d[0] == 'M' && d[1] == 'M') little = false;
+  else return 1;
+  auto u16 = [&](size_t off) { return little ? le16(d + off) : be16(d + off); };
+  auto u32 = [&](size_t off) { return little ? le32(d + off) : be32(d + off); };
+  if (u16(2) != 42) return 1;
+  size_t ifd = u32(4);
+  if (ifd + 2 > n) return 1;
+  size_t count = u16(ifd);
+  for (size_t i = 0; i < count; ++i) {
+    size_t e = ifd + 2 + 12 * i;
+    if (e + 12 > n) return 1;
+    if (u16(e) == 0x0112) {
+      uint32_t type = u16(e + 2);
+      uint32_t v = type == 3 ? u16(e + 8) : (type == 4 ? u32(e + 8) : 0);
+      return (v >= 1 && v <= 8) ? int(v) : 1;
+    }
+  }
+  return 1;
+}
+
+bool swaps_axes(int orientation) { return orientation >= 5 && orientation <= 8; }
+
+std::optional<ImageInfo> parse_png(const std::vector<uint8_t>& b) {
+  static const uint8_t sig[8] = {0x89, 'P', 'N', 'G', 0x0D, 0x0A, 0x1A, 0x0A};
+  if (b.size() < 33 || std::memcmp(b.data(), sig, 8) != 0) return std::nullopt;
+  if (std::memcmp(b.data() + 12, "IHDR", 4) != 0) return std::nullopt;
+  ImageInfo info;
+  info.format = "png";
+  info.width = be32(b.data() + 16);
+  info.height = be32(b.data() + 20);
+  // Look for an eXIf chunk before the image data.
+  size_t pos = 8;
+  while (pos + 8 <= b.size()) {
+    uint64_t len = be32(b.data() + pos);
+    const uint8_t* type = b.data() + pos + 4;
+    if (std::memcmp(type, "IDAT", 4) == 0 || std::memcmp(type, "IEND", 4) == 0) break;
+    if (pos + 8 + len > b.size()) break;
+    if (std::memcmp(type, "eXIf", 4) == 0) {
+      info.orientation = tiff_orientation(b.data() + pos + 8, len);
+      break;
+    }
+    pos += 12 + len;
+  }
+  return info;
+}
+
+std::optional<ImageInfo> parse_jpeg(const std::vector<uint8_t>& b) {
+  if (b.size() < 4 || b[0] != 0xFF || b[1] != 0xD8) return std::nullopt;
+  ImageInfo info;
+  info.format = "jpeg";
+  size_t pos = 2;
+  while (pos + 4 <= b.size()) {
+    if (b[pos] != 0xFF) return std::nullopt;
+    uint8_t m = b[pos + 1];
+    if (m == 0xFF) { ++pos; continue; }  // fill byte
+    if (m == 0x01 || (m >= 0xD0 && m <= 0xD8)) { pos += 2; continue; }
+    if (m == 0xD9 || m == 0xDA) return std::nullopt;  // no SOF before scan data
+    size_t len = be16(b.data() + pos + 2);
+    if (len < 2 || pos + 2 + len > b.size()) return std::nullopt;
+    const uint8_t* seg = b.data() + pos + 4;
+    size_t seg_len = len - 2;
+    if (m == 0xE1 && seg_len >= 6 && std::memcmp(seg, "Exif\0\0", 6) == 0) {
+      info.orientation = tiff_orientation(seg, seg_len);
+    } else if (m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC) {
+      if (seg_len < 5) return std::nullopt;
+      info.height = be16(seg + 1);
+      info.width = be16(seg + 3);
+      return info;  // Exif (APP1) precedes SOF in valid files
+    }
+    pos += 2 + len;
+  }
+  return std::nullopt;
+}
+
+std::optional<ImageInfo> parse_webp(const std::vector<uint8_t>& b) {
+  if (b.size() < 30 || std::memcmp(b.data(), "RIFF", 4) != 0 ||
+      std::memcmp(b.data() + 8, "WEBP", 4) != 0)
+    return std::nullopt;
+  ImageInfo info;
+  info.format = "webp";
+  bool have_size = false;
+  size_t pos = 12;
+  while (pos + 8 <= b.size()) {
+    const uint8_t* fourcc = b.data() + pos;
+    uint64_t len = le32(b.data() + pos + 4);
+    const uint8_t* d = b.data() + pos + 8;
+    size_t avail = b.size() - pos - 8;
+    if (std::memcmp(fourcc, "VP8X", 4) == 0 && avail >= 10) {
+      info.width = le24(d + 4) + 1;
+      info.height = le24(d + 7) + 1;
+      have_size = true;
+    } else if (std::memcmp(fourcc, "VP8 ", 4) == 0 && avail >= 10 && !have_size) {
+      if (d[3] != 0x9D || d[4] != 0x01 || d[5] != 0x2A) return std::nullopt;
+      info.width = le16(d + 6) & 0x3FFF;
+      info.height = le16(d + 8) & 0x3FFF;
+      return info;  // simple format: no EXIF chunk
+    } else if (std::memcmp(fourcc, "VP8L", 4) == 0 && avail >= 5 && !have_size) {
+      if (d[0] != 0x2F) return std::nullopt;
+      uint32_t bits = le32(d + 1);
+      info.width = (bits & 0x3FFF) + 1;
+      info.height = ((bits >> 14) & 0x3FFF) + 1;
+      return info;
+    } else if (std::memcmp(fourcc, "EXIF", 4) == 0 && len <= avail) {
+      info.orientation = tiff_orientation(d, len);
+    }
+    pos += 8 + len + (len & 1);
+  }
+  if (!have_size) return std::nullopt;
+  return info;
+}
+
+}  // namespace
+
+std::vector<uint8_t> read_file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  VLM_CHECK(in.good(), "cannot open image '", path, "' (hint: check the path and the ",
+            "dataset's image_root)");
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+  VLM_CHECK(!in.bad(), "error reading image '", path, "'");
+  return bytes;
+}
+
+std::optional<ImageInfo> parse_image_header(const std::vector<uint8_t>& bytes) {
+  std::optional<ImageInfo> info = parse_png(bytes);
+  if (!info) info = parse_jpeg(bytes);
+  if (!info) info = parse_webp(bytes);
+  if (info && swaps_axes(info->orientation)) std::swap(info->width, info->height);
+  return info;
+}
+
+int exif_orientation(const std::vector<uint8_t>& bytes) {
+  std::optional<ImageInfo> info = parse_png(bytes);
+  if (!info) info = parse_jpeg(bytes);
+  if (!info) info = parse_webp(bytes);
+  return info ? info->orientation : 1;
+}
+
+ImageInfo probe_image(const std::string& path) {
+  std::vector<uint8_t> bytes = read_file_bytes(path);
+  VLM_CHECK(!bytes.empty(), "image '", path, "' is an empty file");
+  std::optional<ImageInfo> info = parse_image_header(bytes);
+  if (!info) {
+    cv::Mat m = decode_image_rgb(bytes, path);
+    info = ImageInfo{m.cols, m.rows, 1, "other"};
+  }
+  VLM_CHECK(info->width > 0 && info->height > 0, "image '", path, "' has zero size (",
+            info->width, "x", info->height, ")");
+  return *info;
+}
+
+cv::Mat apply_orientation(const cv::Mat& image, int orientation) {
+  cv::Mat out;
+  switch (orientation) {
+    case 2: cv::flip(image, out, 1); return out;                           // mirror
+    case 3: cv::rotate(image, out, cv::ROTATE_180); return out;
+    case 4: cv::flip(image, out, 0); return out;                           // flip vertical
+    case 5: cv::transpose(image, out); return out;                         // transpose
+    case 6: cv::rotate(image, out, cv::ROTATE_90_CLOCKWISE); return out;
+    case 7: cv::transpose(image, out); cv::rotate(out, out, cv::ROTATE_180); return out;  // transverse
+    case 8: cv::rotate(image, out, cv::ROTATE_90_COUNTERCLOCKWISE); return out;
+    default: return image;
+  }
+}
+
+cv::Mat decode_image_rgb(const std::vector<uint8_t>& bytes, const std::string& what) {
+  VLM_CHECK(!bytes.empty(), "image '", what, "' is an empty file");
+  cv::Mat raw;
+  try {
+    raw = cv::imdecode(bytes, cv::IMREAD_UNCHANGED);
+  } catch (const cv::Exception& e) {
+    throw vlm::Error(vlm::str("cannot decode image '", what, "': ", e.what()));
+  }
+  VLM_CHECK(!raw.empty() && raw.rows > 0 && raw.cols > 0, "cannot decode image '", what,
+            "' (", bytes.size(), " bytes; hint: corrupt file or unsupported format; ",
+            "supported: JPEG, PNG, WebP, TIFF, BMP)");
+  // Depth -> 8 bit.
+  cv::Mat m8;
+  switch (raw.depth()) {
+    case CV_8U: m8 = raw; break;
+    case CV_16U: raw.convertTo(m8, CV_8U, 1.0 / 257.0); break;
+    case CV_32F:
+    case CV_64F: raw.convertTo(m8, CV_8U, 255.0); break;
+    default:
+      throw vlm::Error(vlm::str("image '", what, "' has unsupported pixel depth ",
+                                raw.depth(), " (hint: convert it to 8- or 16-bit)"));
+  }
+  // Channels -> RGB (OpenCV decodes to BGR / BGRA).
+  cv::Mat rgb;
+  switch (m8.channels()) {
+    case 1: cv::cvtColor(m8, rgb, cv::COLOR_GRAY2RGB); break;
+    case 3: cv::cvtColor(m8, rgb, cv::COLOR_BGR2RGB); break;
+    case 2:
+    case 4: {
+      std::vector<cv::Mat> ch;
+      cv::split(m8, ch);
+      cv::Mat alpha = ch.back();
+      ch.pop_back();
+      cv::Mat color;
+      if (ch.size() == 1) cv::cvtColor(ch[0], color, cv::COLOR_GRAY2RGB);
+      else { cv::merge(ch, color); cv::cvtColor(color, color, cv::COLOR_BGR2RGB); }
+      // Composite over white: out = c * a + 255 * (1 - a).
+      cv::Mat a3, cf, af;
+      cv::cvtColor(alpha, a3, cv::COLOR_GRAY2RGB);
+      color.convertTo(cf, CV_32FC3);
+      a3.convertTo(af, CV_32FC3, 1.0 / 255.0);
+      cv::Mat outf = cf.mul(af) + (cv::Scalar::all(1.0) - af) * 255.0;
+      outf.convertTo(rgb, CV_8UC3);
+      break;
+    }
+    default:
+      throw vlm::Error(vlm::str("image '", what, "' has ", m8.channels(),
+                                " channels; expected 1 to 4"));
+  }
+  return apply_orientation(rgb, exif_orientation(bytes));
+}
+
+cv::Mat decode_image_rgb(const std::string& path) {
+  return decode_image_rgb(read_file_bytes(path), path);
+}
+
+}  // namespace vlm::data

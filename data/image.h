@@ -1,0 +1,47 @@
+// Image files: cheap header probing (size + EXIF orientation without decoding) and
+// decoding to 8-bit RGB with orientation applied (OpenCV).
+//
+// Both paths read the EXIF orientation with the same parser, so the size the dataset
+// index reports (from the header) is the size decode_image_rgb returns: orientations 5-8
+// swap width and height.
+#pragma once
+#include <opencv2/core.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace vlm::data {
+
+struct ImageInfo {
+  int64_t width = 0;        // oriented (as displayed) width in pixels
+  int64_t height = 0;       // oriented height
+  int orientation = 1;      // EXIF orientation 1..8 (1 when absent)
+  std::string format;       // "png", "jpeg", "webp", or "other" (probed by decoding)
+};
+
+// Reads the whole file; throws vlm::Error naming the path when it cannot be read.
+std::vector<uint8_t> read_file_bytes(const std::string& path);
+
+// Parses PNG / JPEG / WebP headers (IHDR, SOFn + APP1 Exif, VP8/VP8L/VP8X + EXIF chunk).
+// nullopt when the bytes are not one of these formats or the header is malformed.
+std::optional<ImageInfo> parse_image_header(const std::vector<uint8_t>& bytes);
+
+// Size and orientation of an image file: from the header when possible, otherwise by
+// decoding (TIFF, BMP, ...). Throws vlm::Error (missing, unreadable, corrupt, zero-size).
+ImageInfo probe_image(const std::string& path);
+
+// EXIF orientation (1..8) of the bytes, 1 when absent or unreadable.
+int exif_orientation(const std::vector<uint8_t>& bytes);
+
+// Decodes to CV_8UC3 in RGB order with EXIF orientation applied. Grayscale is expanded,
+// alpha is composited over white, 16-bit is scaled to 8-bit (x / 257), float to [0,255].
+// Throws vlm::Error naming `what` (usually the path) on failure.
+cv::Mat decode_image_rgb(const std::vector<uint8_t>& bytes, const std::string& what);
+cv::Mat decode_image_rgb(const std::string& path);
+
+// Applies EXIF orientation 1..8 to an image (returns a new or the same Mat).
+cv::Mat apply_orientation(const cv::Mat& image, int orientation);
+
+}  // namespace vlm::data

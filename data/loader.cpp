@@ -1,0 +1,43 @@
+#include "data/loader.h"
+
+#include "data/image.h"
+
+namespace vlm::data {
+
+RecordImages load_record_images(const Record& record, const PixelConfig& cfg,
+                                const std::vector<vlm::ImageSize>& targets) {
+  VLM_CHECK(targets.empty() || targets.size() == record.images.size(), record.location(),
+            ": expected ", record.images.size(), " target sizes, got ", targets.size());
+  RecordImages out;
+  std::vector<torch::Tensor> pv;
+  std::vector<int64_t> thw;
+  for (size_t i = 0; i < record.images.size(); ++i) {
+    const ImageRef& ref = record.images[i];
+    PixelImage img;
+    try {
+      cv::Mat rgb = decode_image_rgb(ref.path);
+      if (ref.width > 0 && (rgb.cols != ref.width || rgb.rows != ref.height))
+        throw vlm::Error(vlm::str("decoded size ", rgb.cols, "x", rgb.rows,
+                                  " differs from the indexed size ", ref.width, "x", ref.height,
+                                  " (hint: the image changed; delete the .index.json cache)"));
+      img = targets.empty() ? process_image(rgb, cfg)
+                            : process_image_to_size(rgb, targets[i].height, targets[i].width, cfg);
+    } catch (const std::exception& e) {
+      throw vlm::Error(vlm::str(record.location(), ": image ", i, " (", ref.path, "): ", e.what()));
+    }
+    pv.push_back(img.pixel_values);
+    thw.insert(thw.end(), img.grid_thw.begin(), img.grid_thw.end());
+    out.images.push_back(std::move(img));
+  }
+  if (!pv.empty()) {
+    out.pixel_values = torch::cat(pv, 0);
+    out.grid_thw = torch::tensor(thw, torch::kInt64).view({int64_t(pv.size()), 3});
+  } else {
+    const auto& g = cfg.geometry;
+    out.pixel_values = torch::empty({0, 3 * g.temporal_patch_size * g.patch_size * g.patch_size}, torch::kFloat32);
+    out.grid_thw = torch::empty({0, 3}, torch::kInt64);
+  }
+  return out;
+}
+
+}  // namespace vlm::data

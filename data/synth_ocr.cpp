@@ -1,0 +1,337 @@
+#include "data/synth_ocr.h"
+
+#include <nlohmann/json.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "data/sampler.h"
+#include "vlm/check.h"
+
+namespace vlm::data {
+namespace fs = std::filesystem;
+namespace {
+
+// Small deterministic RNG on top of the sampler's splitmix64 helpers.
+struct Rng {
+  uint64_t state;
+  explicit Rng(uint64_t seed) : state(seed) {}
+  int64_t below(int64_t n) { return int64_t(uniform_below(uint64_t(n), state)); }
+  int64_t range(int64_t lo, int64_t hi) { return lo + below(hi - lo + 1); }  // inclusive
+  double unit() { return double(uniform_below(1ull << 53, state)) / double(1ull << 53); }
+  double uniform(double lo, double hi) { return lo + (hi - lo) * unit(); }
+  bool chance(double p) { return unit() < p; }
+  template <typename T> const T& pick(const std::vector<T>& v) { return v[size_t(below(int64_t(v.size())))]; }
+};
+
+const std::vector<std::string>& words() {
+  static const std::vector<std::string> w = {
+      "total", "invoice", "date", "amount", "paid", "due", "name", "city", "street", "order",
+      "price", "number", "page", "item", "tax", "balance", "account", "phone", "email", "box",
+      "north", "south", "east", "west", "river", "green", "blue", "red", "black", "white",
+      "apple", "bread", "milk", "water", "coffee", "sugar", "rice", "salt", "paper", "glass",
+      "house", "road", "park", "hotel", "bank", "store", "market", "school", "office", "room",
+      "open", "closed", "exit", "entry", "stop", "slow", "left", "right", "up", "down",
+      "first", "second", "third", "last", "next", "new", "old", "big", "small", "long",
+      "data", "model", "train", "test", "value", "result", "check", "card", "code", "type",
+      "march", "april", "june", "july", "monday", "friday", "week", "year", "hour", "time",
+      "light", "power", "gold", "silver", "stone", "tree", "sun", "moon", "star", "sky"};
+  return w;
+}
+
+std::string digits(Rng& r, int64_t n) {
+  std::string s;
+  for (int64_t i = 0; i < n; ++i) s += char('0' + r.below(10));
+  return s;
+}
+
+std::string pad2(int64_t v) { return (v < 10 ? "0" : "") + std::to_string(v); }
+
+std::string casing(Rng& r, std::string w) {
+  const int64_t k = r.below(4);
+  if (k == 1) w[0] = char(std::toupper(w[0]));
+  if (k == 2) for (char& c : w) c = char(std::toupper(c));
+  return w;
+}
+
+std::string candidate(Rng& r) {
+  switch (r.below(6)) {
+    case 0: {  // one to three words
+      std::string s = casing(r, r.pick(words()));
+      const int64_t extra = r.below(3);
+      for (int64_t i = 0; i < extra; ++i) s += " " + casing(r, r.pick(words()));
+      return s;
+    }
+    case 1: {  // numbers
+      const int64_t k = r.below(3);
+      if (k == 0) return digits(r, r.range(1, 3)) + "," + digits(r, 3);
+      if (k == 1) return std::to_string(r.range(1, 99999)) + "." + digits(r, 2);
+      return std::to_string(r.range(1000, 99999999));
+    }
+    case 2: {  // dates
+      const int64_t y = r.range(1990, 2030), m = r.range(1, 12), d = r.range(1, 28);
+      const int64_t k = r.below(3);
+      if (k == 0) return std::to_string(y) + "-" + pad2(m) + "-" + pad2(d);
+      if (k == 1) return pad2(d) + "/" + pad2(m) + "/" + std::to_string(y);
+      return pad2(d) + "." + pad2(m) + "." + pad2(y % 100);
+    }
+    case 3: {  // codes
+      std::string s;
+      for (int64_t i = r.range(2, 3); i > 0; --i) s += char('A' + r.below(26));
+      return s + (r.chance(0.5) ? "-" : " ") + digits(r, r.range(3, 5));
+    }
+    case 4: {  // prices
+      const std::string amount = std::to_string(r.range(0, 999)) + "." + digits(r, 2);
+      const int64_t k = r.below(3);
+      if (k == 0) return "$" + amount;
+      if (k == 1) return "EUR " + amount;
+      return amount + " USD";
+    }
+    default: {  // label: value
+      return casing(r, r.pick(words())) + ": " + digits(r, r.range(2, 4));
+    }
+  }
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  VLM_CHECK(out.good(), "cannot write '", path, "' (hint: check --out)");
+  out << text;
+  VLM_CHECK(out.good(), "error writing '", path, "'");
+}
+
+}  // namespace
+
+const std::vector<std::string>& chatml_special_tokens() {
+  static const std::vector<std::string> t = {
+      "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
+      "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"};
+  return t;
+}
+
+std::string synth_text(uint64_t stream_seed, int64_t min_chars, int64_t max_chars) {
+  Rng r(stream_seed);
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    std::string s = candidate(r);
+    if (int64_t(s.size()) > max_chars) continue;
+    while (int64_t(s.size()) < min_chars) s += " " + candidate(r);
+    if (int64_t(s.size()) <= max_chars) return s;
+  }
+  throw vlm::Error(vlm::str("synth_text: could not make a line of ", min_chars, "..", max_chars,
+                            " characters (hint: widen the range)"));
+}
+
+cv::Mat render_text_line(const std::string& text, uint64_t stream_seed, int64_t min_height,
+                         int64_t max_height) {
+  Rng r(mix_seed(stream_seed, 17));
+  static const std::vector<int> fonts = {cv::FONT_HERSHEY_SIMPLEX, cv::FONT_HERSHEY_DUPLEX,
+                                         cv::FONT_HERSHEY_COMPLEX, cv::FONT_HERSHEY_TRIPLEX};
+  int font = r.pick(fonts);
+  if (r.chance(0.15)) font |= cv::FONT_ITALIC;
+  const int height = int(r.range(min_height, max_height));
+  const double glyph_frac = r.uniform(0.45, 0.65);   // cap height / image height
+  int thickness = 1;
+  int base = 0;
+  cv::Size unit = cv::getTextSize(text, font, 1.0, thickness, &base);
+  double scale = glyph_frac * height / std::max(1, unit.height);
+  if (scale > 0.9 && r.chance(0.4)) thickness = 2;
+  cv::Size sz = cv::getTextSize(text, font, scale, thickness, &base);
+  const int margin_l = int(r.range(3, 12)), margin_r = int(r.range(3, 12));
+  const int width = std::max(sz.width + margin_l + margin_r, 28);
+  // Colours: dark on light, sometimes light on dark.
+  cv::Scalar bg, fg;
+  const int bg_level = int(r.range(170, 255)), fg_level = int(r.range(0, 90));
+  const int tint = int(r.range(-20, 20));
+  bg = cv::Scalar(bg_level, std::clamp(bg_level + tint, 0, 255), std::clamp(bg_level - tint, 0, 255));
+  fg = cv::Scalar(fg_level, std::clamp(fg_level - tint, 0, 255), std::clamp(fg_level + tint, 0, 255));
+  if (r.chance(0.15)) std::swap(bg, fg);
+  cv::Mat img(height, width, CV_8UC3, bg);
+  const int baseline_y = (height + sz.height) / 2 - int(r.range(-2, 2));
+  cv::putText(img, text, cv::Point(margin_l, baseline_y), font, scale, fg, thickness,
+              cv::LINE_AA);
+  // Small rotation.
+  const double angle = r.uniform(-2.0, 2.0);
+  if (std::abs(angle) > 0.2) {
+    cv::Mat rot = cv::getRotationMatrix2D(cv::Point2f(width / 2.0f, height / 2.0f), angle, 1.0);
+    cv::warpAffine(img, img, rot, img.size(), cv::INTER_LINEAR, cv::BORDER_REPLICATE);
+  }
+  if (r.chance(0.3)) {
+    const double sigma = r.uniform(0.4, 1.0);
+    cv::GaussianBlur(img, img, cv::Size(0, 0), sigma);
+  }
+  const double noise = r.uniform(0.0, 8.0);
+  if (noise > 1.0) {
+    cv::Mat n(img.size(), CV_16SC3);
+    cv::RNG cvr(mix_seed(stream_seed, 23));
+    cvr.fill(n, cv::RNG::NORMAL, 0.0, noise);
+    cv::Mat acc;
+    img.convertTo(acc, CV_16SC3);
+    acc += n;
+    acc.convertTo(img, CV_8UC3);  // saturates
+  }
+  return img;
+}
+
+namespace {
+
+// Runs argv (no shell) in folder `cwd` with stdout+stderr to `log_path`; returns the exit
+// status (127 when the program could not be started).
+int run_logged(const std::vector<std::string>& argv, const std::string& cwd,
+               const std::string& log_path) {
+  std::vector<char*> cargv;
+  for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  const pid_t pid = fork();
+  VLM_CHECK(pid >= 0, "synth-ocr: fork failed");
+  if (pid == 0) {
+    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
+    if (chdir(cwd.c_str()) != 0) _exit(126);
+    execvp(cargv[0], cargv.data());
+    _exit(127);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return 127;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+int64_t train_sentencepiece(const std::string& corpus_file, const std::string& model_prefix,
+                            int64_t vocab_size, const std::string& spm_train) {
+  std::string specials;
+  for (const std::string& s : chatml_special_tokens()) specials += (specials.empty() ? "" : ",") + s;
+  const std::vector<std::string> argv = {
+      spm_train, "--input=" + fs::path(corpus_file).filename().string(),
+      "--model_prefix=" + fs::path(model_prefix).filename().string(),
+      "--vocab_size=" + std::to_string(vocab_size), "--model_type=unigram",
+      "--character_coverage=1.0", "--byte_fallback=true", "--hard_vocab_limit=false",
+      "--split_digits=true", "--normalization_rule_name=identity",
+      "--remove_extra_whitespaces=false", "--num_threads=1", "--minloglevel=1",
+      "--user_defined_symbols=" + specials};
+  // The model file records its training flags: run inside the output folder with
+  // relative paths so the model is byte-identical wherever it is written.
+  const std::string folder = fs::path(model_prefix).parent_path().string();
+  VLM_CHECK(fs::path(corpus_file).parent_path() == fs::path(model_prefix).parent_path(),
+            "train_sentencepiece: corpus and model must share a folder");
+  const std::string log = model_prefix + ".train.log";
+  const int rc = run_logged(argv, folder.empty() ? "." : folder, log);
+  std::string out = read_text(log);
+  std::remove(log.c_str());
+  if (out.size() > 2000) out = "..." + out.substr(out.size() - 2000);
+  VLM_CHECK(rc != 127, "synth-ocr: cannot run '", spm_train, "' (hint: apt-get install ",
+            "sentencepiece, or pass --no-tokenizer)");
+  VLM_CHECK(rc == 0, "synth-ocr: sentencepiece training failed (exit ", rc, "):\n", out);
+  // Piece count = lines of the .vocab file (one piece per line).
+  const std::string vocab = read_text(model_prefix + ".vocab");
+  const int64_t pieces = std::count(vocab.begin(), vocab.end(), '\n');
+  VLM_CHECK(pieces > 0, "synth-ocr: sentencepiece wrote no vocabulary to ", model_prefix, ".vocab");
+  return pieces;
+}
+
+SynthOcrResult write_synth_ocr(const SynthOcrOptions& opts) {
+  VLM_CHECK(!opts.out_dir.empty(), "synth-ocr: --out is required");
+  VLM_CHECK(opts.train >= 0 && opts.val >= 0 && opts.train + opts.val > 0,
+            "synth-ocr: expected --train/--val >= 0 and not both 0, got ", opts.train, "/", opts.val);
+  VLM_CHECK(opts.min_chars >= 1 && opts.min_chars <= opts.max_chars, "synth-ocr: bad length range ",
+            opts.min_chars, "..", opts.max_chars);
+  VLM_CHECK(opts.min_height >= 8 && opts.min_height <= opts.max_height,
+            "synth-ocr: bad height range ", opts.min_height, "..", opts.max_height);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::error_code ec;
+  fs::create_directories(fs::path(opts.out_dir) / "images" / "train", ec);
+  fs::create_directories(fs::path(opts.out_dir) / "images" / "val", ec);
+  VLM_CHECK(!ec, "synth-ocr: cannot create '", opts.out_dir, "': ", ec.message());
+
+  struct Split { std::string name; int64_t count; uint64_t stream; };
+  const Split splits[] = {{"train", opts.train, 1}, {"val", opts.val, 2}};
+  std::vector<std::string> train_texts;
+  for (const Split& sp : splits) {
+    std::vector<std::string> texts(size_t(sp.count)), rel(size_t(sp.count));
+    std::atomic<int64_t> next{0};
+    std::vector<std::string> errors(size_t(std::max<int64_t>(opts.threads, 1)));
+    auto work = [&](size_t tid) {
+      try {
+        for (int64_t i = next++; i < sp.count; i = next++) {
+          const uint64_t s = mix_seed(mix_seed(opts.seed, sp.stream), uint64_t(i));
+          texts[size_t(i)] = synth_text(s, opts.min_chars, opts.max_chars);
+          cv::Mat img = render_text_line(texts[size_t(i)], s, opts.min_height, opts.max_height);
+          char name[32];
+          std::snprintf(name, sizeof(name), "%06lld.png", static_cast<long long>(i));
+          rel[size_t(i)] = "images/" + sp.name + "/" + name;
+          const std::string path = opts.out_dir + "/" + rel[size_t(i)];
+          if (!cv::imwrite(path, img, {cv::IMWRITE_PNG_COMPRESSION, 3}))
+            throw vlm::Error(vlm::str("cannot write ", path));
+        }
+      } catch (const std::exception& e) {
+        errors[tid] = e.what();
+        next = sp.count;
+      }
+    };
+    std::vector<std::thread> pool;
+    for (size_t t = 1; t < errors.size(); ++t) pool.emplace_back(work, t);
+    work(0);
+    for (std::thread& t : pool) t.join();
+    for (const std::string& e : errors) VLM_CHECK(e.empty(), "synth-ocr: ", e);
+    std::string jsonl;
+    for (int64_t i = 0; i < sp.count; ++i)
+      jsonl += nlohmann::json{{"image", rel[size_t(i)]}, {"text", texts[size_t(i)]}}.dump() + "\n";
+    write_text(opts.out_dir + "/" + sp.name + ".jsonl", jsonl);
+    if (sp.name == "train") train_texts = texts;
+  }
+
+  SynthOcrResult res;
+  res.train = opts.train;
+  res.val = opts.val;
+  if (opts.train_tokenizer) {
+    // Corpus: the training texts + extra lines from the same generator (never val texts).
+    std::string corpus;
+    for (const std::string& t : train_texts) corpus += t + "\n";
+    for (int64_t i = 0; i < opts.extra_corpus_lines; ++i)
+      corpus += synth_text(mix_seed(mix_seed(opts.seed, 3), uint64_t(i)), opts.min_chars,
+                           opts.max_chars) + "\n";
+    const std::string corpus_path = opts.out_dir + "/tokenizer_corpus.txt";
+    write_text(corpus_path, corpus);
+    res.vocab_size = train_sentencepiece(corpus_path, opts.out_dir + "/tokenizer", opts.vocab_size,
+                                         opts.spm_train);
+    res.tokenizer_model = opts.out_dir + "/tokenizer.model";
+  }
+  nlohmann::json meta = {{"generator", "vlmtrain synth-ocr"}, {"seed", opts.seed},
+                         {"train", opts.train}, {"val", opts.val},
+                         {"chars", {opts.min_chars, opts.max_chars}},
+                         {"height", {opts.min_height, opts.max_height}},
+                         {"format", "plain"},
+                         {"tokenizer", opts.train_tokenizer ? "tokenizer.model" : ""},
+                         {"tokenizer_pieces", res.vocab_size}};
+  write_text(opts.out_dir + "/synth_ocr.json", meta.dump(2) + "\n");
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+}  // namespace vlm::data

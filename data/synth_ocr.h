@@ -1,0 +1,64 @@
+// Synthetic OCR data: short text lines (words, numbers, dates, codes, prices) rendered
+// with OpenCV's Hershey fonts (random font, scale, thickness, colours, noise, blur, small
+// rotation), written as PNGs + train.jsonl / val.jsonl in the plain OCR format, plus a
+// small sentencepiece model trained on the text (for the tiny preset).
+//
+// Deterministic for a seed: every line and image is a function of (seed, split, index)
+// only, so the thread count does not change the output.
+#pragma once
+#include <opencv2/core.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace vlm::data {
+
+struct SynthOcrOptions {
+  std::string out_dir;
+  int64_t train = 2000;
+  int64_t val = 200;
+  uint64_t seed = 0;
+  int64_t threads = 2;              // rendering threads
+  int64_t min_chars = 4;            // text length range (characters)
+  int64_t max_chars = 16;
+  int64_t min_height = 28;          // image height range (pixels)
+  int64_t max_height = 56;
+  bool train_tokenizer = true;
+  int64_t vocab_size = 2048;        // sentencepiece target (may end lower: hard limit off)
+  int64_t extra_corpus_lines = 20000;  // extra generated lines for the tokenizer corpus
+  std::string spm_train = "spm_train";  // sentencepiece trainer CLI (run as a subprocess)
+};
+
+struct SynthOcrResult {
+  int64_t train = 0;
+  int64_t val = 0;
+  std::string tokenizer_model;      // path of tokenizer.model ("" when not trained)
+  int64_t vocab_size = 0;           // pieces in the trained model
+  double seconds = 0;
+};
+
+// The special tokens the ChatML template needs, added as user-defined symbols.
+const std::vector<std::string>& chatml_special_tokens();
+
+// One text line for stream `stream_seed` (length within [min_chars, max_chars]).
+std::string synth_text(uint64_t stream_seed, int64_t min_chars = 4, int64_t max_chars = 16);
+
+// Renders `text` as an 8-bit BGR image of height in [min_height, max_height].
+cv::Mat render_text_line(const std::string& text, uint64_t stream_seed, int64_t min_height = 28,
+                         int64_t max_height = 56);
+
+// Writes the dataset (images/, train.jsonl, val.jsonl, tokenizer.model, synth_ocr.json).
+// Throws vlm::Error on I/O or tokenizer-training failure.
+SynthOcrResult write_synth_ocr(const SynthOcrOptions& opts);
+
+// Trains a unigram sentencepiece model on `corpus_file` with the ChatML specials,
+// byte fallback and identity normalisation; returns the number of pieces.
+// Runs the `spm_train` CLI in a child process: Debian's libsentencepiece embeds
+// protobuf 3.14 and exports its symbols, which clash with the system protobuf 3.21 that
+// LibTorch loads (a process linking both crashes at start-up), so vlmtrain does not link
+// the sentencepiece trainer library.
+int64_t train_sentencepiece(const std::string& corpus_file, const std::string& model_prefix,
+                            int64_t vocab_size, const std::string& spm_train = "spm_train");
+
+}  // namespace vlm::data
