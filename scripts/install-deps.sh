@@ -6,6 +6,7 @@ set -euo pipefail
 PKGS=(
   build-essential cmake ninja-build ccache pkg-config git
   libtorch-dev libgloo-dev            # LibTorch 1.13.1 (CPU) + c10d Gloo headers
+  libopenblas0-pthread                # fast BLAS for LibTorch (Debian defaults to netlib's reference BLAS)
   libopencv-dev                       # image decode / resize, synthetic OCR rendering
   libsentencepiece-dev sentencepiece  # .model tokenizers (+ spm_encode for tests)
   libtoml11-dev                       # recipes
