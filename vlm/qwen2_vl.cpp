@@ -63,7 +63,7 @@ torch::Tensor Qwen2VLImpl::embed_inputs(const Batch& batch, bool dummy_vision, t
   } else if (dummy_vision) {
     const auto& v = cfg.vision;
     const auto& w = visual->patch_embed->proj->weight;
-    auto grid = torch::tensor({1, v.spatial_merge_size, v.spatial_merge_size}, torch::kInt64).view({1, 3});
+    auto grid = torch::tensor({int64_t{1}, v.spatial_merge_size, v.spatial_merge_size}, torch::kInt64).view({1, 3});
     auto pixels = torch::zeros({v.merge_unit(), v.patch_dim()}, w.options());
     auto dummy = image_features(pixels, grid);
     if (zero_term) *zero_term = dummy.sum().to(torch::kFloat32) * 0.0;
