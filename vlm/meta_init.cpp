@@ -27,11 +27,11 @@ void materialize_layer(LayerBase& layer, const std::string& prefix, const Materi
   const auto topts = torch::TensorOptions().device(o.device).dtype(o.dtype);
   for (const auto& item : layer.named_parameters(/*recurse=*/false)) {
     const torch::Tensor& p = item.value();
-    if (!p.is_meta()) continue;
     const std::string full = prefix.empty() ? item.key() : prefix + "." + item.key();
     torch::Tensor value;
     if (!o.init) {
-      value = torch::empty(p.sizes(), topts);
+      // Meta: allocate only. Real: keep the values, move to the target device/dtype.
+      value = p.is_meta() ? torch::empty(p.sizes(), topts) : p.detach().to(topts);
     } else {
       switch (layer.init_rule(item.key())) {
         case ParamInit::zeros: value = torch::zeros(p.sizes(), topts); break;

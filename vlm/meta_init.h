@@ -17,10 +17,14 @@ struct MaterializeOptions {
   uint64_t seed = 0;
   double init_std = 0.02;  // HF initializer_range
   bool init = true;        // false: allocate only (weights are about to be loaded)
+                           // and keep the values of parameters that are already real
 };
 
-// Replaces the meta parameters of every vlm::LayerBase under `root` (real parameters are
-// left as they are). Throws for a meta parameter not owned by a LayerBase.
+// Gives every parameter of every vlm::LayerBase under `root` a real tensor on
+// opts.device / opts.dtype: with opts.init, freshly initialised (meta or not: a module built
+// directly on the CPU holds uninitialised torch::empty memory until this runs); without,
+// meta parameters are only allocated and real ones keep their values (moved/cast).
+// Throws for a meta parameter not owned by a LayerBase.
 void materialize(torch::nn::Module& root, const MaterializeOptions& opts);
 
 // True if any parameter under `root` lives on the meta device.
