@@ -52,15 +52,9 @@ std::map<std::string, torch::Tensor> read_safetensors(const std::string& path) {
   return out;
 }
 
-class HfParity : public ::testing::TestWithParam<std::string> {};
-INSTANTIATE_TEST_SUITE_P(Goldens, HfParity, ::testing::Values("qwen2_vl_small", "qwen2_5_vl_small"));
-
-TEST_P(HfParity, LogitsAndLossMatchTransformers) {
-  const std::string base = golden_dir() + "/" + GetParam();
-  if (!vlmtest::file_exists(base + ".io.safetensors")) {
-    GTEST_SKIP() << "no goldens at " << base << ".*: run scripts/make_goldens.py where "
-                 << "transformers is installed (tests/golden/README.md)";
-  }
+// Builds the model from <base>.config.json, loads <base>.weights.safetensors, runs the
+// batch of <base>.io.safetensors and compares logits and loss.
+void check_against(const std::string& base, const std::string& name) {
   const auto cfg = vlm::load_hf_config(base + ".config.json");
   vlm::Qwen2VL m(cfg, torch::TensorOptions().device(torch::kMeta));
   vlm::materialize(*m, {torch::kCPU, torch::kFloat32, 0, 0.02, /*init=*/false});
@@ -91,11 +85,45 @@ TEST_P(HfParity, LogitsAndLossMatchTransformers) {
   auto real = b.attention_mask.to(torch::kBool).unsqueeze(-1);  // padding rows are not compared
   const double scale = ref.abs().max().item<double>();
   const double diff = (out.logits - ref).abs().masked_select(real).max().item<double>();
-  std::cout << GetParam() << ": max |logit diff| " << diff << " (max |logit| " << scale << ")\n";
+  std::cout << name << ": max |logit diff| " << diff << " (max |logit| " << scale << ")\n";
   EXPECT_LE(diff, 1e-4 * scale + 1e-6);
   EXPECT_EQ(out.n_tokens, io["n_tokens"].item<int64_t>());
   const double lref = io["loss_sum"].item<double>();
   EXPECT_NEAR(out.loss_sum.item<double>(), lref, 1e-4 * std::abs(lref));
+}
+
+class HfParity : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Goldens, HfParity, ::testing::Values("qwen2_vl_small", "qwen2_5_vl_small"));
+
+TEST_P(HfParity, LogitsAndLossMatchTransformers) {
+  const std::string base = golden_dir() + "/" + GetParam();
+  if (!vlmtest::file_exists(base + ".io.safetensors")) {
+    GTEST_SKIP() << "no goldens at " << base << ".*: run scripts/make_goldens.py where "
+                 << "transformers is installed (tests/golden/README.md)";
+  }
+  check_against(base, GetParam());
+}
+
+// The same comparison against scripts/spec_reference.py: a second implementation of the
+// forward in plain PyTorch written from the spec (per-token loops, dense masks instead of
+// window permutations). Runs when python3 can import torch; skipped otherwise.
+TEST(SpecReference, LogitsAndLossMatchPlainPytorchReference) {
+  std::string python;
+  for (const char* cand : {"python3", "/usr/bin/python3"}) {
+    if (vlmtest::run({cand, "-c", "import torch"}, std::chrono::seconds(60)).exit_code == 0) {
+      python = cand;
+      break;
+    }
+  }
+  if (python.empty()) GTEST_SKIP() << "no python3 that can import torch";
+  vlmtest::TempDir dir("spec_ref");
+  auto r = vlmtest::run({python, vlmtest::source_dir() + "/scripts/spec_reference.py", "--out", dir.path()},
+                        std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* name : {"qwen2_vl_small", "qwen2_5_vl_small"}) {
+    SCOPED_TRACE(name);
+    check_against(dir / name, name);
+  }
 }
 
 }  // namespace
