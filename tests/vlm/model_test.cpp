@@ -232,6 +232,25 @@ TEST_P(Tiny, ImageTokenCountMismatchIsAnError) {
   }
 }
 
+TEST_P(Tiny, Bf16ForwardBackwardTracksFp32) {
+  // Same seed, same init (drawn in fp32 then cast): the bf16 loss stays near the fp32 one,
+  // and every dtype hand-off (pixels, rotary, norms, softmax, splice, head) accepts bf16.
+  auto m32 = make_model(GetParam(), 4);
+  vlm::Qwen2VL m16(vlm::preset(GetParam()), torch::TensorOptions().device(torch::kMeta));
+  vlm::materialize(*m16, {torch::kCPU, torch::kBFloat16, 4});
+  auto b = image_batch(m32->cfg);
+  auto ref = m32->forward(b);
+  auto out = m16->forward(b);
+  EXPECT_EQ(out.loss_sum.scalar_type(), torch::kFloat32);
+  const double a = ref.loss_sum.item<double>() / ref.n_tokens, c = out.loss_sum.item<double>() / out.n_tokens;
+  EXPECT_NEAR(c, a, 0.02 * a);
+  out.loss_sum.backward();
+  for (const auto& p : m16->named_parameters()) {
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    EXPECT_EQ(p.value().grad().scalar_type(), torch::kBFloat16) << p.key();
+  }
+}
+
 TEST_P(Tiny, OverfitsOneBatch) {
   auto m = make_model(GetParam(), 1);
   auto b = image_batch(m->cfg);
