@@ -43,6 +43,18 @@ TEST(Config, Qwen2Vl2bExactPublishedCount) {
   EXPECT_FALSE(m->lm_head);  // tied: no second copy of the embedding
 }
 
+TEST(Config, OtherRealPresetsMatchHubTotals) {
+  // Parameter totals shown for the hub checkpoints (safetensors metadata on the model
+  // pages; quoted from memory, not from shared/REFERENCE.md, so a mismatch means: check the
+  // preset shapes AND this figure).
+  const std::vector<std::pair<std::string, int64_t>> want{
+      {"qwen2-vl-7b", 8291375616LL}, {"qwen2.5-vl-3b", 3754622976LL}, {"qwen2.5-vl-7b", 8292166656LL}};
+  for (const auto& [name, n] : want) {
+    vlm::Qwen2VL m(vlm::preset(name), torch::TensorOptions().device(torch::kMeta));
+    EXPECT_EQ(vlm::count_parameters(*m), n) << name;
+  }
+}
+
 TEST(Config, EveryPresetMatchesClosedForm) {
   for (const auto& name : vlm::preset_names()) {
     SCOPED_TRACE(name);
