@@ -30,7 +30,7 @@ LanguageModelImpl::LanguageModelImpl(const TextConfig& c, const torch::TensorOpt
 torch::Tensor LanguageModelImpl::embed(const torch::Tensor& input_ids, UnitRunner& runner,
                                        const std::string& prefix) {
   return runner.run(prefix + ".embed_tokens", *embed_tokens, input_ids,
-                    [&](const torch::Tensor& ids) { return embed_tokens(ids); });
+                    [emb = embed_tokens](const torch::Tensor& ids) mutable { return emb(ids); });
 }
 
 torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torch::Tensor& position_ids,
@@ -53,9 +53,11 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torc
     DecoderLayer& layer = layers[i];
     LayerKv* kv = cache ? &cache->layers[i] : nullptr;
     h = runner.run(prefix + ".layers." + std::to_string(i), *layer, h,
-                   [&](const torch::Tensor& x) { return layer(x, cs.cos, cs.sin, mask, kv); });
+                   [layer, cos = cs.cos, sin = cs.sin, mask, kv](const torch::Tensor& x) mutable {
+                     return layer(x, cos, sin, mask, kv);
+                   });
   }
-  return runner.run(prefix + ".norm", *norm, h, [&](const torch::Tensor& x) { return norm(x); });
+  return runner.run(prefix + ".norm", *norm, h, [n = norm](const torch::Tensor& x) mutable { return n(x); });
 }
 
 }  // namespace vlm

@@ -44,11 +44,11 @@ torch::Tensor Qwen2VLImpl::image_features(const torch::Tensor& pixel_values, con
 
 torch::Tensor Qwen2VLImpl::head(const torch::Tensor& hidden) {
   if (lm_head) {
-    return runner_->run("lm_head", *lm_head, hidden, [&](const torch::Tensor& x) { return lm_head(x); });
+    return runner_->run("lm_head", *lm_head, hidden, [head = lm_head](const torch::Tensor& x) mutable { return head(x); });
   }
   auto& emb = model->embed_tokens;
   return runner_->run("lm_head", *emb, hidden,
-                      [&](const torch::Tensor& x) { return torch::linear(x, emb->weight); });
+                      [emb](const torch::Tensor& x) mutable { return torch::linear(x, emb->weight); });
 }
 
 torch::Tensor Qwen2VLImpl::embed_inputs(const Batch& batch, bool dummy_vision, torch::Tensor* zero_term) {

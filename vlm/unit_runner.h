@@ -18,6 +18,11 @@ class UnitRunner {  // implemented by sharding/ (FSDP gather/free, activation ch
   // fn computes the unit's forward on x. Non-differentiable side inputs (cos/sin, masks,
   // cu_seqlens) are captured by fn; the differentiable activation is x.
   // Note "model.embed_tokens" receives the int64 input_ids as x (no gradient flows into x).
+  // fn holds copies of everything it captures (tensor handles, module holders, cu_seqlens),
+  // so a runner may keep it and call it again later, e.g. to recompute the unit during
+  // backward (activation checkpointing). Exception: decoding with a KV cache appends to the
+  // cache on every call, so cached generation must not be recomputed (it runs under
+  // NoGradGuard, where checkpointing has nothing to do).
   virtual torch::Tensor run(const std::string& path, torch::nn::Module& unit, const torch::Tensor& x,
                             const std::function<torch::Tensor(const torch::Tensor&)>& fn) {
     return fn(x);

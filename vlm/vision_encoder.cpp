@@ -85,7 +85,7 @@ torch::Tensor VisionEncoderImpl::forward(const torch::Tensor& pixel_values, cons
             pixel_values.size(0), " rows but image_grid_thw ", g.sizes(), " sums to ", expect,
             " patches (hint: rows = sum of t*gh*gw over images)");
   auto x = runner.run(prefix + ".patch_embed", *patch_embed, pixel_values,
-                      [&](const torch::Tensor& p) { return patch_embed(p); });  // [S, E]
+                      [pe = patch_embed](const torch::Tensor& p) mutable { return pe(p); });  // [S, E]
   auto cs = vision_rotary(g, v.head_dim(), v.spatial_merge_size, x.device());
   const auto cu_full = image_cu_seqlens(g);
   std::vector<int64_t> cu_window = cu_full;
@@ -108,11 +108,11 @@ torch::Tensor VisionEncoderImpl::forward(const torch::Tensor& pixel_values, cons
     const auto& cu = is_full ? cu_full : cu_window;
     VisionBlock& blk = blocks[i];
     x = runner.run(prefix + ".blocks." + std::to_string(i), *blk, x,
-                   [&](const torch::Tensor& h) { return blk(h, cs.cos, cs.sin, cu); });
+                   [blk, cos = cs.cos, sin = cs.sin, cu](const torch::Tensor& h) mutable { return blk(h, cos, sin, cu); });
   }
   (void)e;
   auto out = runner.run(prefix + ".merger", *merger, x,
-                        [&](const torch::Tensor& h) { return merger(h); });  // [M, O]
+                        [mg = merger](const torch::Tensor& h) mutable { return mg(h); });  // [M, O]
   if (window.defined()) out = out.index_select(0, torch::argsort(window));
   return out;
 }

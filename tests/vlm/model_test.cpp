@@ -219,6 +219,31 @@ TEST_P(Tiny, UnitsRunThroughTheRunnerInTableOrder) {
   EXPECT_EQ(total, vlm::count_parameters(*m));
 }
 
+// Keeps every unit's fn, input and output, like an activation-checkpointing runner that
+// recomputes units during backward (after forward has returned).
+struct Keeper : vlm::UnitRunner {
+  std::vector<std::function<torch::Tensor(const torch::Tensor&)>> fns;
+  std::vector<torch::Tensor> xs, ys;
+  torch::Tensor run(const std::string& path, torch::nn::Module& unit, const torch::Tensor& x,
+                    const std::function<torch::Tensor(const torch::Tensor&)>& fn) override {
+    fns.push_back(fn);
+    xs.push_back(x);
+    ys.push_back(fn(x));
+    return ys.back();
+  }
+};
+
+TEST_P(Tiny, UnitFunctionsCanBeReplayedAfterForward) {
+  auto m = make_model(GetParam());
+  auto keep = std::make_shared<Keeper>();
+  m->set_runner(keep);
+  torch::NoGradGuard ng;
+  m->forward(image_batch(m->cfg));
+  ASSERT_EQ(keep->fns.size(), m->units().size());
+  for (size_t i = 0; i < keep->fns.size(); ++i)
+    EXPECT_TRUE(torch::equal(keep->fns[i](keep->xs[i]), keep->ys[i])) << m->units()[i].path;
+}
+
 TEST_P(Tiny, ImageTokenCountMismatchIsAnError) {
   auto m = make_model(GetParam());
   auto b = image_batch(m->cfg);
