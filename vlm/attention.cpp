@@ -1,0 +1,113 @@
+#include "vlm/attention.h"
+
+#include <cmath>
+
+#include "vlm/check.h"
+#include "vlm/compat.h"
+#include "vlm/rotary.h"
+
+namespace vlm {
+
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const torch::Tensor& mask, double scale) {
+  const int64_t h = q.size(1), hkv = k.size(1);
+  VLM_ASSERT(h % hkv == 0, "heads ", h, " not a multiple of kv heads ", hkv);
+  torch::Tensor kk = k, vv = v;
+  if (h != hkv) {
+    kk = k.repeat_interleave(h / hkv, /*dim=*/1);
+    vv = v.repeat_interleave(h / hkv, /*dim=*/1);
+  }
+#if VLM_TORCH2
+  // Needs LibTorch >= 2.1 (the `scale` argument). Bool mask: true = attend.
+  return at::scaled_dot_product_attention(q, kk, vv, mask.defined() ? c10::optional<at::Tensor>(mask)
+                                                                    : c10::nullopt,
+                                          0.0, false, scale);
+#else
+  auto scores = torch::matmul(q, kk.transpose(-2, -1)) * scale;  // [B, H, L, T]
+  if (mask.defined()) scores = scores.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
+  auto probs = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
+  return torch::matmul(probs, vv);
+#endif
+}
+
+torch::Tensor varlen_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               const std::vector<int64_t>& cu, double scale) {
+  const int64_t s = q.size(0);
+  VLM_CHECK(cu.size() >= 2 && cu.front() == 0 && cu.back() == s, "cu_seqlens must run from 0 to ",
+            s, " (the packed length), got ", cu.size(), " entries ending at ", cu.empty() ? -1 : cu.back());
+  std::vector<torch::Tensor> outs;
+  size_t i = 0;
+  while (i + 1 < cu.size()) {
+    const int64_t len = cu[i + 1] - cu[i];
+    VLM_CHECK(len >= 0, "cu_seqlens must not decrease (entry ", i + 1, ")");
+    size_t j = i + 1;  // group [i, j) of consecutive segments with the same length
+    while (j + 1 < cu.size() && cu[j + 1] - cu[j] == len) ++j;
+    const int64_t n = static_cast<int64_t>(j - i);
+    if (len > 0) {
+      auto take = [&](const torch::Tensor& x) {  // [n*len, H, D] -> [n, H, len, D]
+        return x.narrow(0, cu[i], n * len).reshape({n, len, x.size(1), x.size(2)}).transpose(1, 2);
+      };
+      auto o = attention(take(q), take(k), take(v), torch::Tensor(), scale);  // [n, H, len, D]
+      outs.push_back(o.transpose(1, 2).reshape({n * len, q.size(1), q.size(2)}));
+    }
+    i = j;
+  }
+  return torch::cat(outs, 0);
+}
+
+// ---------------------------------------------------------------- vision
+
+VisionAttentionImpl::VisionAttentionImpl(int64_t dim, int64_t heads, const torch::TensorOptions& opts)
+    : num_heads(heads) {
+  qkv = register_module("qkv", Linear(dim, 3 * dim, true, opts));
+  proj = register_module("proj", Linear(dim, dim, true, opts));
+}
+
+torch::Tensor VisionAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                           const torch::Tensor& sin, const std::vector<int64_t>& cu) {
+  const int64_t s = x.size(0), dim = x.size(1), d = dim / num_heads;
+  auto parts = qkv(x).reshape({s, 3, num_heads, d}).unbind(1);  // 3 x [S, H, D]
+  const auto dt = x.scalar_type();
+  auto c = cos.unsqueeze(1), sn = sin.unsqueeze(1);              // [S, 1, D] fp32
+  auto q = apply_rotary(parts[0].to(torch::kFloat32), c, sn).to(dt);
+  auto k = apply_rotary(parts[1].to(torch::kFloat32), c, sn).to(dt);
+  auto o = varlen_attention(q, k, parts[2], cu, 1.0 / std::sqrt(static_cast<double>(d)));
+  return proj(o.reshape({s, dim}));
+}
+
+// ---------------------------------------------------------------- text
+
+TextAttentionImpl::TextAttentionImpl(const TextConfig& cfg, const torch::TensorOptions& opts)
+    : num_heads(cfg.num_attention_heads),
+      num_kv_heads(cfg.num_key_value_heads),
+      head_dim(cfg.head_dim()) {
+  const int64_t d = cfg.hidden_size;
+  q_proj = register_module("q_proj", Linear(d, num_heads * head_dim, true, opts));
+  k_proj = register_module("k_proj", Linear(d, num_kv_heads * head_dim, true, opts));
+  v_proj = register_module("v_proj", Linear(d, num_kv_heads * head_dim, true, opts));
+  o_proj = register_module("o_proj", Linear(num_heads * head_dim, d, false, opts));
+}
+
+torch::Tensor TextAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                         const torch::Tensor& sin, const torch::Tensor& mask,
+                                         LayerKv* cache) {
+  const int64_t b = x.size(0), l = x.size(1);
+  auto q = q_proj(x).view({b, l, num_heads, head_dim}).transpose(1, 2);     // [B, H, L, D]
+  auto k = k_proj(x).view({b, l, num_kv_heads, head_dim}).transpose(1, 2);  // [B, Hkv, L, D]
+  auto v = v_proj(x).view({b, l, num_kv_heads, head_dim}).transpose(1, 2);
+  auto c = cos.unsqueeze(1), sn = sin.unsqueeze(1);                         // [B, 1, L, D]
+  q = apply_rotary(q, c, sn);
+  k = apply_rotary(k, c, sn);
+  if (cache != nullptr) {
+    if (cache->k.defined()) {
+      k = torch::cat({cache->k, k}, 2);
+      v = torch::cat({cache->v, v}, 2);
+    }
+    cache->k = k;
+    cache->v = v;
+  }
+  auto o = attention(q, k, v, mask, 1.0 / std::sqrt(static_cast<double>(head_dim)));
+  return o_proj(o.transpose(1, 2).reshape({b, l, num_heads * head_dim}));
+}
+
+}  // namespace vlm

@@ -1,0 +1,64 @@
+// Attention: the one scaled-dot-product function every attention in the model goes through,
+// variable-length (packed) attention for the vision tower, and the two attention modules
+// (`visual.blocks.N.attn` and `model.layers.N.self_attn`).
+//
+// Names: S packed vision tokens, H heads, Hkv kv heads, D head_dim, B batch, L query length,
+// T key length (cache + L).
+#pragma once
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "vlm/config.h"
+#include "vlm/layers.h"
+
+namespace vlm {
+
+// softmax(q k^T * scale + mask) v with GQA (query head j uses kv head j / (H / Hkv)).
+// q: [B, H, L, D], k/v: [B, Hkv, T, D], mask: bool broadcastable to [B, H, L, T]
+// (true = attend; every row must allow at least one key) or undefined (no mask).
+// LibTorch 1.13: matmul + fp32 softmax. 2.x: at::scaled_dot_product_attention.
+// Returns [B, H, L, D].
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const torch::Tensor& mask, double scale);
+
+// Block-diagonal attention over a packed sequence: segment i is rows
+// [cu_seqlens[i], cu_seqlens[i+1]); tokens attend only inside their segment. Consecutive
+// segments of equal length run as one batched call, so no [S, S] mask is ever built (an
+// image of 16k patches would need 16k^2 scores per head with a dense mask).
+// q/k/v: [S, H, D] -> [S, H, D]
+torch::Tensor varlen_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               const std::vector<int64_t>& cu_seqlens, double scale);
+
+// `visual.blocks.N.attn`: qkv (rows [q all heads, k, v]) and proj, both with bias.
+class VisionAttentionImpl : public torch::nn::Module {
+ public:
+  VisionAttentionImpl(int64_t dim, int64_t num_heads, const torch::TensorOptions& opts);
+  // x: [S, dim]; cos/sin: [S, D] fp32 (2D rotary); -> [S, dim]
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const std::vector<int64_t>& cu_seqlens);
+  int64_t num_heads;
+  Linear qkv{nullptr}, proj{nullptr};
+};
+TORCH_MODULE(VisionAttention);
+
+// Keys and values of one decoder layer for cached decoding: [B, Hkv, T, D].
+struct LayerKv {
+  torch::Tensor k, v;
+};
+
+// `model.layers.N.self_attn`: q/k/v_proj with bias, o_proj without; GQA; M-RoPE.
+class TextAttentionImpl : public torch::nn::Module {
+ public:
+  TextAttentionImpl(const TextConfig& cfg, const torch::TensorOptions& opts);
+  // x: [B, L, d]; cos/sin: [B, L, D] (activation dtype); mask: bool [B, 1, L, T];
+  // cache: when given, the new keys/values are appended to it and attention runs over all.
+  // -> [B, L, d]
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& mask, LayerKv* cache);
+  int64_t num_heads, num_kv_heads, head_dim;
+  Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+};
+TORCH_MODULE(TextAttention);
+
+}  // namespace vlm

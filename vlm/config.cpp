@@ -1,0 +1,356 @@
+#include "vlm/config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+
+#include "vlm/check.h"
+
+namespace vlm {
+namespace {
+
+using json = nlohmann::json;
+
+// Reads `obj[key]` as T; `where` is the dotted path for messages ("vision_config.depth").
+template <typename T>
+T get_req(const json& obj, const std::string& key, const std::string& where, const std::string& src) {
+  auto it = obj.find(key);
+  VLM_CHECK(it != obj.end() && !it->is_null(), src, ": missing key '", where, key,
+            "' (hint: is this a Qwen2-VL / Qwen2.5-VL config.json?)");
+  try {
+    return it->get<T>();
+  } catch (const std::exception& e) {
+    throw Error(str(src, ": key '", where, key, "' has the wrong type (", it->type_name(),
+                    "): ", e.what()));
+  }
+}
+
+template <typename T>
+T get_opt(const json& obj, const std::string& key, const T& dflt, const std::string& where,
+          const std::string& src) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return dflt;
+  return get_req<T>(obj, key, where, src);
+}
+
+// The rotary section: `rope_parameters` (newer) or `rope_scaling` (legacy), inside the text
+// section or at the top level.
+void parse_rope(const json& text, const json& top, TextConfig& t, const std::string& src) {
+  for (const json* obj : {&text, &top}) {
+    for (const char* key : {"rope_parameters", "rope_scaling"}) {
+      auto it = obj->find(key);
+      if (it == obj->end() || !it->is_object()) continue;
+      const std::string where = std::string(key) + ".";
+      if (it->contains("mrope_section"))
+        t.mrope_section = get_req<std::vector<int64_t>>(*it, "mrope_section", where, src);
+      if (it->contains("rope_theta")) t.rope_theta = get_req<double>(*it, "rope_theta", where, src);
+      std::string type = get_opt<std::string>(*it, "rope_type", "", where, src);
+      if (type.empty()) type = get_opt<std::string>(*it, "type", "", where, src);
+      VLM_CHECK(type.empty() || type == "mrope" || type == "default", src, ": key '", where,
+                "rope_type' is '", type, "', expected 'mrope' or 'default' (hint: frequency "
+                "scaling of the rotary embedding is not supported)");
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+std::string family_name(Family f) { return f == Family::qwen2_vl ? "qwen2_vl" : "qwen2_5_vl"; }
+
+VlmConfig parse_hf_config(const std::string& json_text, const std::string& src) {
+  json top;
+  try {
+    top = json::parse(json_text);
+  } catch (const std::exception& e) {
+    throw Error(str(src, ": not valid JSON: ", e.what()));
+  }
+  VLM_CHECK(top.is_object(), src, ": expected a JSON object at the top level");
+  VlmConfig c;
+  const auto model_type = get_req<std::string>(top, "model_type", "", src);
+  if (model_type == "qwen2_vl") {
+    c.family = Family::qwen2_vl;
+  } else if (model_type == "qwen2_5_vl") {
+    c.family = Family::qwen2_5_vl;
+  } else {
+    throw Error(str(src, ": model_type is '", model_type,
+                    "', expected 'qwen2_vl' or 'qwen2_5_vl' (hint: only Qwen2-VL and Qwen2.5-VL "
+                    "are supported)"));
+  }
+
+  // Vision tower.
+  VLM_CHECK(top.contains("vision_config") && top["vision_config"].is_object(), src,
+            ": missing object 'vision_config'");
+  const json& vj = top["vision_config"];
+  const std::string vw = "vision_config.";
+  VisionConfig& v = c.vision;
+  v.depth = get_req<int64_t>(vj, "depth", vw, src);
+  v.num_heads = get_req<int64_t>(vj, "num_heads", vw, src);
+  v.patch_size = get_opt<int64_t>(vj, "patch_size", 14, vw, src);
+  v.temporal_patch_size = get_opt<int64_t>(vj, "temporal_patch_size", 2, vw, src);
+  v.spatial_merge_size = get_opt<int64_t>(vj, "spatial_merge_size", 2, vw, src);
+  v.in_chans = get_opt<int64_t>(vj, "in_chans", get_opt<int64_t>(vj, "in_channels", 3, vw, src), vw, src);
+  if (c.family == Family::qwen2_vl) {
+    v.embed_dim = get_req<int64_t>(vj, "embed_dim", vw, src);
+    v.out_hidden_size = get_req<int64_t>(vj, "hidden_size", vw, src);  // merger output!
+    const double ratio = get_opt<double>(vj, "mlp_ratio", 4.0, vw, src);
+    v.intermediate_size = static_cast<int64_t>(static_cast<double>(v.embed_dim) * ratio);
+    v.hidden_act = get_opt<std::string>(vj, "hidden_act", "quick_gelu", vw, src);
+  } else {
+    v.embed_dim = get_req<int64_t>(vj, "hidden_size", vw, src);  // ViT width
+    v.out_hidden_size = get_req<int64_t>(vj, "out_hidden_size", vw, src);
+    v.intermediate_size = get_req<int64_t>(vj, "intermediate_size", vw, src);
+    v.hidden_act = get_opt<std::string>(vj, "hidden_act", "silu", vw, src);
+    v.window_size = get_req<int64_t>(vj, "window_size", vw, src);
+    v.fullatt_block_indexes = get_req<std::vector<int64_t>>(vj, "fullatt_block_indexes", vw, src);
+    v.tokens_per_second = get_opt<double>(vj, "tokens_per_second", 2.0, vw, src);
+  }
+  const std::string want_act = c.family == Family::qwen2_vl ? "quick_gelu" : "silu";
+  VLM_CHECK(v.hidden_act == want_act, src, ": vision_config.hidden_act is '", v.hidden_act,
+            "', expected '", want_act, "' for ", model_type);
+
+  // Text decoder: `text_config` when present, the top level otherwise (and as fallback).
+  const json empty = json::object();
+  const json& tj = top.contains("text_config") && top["text_config"].is_object() ? top["text_config"] : empty;
+  auto text_key = [&](const std::string& key) -> const json& {
+    return tj.contains(key) ? tj : top;
+  };
+  auto tw = [&](const std::string& key) { return tj.contains(key) ? std::string("text_config.") : std::string(); };
+  auto ti = [&](const std::string& key) { return get_req<int64_t>(text_key(key), key, tw(key), src); };
+  TextConfig& t = c.text;
+  t.vocab_size = ti("vocab_size");
+  t.hidden_size = ti("hidden_size");
+  t.intermediate_size = ti("intermediate_size");
+  t.num_hidden_layers = ti("num_hidden_layers");
+  t.num_attention_heads = ti("num_attention_heads");
+  t.num_key_value_heads = get_opt<int64_t>(text_key("num_key_value_heads"), "num_key_value_heads",
+                                           t.num_attention_heads, tw("num_key_value_heads"), src);
+  t.rms_norm_eps = get_opt<double>(text_key("rms_norm_eps"), "rms_norm_eps", 1e-6, tw("rms_norm_eps"), src);
+  t.rope_theta = get_opt<double>(text_key("rope_theta"), "rope_theta", 1e6, tw("rope_theta"), src);
+  t.max_position_embeddings = get_opt<int64_t>(text_key("max_position_embeddings"),
+                                               "max_position_embeddings", 32768,
+                                               tw("max_position_embeddings"), src);
+  t.hidden_act = get_opt<std::string>(text_key("hidden_act"), "hidden_act", "silu", tw("hidden_act"), src);
+  VLM_CHECK(t.hidden_act == "silu", src, ": text hidden_act is '", t.hidden_act, "', expected 'silu'");
+  parse_rope(tj, top, t, src);
+
+  c.tie_word_embeddings = get_opt<bool>(top, "tie_word_embeddings",
+                                        get_opt<bool>(tj, "tie_word_embeddings", false, "text_config.", src), "", src);
+  c.image_token_id = get_opt<int64_t>(top, "image_token_id", c.image_token_id, "", src);
+  c.video_token_id = get_opt<int64_t>(top, "video_token_id", c.video_token_id, "", src);
+  c.vision_start_token_id = get_opt<int64_t>(top, "vision_start_token_id", c.vision_start_token_id, "", src);
+  c.vision_end_token_id = get_opt<int64_t>(top, "vision_end_token_id", c.vision_end_token_id, "", src);
+  c.bos_token_id = get_opt<int64_t>(text_key("bos_token_id"), "bos_token_id", c.bos_token_id, tw("bos_token_id"), src);
+  if (text_key("eos_token_id").contains("eos_token_id") && text_key("eos_token_id")["eos_token_id"].is_number_integer())
+    c.eos_token_id = ti("eos_token_id");
+  c.torch_dtype = get_opt<std::string>(top, "torch_dtype", get_opt<std::string>(top, "dtype", "bfloat16", "", src), "", src);
+  validate(c, src);
+  return c;
+}
+
+VlmConfig load_hf_config(const std::string& dir_or_file) {
+  namespace fs = std::filesystem;
+  std::string path = dir_or_file;
+  if (fs::is_directory(path)) path = (fs::path(path) / "config.json").string();
+  std::ifstream in(path, std::ios::binary);
+  VLM_CHECK(in.good(), "cannot read HF config '", path,
+            "' (hint: pass an HF model directory containing config.json, or the file itself)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_hf_config(ss.str(), path);
+}
+
+void validate(const VlmConfig& c, const std::string& src) {
+  const auto& v = c.vision;
+  const auto& t = c.text;
+  VLM_CHECK(v.depth > 0 && v.embed_dim > 0 && v.num_heads > 0 && v.intermediate_size > 0 &&
+                v.out_hidden_size > 0,
+            src, ": vision sizes must be positive (depth ", v.depth, ", width ", v.embed_dim,
+            ", heads ", v.num_heads, ", mlp ", v.intermediate_size, ", out ", v.out_hidden_size, ")");
+  VLM_CHECK(v.embed_dim % v.num_heads == 0 && v.head_dim() % 4 == 0, src,
+            ": vision head_dim = ", v.embed_dim, "/", v.num_heads,
+            " must be an integer divisible by 4 (2D rotary: row and column halves)");
+  VLM_CHECK(t.vocab_size > 0 && t.hidden_size > 0 && t.num_hidden_layers > 0 &&
+                t.num_attention_heads > 0 && t.num_key_value_heads > 0 && t.intermediate_size > 0,
+            src, ": text sizes must be positive");
+  VLM_CHECK(t.hidden_size % t.num_attention_heads == 0, src, ": text hidden_size ", t.hidden_size,
+            " is not divisible by num_attention_heads ", t.num_attention_heads);
+  VLM_CHECK(t.num_attention_heads % t.num_key_value_heads == 0, src, ": num_attention_heads ",
+            t.num_attention_heads, " is not a multiple of num_key_value_heads ", t.num_key_value_heads);
+  const int64_t sec = std::accumulate(t.mrope_section.begin(), t.mrope_section.end(), int64_t{0});
+  VLM_CHECK(t.mrope_section.size() == 3 && sec * 2 == t.head_dim(), src,
+            ": mrope_section must have 3 entries summing to head_dim/2 = ", t.head_dim() / 2,
+            ", got ", t.mrope_section.size(), " entries summing to ", sec);
+  VLM_CHECK(v.out_hidden_size == t.hidden_size, src, ": merger output width ", v.out_hidden_size,
+            " != text hidden_size ", t.hidden_size,
+            " (hint: Qwen2-VL's vision_config.hidden_size is the merger output width)");
+  if (c.family == Family::qwen2_5_vl) {
+    const int64_t unit = v.spatial_merge_size * v.patch_size;
+    VLM_CHECK(v.window_size >= unit && v.window_size % unit == 0, src, ": vision window_size ",
+              v.window_size, " must be a positive multiple of patch_size*spatial_merge_size = ", unit);
+    for (int64_t b : v.fullatt_block_indexes)
+      VLM_CHECK(b >= 0 && b < v.depth, src, ": fullatt_block_indexes entry ", b, " outside [0, ",
+                v.depth, ")");
+  }
+  for (int64_t id : {c.image_token_id, c.vision_start_token_id, c.vision_end_token_id})
+    VLM_CHECK(id >= 0 && id < t.vocab_size, src, ": special token id ", id, " outside vocab [0, ",
+              t.vocab_size, ")");
+}
+
+nlohmann::json to_hf_json(const VlmConfig& c) {
+  json j;
+  const bool v2 = c.family == Family::qwen2_vl;
+  j["model_type"] = family_name(c.family);
+  j["architectures"] = {v2 ? "Qwen2VLForConditionalGeneration" : "Qwen2_5_VLForConditionalGeneration"};
+  j["vocab_size"] = c.text.vocab_size;
+  j["hidden_size"] = c.text.hidden_size;
+  j["intermediate_size"] = c.text.intermediate_size;
+  j["num_hidden_layers"] = c.text.num_hidden_layers;
+  j["num_attention_heads"] = c.text.num_attention_heads;
+  j["num_key_value_heads"] = c.text.num_key_value_heads;
+  j["rms_norm_eps"] = c.text.rms_norm_eps;
+  j["rope_theta"] = c.text.rope_theta;
+  j["rope_scaling"] = {{"type", "mrope"}, {"rope_type", "default"}, {"mrope_section", c.text.mrope_section}};
+  j["max_position_embeddings"] = c.text.max_position_embeddings;
+  j["hidden_act"] = c.text.hidden_act;
+  j["attention_dropout"] = 0.0;
+  j["use_sliding_window"] = false;
+  j["max_window_layers"] = c.text.num_hidden_layers;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["image_token_id"] = c.image_token_id;
+  j["video_token_id"] = c.video_token_id;
+  j["vision_start_token_id"] = c.vision_start_token_id;
+  j["vision_end_token_id"] = c.vision_end_token_id;
+  j["vision_token_id"] = c.image_token_id - 1;
+  j["bos_token_id"] = c.bos_token_id;
+  j["eos_token_id"] = c.eos_token_id;
+  j["torch_dtype"] = c.torch_dtype;
+  const auto& v = c.vision;
+  json vj;
+  vj["depth"] = v.depth;
+  vj["num_heads"] = v.num_heads;
+  vj["patch_size"] = v.patch_size;
+  vj["temporal_patch_size"] = v.temporal_patch_size;
+  vj["spatial_merge_size"] = v.spatial_merge_size;
+  vj["in_chans"] = v.in_chans;
+  vj["in_channels"] = v.in_chans;
+  vj["hidden_act"] = v.hidden_act;
+  if (v2) {
+    vj["embed_dim"] = v.embed_dim;
+    vj["hidden_size"] = v.out_hidden_size;
+    vj["mlp_ratio"] = static_cast<double>(v.intermediate_size) / static_cast<double>(v.embed_dim);
+  } else {
+    vj["hidden_size"] = v.embed_dim;
+    vj["out_hidden_size"] = v.out_hidden_size;
+    vj["intermediate_size"] = v.intermediate_size;
+    vj["window_size"] = v.window_size;
+    vj["fullatt_block_indexes"] = v.fullatt_block_indexes;
+    vj["tokens_per_second"] = v.tokens_per_second;
+  }
+  j["vision_config"] = vj;
+  return j;
+}
+
+namespace {
+
+VlmConfig real_qwen2_vl(int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv,
+                        int64_t vocab, bool tie) {
+  VlmConfig c;
+  c.family = Family::qwen2_vl;
+  c.vision.depth = 32;
+  c.vision.embed_dim = 1280;
+  c.vision.num_heads = 16;
+  c.vision.intermediate_size = 5120;
+  c.vision.out_hidden_size = hidden;
+  c.vision.hidden_act = "quick_gelu";
+  c.text.vocab_size = vocab;
+  c.text.hidden_size = hidden;
+  c.text.intermediate_size = inter;
+  c.text.num_hidden_layers = layers;
+  c.text.num_attention_heads = heads;
+  c.text.num_key_value_heads = kv;
+  c.tie_word_embeddings = tie;
+  return c;
+}
+
+VlmConfig real_qwen2_5_vl(int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv,
+                          int64_t vocab, bool tie) {
+  VlmConfig c = real_qwen2_vl(hidden, inter, layers, heads, kv, vocab, tie);
+  c.family = Family::qwen2_5_vl;
+  c.vision.intermediate_size = 3420;
+  c.vision.hidden_act = "silu";
+  c.vision.window_size = 112;
+  c.vision.fullatt_block_indexes = {7, 15, 23, 31};
+  c.text.max_position_embeddings = 128000;
+  return c;
+}
+
+// Small enough to train on one CPU in minutes, large enough to learn OCR on synthetic data.
+VlmConfig tiny(Family family) {
+  VlmConfig c;
+  c.family = family;
+  c.vision.depth = 4;
+  c.vision.embed_dim = 128;
+  c.vision.num_heads = 4;  // head_dim 32
+  c.vision.out_hidden_size = 256;
+  if (family == Family::qwen2_vl) {
+    c.vision.intermediate_size = 512;
+    c.vision.hidden_act = "quick_gelu";
+  } else {
+    c.vision.intermediate_size = 344;
+    c.vision.hidden_act = "silu";
+    c.vision.window_size = 56;  // 2x2 merged tokens per window: exercised by 4x4-token images
+    c.vision.fullatt_block_indexes = {1, 3};
+  }
+  c.text.vocab_size = 2048;
+  c.text.hidden_size = 256;
+  c.text.intermediate_size = 768;
+  c.text.num_hidden_layers = 4;
+  c.text.num_attention_heads = 4;  // head_dim 64
+  c.text.num_key_value_heads = 2;
+  c.text.mrope_section = {8, 12, 12};
+  c.text.rope_theta = 10000.0;
+  c.text.max_position_embeddings = 4096;
+  // Top of the vocab; the trainer overwrites these from the tokenizer it trains.
+  c.bos_token_id = 2041;
+  c.eos_token_id = 2043;
+  c.vision_start_token_id = 2044;
+  c.vision_end_token_id = 2045;
+  c.image_token_id = 2046;
+  c.video_token_id = 2047;
+  c.tie_word_embeddings = true;
+  c.torch_dtype = "float32";
+  return c;
+}
+
+}  // namespace
+
+std::vector<std::string> preset_names() {
+  return {"tiny", "tiny-qwen2.5", "qwen2-vl-2b", "qwen2-vl-7b", "qwen2.5-vl-3b", "qwen2.5-vl-7b"};
+}
+
+VlmConfig preset(const std::string& name) {
+  VlmConfig c;
+  if (name == "tiny") {
+    c = tiny(Family::qwen2_vl);
+  } else if (name == "tiny-qwen2.5") {
+    c = tiny(Family::qwen2_5_vl);
+  } else if (name == "qwen2-vl-2b") {
+    c = real_qwen2_vl(1536, 8960, 28, 12, 2, 151936, true);
+  } else if (name == "qwen2-vl-7b") {
+    c = real_qwen2_vl(3584, 18944, 28, 28, 4, 152064, false);
+  } else if (name == "qwen2.5-vl-3b") {
+    c = real_qwen2_5_vl(2048, 11008, 36, 16, 2, 151936, true);
+  } else if (name == "qwen2.5-vl-7b") {
+    c = real_qwen2_5_vl(3584, 18944, 28, 28, 4, 152064, false);
+  } else {
+    std::string all;
+    for (const auto& n : preset_names()) all += (all.empty() ? "" : ", ") + n;
+    throw Error(str("unknown model preset '", name, "' (expected one of: ", all, ")"));
+  }
+  validate(c, "preset " + name);
+  return c;
+}
+
+}  // namespace vlm

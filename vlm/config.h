@@ -1,0 +1,89 @@
+// Model configuration of Qwen2-VL and Qwen2.5-VL: plain structs, HF config.json parsing
+// (legacy top-level text fields and newer `text_config`; `rope_scaling` and
+// `rope_parameters`), export back to an HF config.json, and built-in presets.
+//
+// The one trap: in Qwen2-VL's `vision_config`, `hidden_size` is the merger OUTPUT width and
+// `embed_dim` the ViT width; in Qwen2.5-VL `hidden_size` is the ViT width and
+// `out_hidden_size` the merger output. Here the fields have one meaning for both families.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace vlm {
+
+enum class Family {
+  qwen2_vl,    // Qwen2-VL: LayerNorm + QuickGELU ViT, full attention per image
+  qwen2_5_vl,  // Qwen2.5-VL: RMSNorm + gated SiLU ViT, window attention + full-attention blocks
+};
+
+std::string family_name(Family f);  // "qwen2_vl" | "qwen2_5_vl" (the HF model_type)
+
+struct VisionConfig {
+  int64_t depth = 0;                // number of ViT blocks
+  int64_t embed_dim = 0;            // ViT width (2-VL key `embed_dim`, 2.5 key `hidden_size`)
+  int64_t num_heads = 0;            // attention heads; head_dim = embed_dim / num_heads
+  int64_t intermediate_size = 0;    // MLP width (2-VL: embed_dim * mlp_ratio)
+  int64_t out_hidden_size = 0;      // merger output = text hidden (2-VL key `hidden_size`)
+  int64_t patch_size = 14;          // spatial patch side in pixels
+  int64_t temporal_patch_size = 2;  // frames per patch (an image is repeated to 2 frames)
+  int64_t spatial_merge_size = 2;   // merger groups merge x merge patches into one token
+  int64_t in_chans = 3;             // image channels
+  std::string hidden_act;           // "quick_gelu" (2-VL, fc1/fc2) | "silu" (2.5, gated)
+  int64_t window_size = 0;          // 2.5: window side in pixels (112 -> 4x4 merged tokens)
+  std::vector<int64_t> fullatt_block_indexes;  // 2.5: blocks attending over the full image
+  double tokens_per_second = 2.0;   // 2.5: temporal position scale (videos only)
+  double norm_eps = 1e-6;           // ViT and merger norms (hard-coded in HF)
+
+  int64_t head_dim() const { return embed_dim / num_heads; }
+  int64_t patch_dim() const { return in_chans * temporal_patch_size * patch_size * patch_size; }
+  int64_t merge_unit() const { return spatial_merge_size * spatial_merge_size; }
+};
+
+struct TextConfig {
+  int64_t vocab_size = 0;           // rows of embed_tokens / lm_head
+  int64_t hidden_size = 0;          // d
+  int64_t intermediate_size = 0;    // MLP width I
+  int64_t num_hidden_layers = 0;    // decoder layers
+  int64_t num_attention_heads = 0;  // query heads
+  int64_t num_key_value_heads = 0;  // kv heads (GQA)
+  double rms_norm_eps = 1e-6;       // read from the file (HF class default 1e-5 differs)
+  double rope_theta = 1e6;          // rotary base
+  std::vector<int64_t> mrope_section{16, 24, 24};  // frequencies per stream (T, H, W)
+  int64_t max_position_embeddings = 32768;
+  std::string hidden_act = "silu";
+
+  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+};
+
+struct VlmConfig {
+  Family family = Family::qwen2_vl;
+  VisionConfig vision;
+  TextConfig text;
+  int64_t image_token_id = 151655;         // <|image_pad|>
+  int64_t video_token_id = 151656;         // <|video_pad|>
+  int64_t vision_start_token_id = 151652;  // <|vision_start|>
+  int64_t vision_end_token_id = 151653;    // <|vision_end|>
+  int64_t bos_token_id = 151643;           // <|endoftext|>
+  int64_t eos_token_id = 151645;           // <|im_end|>
+  bool tie_word_embeddings = false;        // lm_head uses model.embed_tokens.weight
+  std::string torch_dtype = "bfloat16";    // dtype of the checkpoint
+};
+
+// Throws vlm::Error naming `source_name` and the key when something is missing or wrong.
+VlmConfig parse_hf_config(const std::string& json_text, const std::string& source_name);
+// `dir_or_file`: an HF model directory (reads config.json) or a config.json path.
+VlmConfig load_hf_config(const std::string& dir_or_file);
+// An HF config.json (legacy layout: text fields top-level) that transformers loads.
+nlohmann::json to_hf_json(const VlmConfig& cfg);
+
+// Built-in presets: tiny, tiny-qwen2.5, qwen2-vl-2b, qwen2-vl-7b, qwen2.5-vl-3b, qwen2.5-vl-7b.
+VlmConfig preset(const std::string& name);
+std::vector<std::string> preset_names();
+
+// Checks internal consistency (divisibility, section sums); throws vlm::Error.
+void validate(const VlmConfig& cfg, const std::string& source_name);
+
+}  // namespace vlm

@@ -1,0 +1,22 @@
+#include "vlm/decoder_layer.h"
+
+namespace vlm {
+
+DecoderLayerImpl::DecoderLayerImpl(const TextConfig& cfg, const torch::TensorOptions& opts) {
+  input_layernorm = register_module("input_layernorm",
+                                    Norm(NormKind::rms_norm, cfg.hidden_size, cfg.rms_norm_eps, opts));
+  self_attn = register_module("self_attn", TextAttention(cfg, opts));
+  post_attention_layernorm = register_module(
+      "post_attention_layernorm", Norm(NormKind::rms_norm, cfg.hidden_size, cfg.rms_norm_eps, opts));
+  mlp = register_module("mlp", Mlp(MlpKind::gated_silu, cfg.hidden_size, cfg.intermediate_size,
+                                   /*bias=*/false, opts));
+}
+
+torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                        const torch::Tensor& sin, const torch::Tensor& mask,
+                                        LayerKv* cache) {
+  auto h = x + self_attn(input_layernorm(x), cos, sin, mask, cache);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+}  // namespace vlm

@@ -1,0 +1,25 @@
+// `model.layers.N`: pre-norm Qwen2 decoder layer.
+//   h = x + o_proj(attn(input_layernorm(x))); out = h + mlp(post_attention_layernorm(h))
+#pragma once
+#include <torch/torch.h>
+
+#include "vlm/attention.h"
+#include "vlm/config.h"
+#include "vlm/layers.h"
+#include "vlm/mlp.h"
+
+namespace vlm {
+
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  DecoderLayerImpl(const TextConfig& cfg, const torch::TensorOptions& opts);
+  // x: [B, L, d]; cos/sin: [B, L, D]; mask: bool [B, 1, L, T]; cache: optional -> [B, L, d]
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& mask, LayerKv* cache = nullptr);
+  Norm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  TextAttention self_attn{nullptr};
+  Mlp mlp{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+}  // namespace vlm

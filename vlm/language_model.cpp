@@ -1,0 +1,63 @@
+#include "vlm/language_model.h"
+
+#include "vlm/check.h"
+#include "vlm/rotary.h"
+
+namespace vlm {
+
+torch::Tensor causal_padding_mask(const torch::Tensor& attention_mask, int64_t l) {
+  const int64_t t = attention_mask.size(1), past = t - l;
+  auto dev = attention_mask.device();
+  auto qpos = torch::arange(past, t, torch::TensorOptions().dtype(torch::kInt64).device(dev)).unsqueeze(1);  // [L,1]
+  auto kpos = torch::arange(0, t, torch::TensorOptions().dtype(torch::kInt64).device(dev)).unsqueeze(0);     // [1,T]
+  auto causal = kpos <= qpos;                                   // [L, T]
+  auto real = attention_mask.to(torch::kBool).unsqueeze(1);     // [B, 1, T]
+  auto mask = causal.unsqueeze(0).logical_and(real);            // [B, L, T]
+  mask = mask.logical_or((kpos == qpos).unsqueeze(0));          // a query always sees itself
+  return mask.unsqueeze(1);                                     // [B, 1, L, T]
+}
+
+LanguageModelImpl::LanguageModelImpl(const TextConfig& c, const torch::TensorOptions& opts) : cfg(c) {
+  embed_tokens = register_module("embed_tokens", Embedding(cfg.vocab_size, cfg.hidden_size, opts));
+  layers_list = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+    layers.push_back(DecoderLayer(cfg, opts));
+    layers_list->push_back(layers.back());
+  }
+  norm = register_module("norm", Norm(NormKind::rms_norm, cfg.hidden_size, cfg.rms_norm_eps, opts));
+}
+
+torch::Tensor LanguageModelImpl::embed(const torch::Tensor& input_ids, UnitRunner& runner,
+                                       const std::string& prefix) {
+  return runner.run(prefix + ".embed_tokens", *embed_tokens, input_ids,
+                    [emb = embed_tokens](const torch::Tensor& ids) mutable { return emb(ids); });
+}
+
+torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torch::Tensor& position_ids,
+                                         const torch::Tensor& attention_mask, KvCache* cache,
+                                         UnitRunner& runner, const std::string& prefix) {
+  const int64_t b = embeds.size(0), l = embeds.size(1);
+  const int64_t past = cache ? cache->length() : 0;
+  VLM_CHECK(position_ids.dim() == 3 && position_ids.size(0) == 3 && position_ids.size(1) == b &&
+                position_ids.size(2) == l,
+            "position_ids: expected [3, ", b, ", ", l, "], got ", position_ids.sizes());
+  VLM_CHECK(attention_mask.dim() == 2 && attention_mask.size(0) == b && attention_mask.size(1) == past + l,
+            "attention_mask: expected [", b, ", ", past + l, "] (cached + new tokens), got ",
+            attention_mask.sizes());
+  if (cache && cache->layers.empty()) cache->layers.resize(layers.size());
+  auto cs = mrope_cos_sin(position_ids.to(embeds.device()), cfg.head_dim(), cfg.rope_theta,
+                          cfg.mrope_section, embeds.scalar_type());  // [B, L, D]
+  auto mask = causal_padding_mask(attention_mask.to(embeds.device()), l);
+  auto h = embeds;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    DecoderLayer& layer = layers[i];
+    LayerKv* kv = cache ? &cache->layers[i] : nullptr;
+    h = runner.run(prefix + ".layers." + std::to_string(i), *layer, h,
+                   [layer, cos = cs.cos, sin = cs.sin, mask, kv](const torch::Tensor& x) mutable {
+                     return layer(x, cos, sin, mask, kv);
+                   });
+  }
+  return runner.run(prefix + ".norm", *norm, h, [n = norm](const torch::Tensor& x) mutable { return n(x); });
+}
+
+}  // namespace vlm

@@ -1,0 +1,50 @@
+// `model`: the Qwen2 text decoder with M-RoPE: embed_tokens, layers.N, norm. The head
+// (`lm_head`, possibly tied to embed_tokens) lives in the composed model (qwen2_vl.h).
+//
+// Names: B batch, L new tokens, P cached tokens, T = P + L keys, d hidden, D head_dim.
+#pragma once
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "vlm/attention.h"
+#include "vlm/config.h"
+#include "vlm/decoder_layer.h"
+#include "vlm/layers.h"
+#include "vlm/unit_runner.h"
+
+namespace vlm {
+
+// Keys/values of every layer for cached decoding.
+struct KvCache {
+  std::vector<LayerKv> layers;
+  int64_t length() const { return layers.empty() || !layers[0].k.defined() ? 0 : layers[0].k.size(2); }
+};
+
+// Causal + key-padding mask. attention_mask: [B, T] (1 = real token); the L queries sit at
+// key positions P..T-1. Returns bool [B, 1, L, T]: query i may attend key j when j <= P + i
+// and key j is real; a query always attends itself, so no row is empty (padding rows are
+// ignored by the loss anyway).
+torch::Tensor causal_padding_mask(const torch::Tensor& attention_mask, int64_t num_queries);
+
+class LanguageModelImpl : public torch::nn::Module {
+ public:
+  LanguageModelImpl(const TextConfig& cfg, const torch::TensorOptions& opts);
+  // input_ids: [B, L] -> embeddings [B, L, d] (unit "<prefix>.embed_tokens")
+  torch::Tensor embed(const torch::Tensor& input_ids, UnitRunner& runner, const std::string& prefix = "model");
+  // embeds: [B, L, d]; position_ids: [3, B, L]; attention_mask: [B, T] (T = cached + L);
+  // cache: optional, extended in place -> final-normed hidden states [B, L, d]
+  // (units "<prefix>.layers.N", "<prefix>.norm").
+  torch::Tensor forward(const torch::Tensor& embeds, const torch::Tensor& position_ids,
+                        const torch::Tensor& attention_mask, KvCache* cache, UnitRunner& runner,
+                        const std::string& prefix = "model");
+  TextConfig cfg;
+  Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers_list{nullptr};  // registered as "layers"
+  std::vector<DecoderLayer> layers;
+  Norm norm{nullptr};
+};
+TORCH_MODULE(LanguageModel);
+
+}  // namespace vlm

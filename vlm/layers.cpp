@@ -1,0 +1,103 @@
+#include "vlm/layers.h"
+
+#include "vlm/check.h"
+
+namespace vlm {
+
+void LayerBase::replace_parameter(const std::string& name, torch::Tensor value) {
+  torch::Tensor* slot = parameters_.find(name);
+  VLM_ASSERT(slot != nullptr, "no parameter '", name, "'");
+  VLM_ASSERT(slot->sizes() == value.sizes(), "shape change for '", name, "'");
+  value.set_requires_grad(slot->requires_grad());
+  *slot = std::move(value);
+  rebind();
+}
+
+// ---------------------------------------------------------------- Linear
+
+LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias,
+                       const torch::TensorOptions& opts) {
+  weight = register_parameter("weight", torch::empty({out_features, in_features}, opts));
+  if (with_bias) bias = register_parameter("bias", torch::empty({out_features}, opts));
+}
+
+torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+  return bias.defined() ? torch::linear(x, weight, bias) : torch::linear(x, weight);
+}
+
+ParamInit LinearImpl::init_rule(const std::string& name) const {
+  return name == "bias" ? ParamInit::zeros : ParamInit::normal;
+}
+
+void LinearImpl::rebind() {
+  weight = parameters_["weight"];
+  if (parameters_.contains("bias")) bias = parameters_["bias"];
+}
+
+// ---------------------------------------------------------------- Norm
+
+NormImpl::NormImpl(NormKind k, int64_t dim, double e, const torch::TensorOptions& opts)
+    : kind(k), eps(e) {
+  weight = register_parameter("weight", torch::empty({dim}, opts));
+  if (kind == NormKind::layer_norm) bias = register_parameter("bias", torch::empty({dim}, opts));
+}
+
+torch::Tensor NormImpl::forward(const torch::Tensor& x) {
+  if (kind == NormKind::layer_norm) {
+    return torch::layer_norm(x, {weight.size(0)}, weight, bias, eps);
+  }
+  auto xf = x.to(torch::kFloat32);
+  auto var = xf.pow(2).mean(-1, /*keepdim=*/true);
+  return weight * (xf * torch::rsqrt(var + eps)).to(x.scalar_type());
+}
+
+ParamInit NormImpl::init_rule(const std::string& name) const {
+  return name == "bias" ? ParamInit::zeros : ParamInit::ones;
+}
+
+void NormImpl::rebind() {
+  weight = parameters_["weight"];
+  if (parameters_.contains("bias")) bias = parameters_["bias"];
+}
+
+// ---------------------------------------------------------------- Embedding
+
+EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, const torch::TensorOptions& opts) {
+  weight = register_parameter("weight", torch::empty({num_embeddings, dim}, opts));
+}
+
+torch::Tensor EmbeddingImpl::forward(const torch::Tensor& ids) {
+  return torch::embedding(weight, ids);
+}
+
+ParamInit EmbeddingImpl::init_rule(const std::string&) const { return ParamInit::normal; }
+
+void EmbeddingImpl::rebind() { weight = parameters_["weight"]; }
+
+// ---------------------------------------------------------------- PatchEmbed
+
+PatchProjImpl::PatchProjImpl(int64_t embed_dim, int64_t in_chans, int64_t temporal, int64_t patch,
+                             const torch::TensorOptions& opts) {
+  weight = register_parameter("weight",
+                              torch::empty({embed_dim, in_chans, temporal, patch, patch}, opts));
+}
+
+ParamInit PatchProjImpl::init_rule(const std::string&) const { return ParamInit::normal; }
+
+void PatchProjImpl::rebind() { weight = parameters_["weight"]; }
+
+PatchEmbedImpl::PatchEmbedImpl(int64_t embed_dim, int64_t in_chans, int64_t temporal, int64_t patch,
+                               const torch::TensorOptions& opts) {
+  proj = register_module("proj", PatchProj(embed_dim, in_chans, temporal, patch, opts));
+}
+
+torch::Tensor PatchEmbedImpl::forward(const torch::Tensor& pixel_values) {
+  const auto& w = proj->weight;
+  const int64_t patch_dim = w.numel() / w.size(0);
+  VLM_CHECK(pixel_values.dim() == 2 && pixel_values.size(1) == patch_dim,
+            "pixel_values: expected [patches, ", patch_dim, "], got ", pixel_values.sizes(),
+            " (hint: rows are C*T*P*P patches in merge-block order)");
+  return torch::matmul(pixel_values.to(w.scalar_type()), w.reshape({w.size(0), patch_dim}).t());
+}
+
+}  // namespace vlm

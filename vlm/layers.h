@@ -1,0 +1,105 @@
+// Leaf layers that can be built on the meta device (no memory) and materialised later:
+// Linear, Norm (LayerNorm / RMSNorm), Embedding, PatchEmbed (Conv3d as a matmul).
+//
+// LibTorch 1.13's torch::nn::Linear / Embedding allocate and initialise real CPU memory in
+// reset(), which would need ~30 GB just to plan a 7B model; these create their parameters
+// with torch::empty(shape, options), where options.device() may be torch::kMeta.
+// Parameter names match HF (`weight`, `bias`). vlm::materialize() (meta_init.h) replaces
+// meta parameters with real tensors and initialises them through LayerBase.
+#pragma once
+#include <torch/torch.h>
+
+#include <string>
+
+namespace vlm {
+
+// How materialize() initialises one parameter.
+enum class ParamInit { normal, zeros, ones };
+
+// Base of every leaf layer that owns parameters.
+class LayerBase : public torch::nn::Module {
+ public:
+  // Initialisation rule for the parameter `name` registered by this layer.
+  virtual ParamInit init_rule(const std::string& name) const = 0;
+  // Replaces the registered parameter `name` by `value` (same shape; requires_grad kept).
+  // Needed because set_data() refuses meta -> real in LibTorch 1.13.
+  void replace_parameter(const std::string& name, torch::Tensor value);
+
+ protected:
+  // Re-reads the member tensor handles from the registered parameters.
+  virtual void rebind() = 0;
+};
+
+// y = x W^T + b.  weight: [out, in], bias: [out].
+class LinearImpl : public LayerBase {
+ public:
+  LinearImpl(int64_t in_features, int64_t out_features, bool bias, const torch::TensorOptions& opts);
+  // x: [..., in] -> [..., out]
+  torch::Tensor forward(const torch::Tensor& x);
+  ParamInit init_rule(const std::string& name) const override;
+  torch::Tensor weight, bias;  // bias undefined when built without
+
+ protected:
+  void rebind() override;
+};
+TORCH_MODULE(Linear);
+
+enum class NormKind {
+  layer_norm,  // (x - mean) / sqrt(var + eps) * weight + bias
+  rms_norm,    // fp32: x * rsqrt(mean(x^2) + eps), cast to input dtype, times weight
+};
+
+class NormImpl : public LayerBase {
+ public:
+  NormImpl(NormKind kind, int64_t dim, double eps, const torch::TensorOptions& opts);
+  // x: [..., dim] -> [..., dim]
+  torch::Tensor forward(const torch::Tensor& x);
+  ParamInit init_rule(const std::string& name) const override;
+  NormKind kind;
+  double eps;
+  torch::Tensor weight, bias;  // bias only for layer_norm
+
+ protected:
+  void rebind() override;
+};
+TORCH_MODULE(Norm);
+
+class EmbeddingImpl : public LayerBase {
+ public:
+  EmbeddingImpl(int64_t num_embeddings, int64_t dim, const torch::TensorOptions& opts);
+  // ids: [...] int64 -> [..., dim]
+  torch::Tensor forward(const torch::Tensor& ids);
+  ParamInit init_rule(const std::string& name) const override;
+  torch::Tensor weight;  // [num_embeddings, dim]
+
+ protected:
+  void rebind() override;
+};
+TORCH_MODULE(Embedding);
+
+// The Conv3d weight of the patch embedding, `proj.weight` [embed, C, T, P, P], no bias.
+class PatchProjImpl : public LayerBase {
+ public:
+  PatchProjImpl(int64_t embed_dim, int64_t in_chans, int64_t temporal, int64_t patch,
+                const torch::TensorOptions& opts);
+  ParamInit init_rule(const std::string& name) const override;
+  torch::Tensor weight;
+
+ protected:
+  void rebind() override;
+};
+TORCH_MODULE(PatchProj);
+
+// `visual.patch_embed`: Conv3d with kernel = stride = (T, P, P) on one patch per row, which
+// equals a matmul with the weight flattened to [embed, C*T*P*P].
+class PatchEmbedImpl : public torch::nn::Module {
+ public:
+  PatchEmbedImpl(int64_t embed_dim, int64_t in_chans, int64_t temporal, int64_t patch,
+                 const torch::TensorOptions& opts);
+  // pixel_values: [patches, C*T*P*P] -> [patches, embed] (pixels cast to the weight dtype)
+  torch::Tensor forward(const torch::Tensor& pixel_values);
+  PatchProj proj{nullptr};
+};
+TORCH_MODULE(PatchEmbed);
+
+}  // namespace vlm

@@ -1,0 +1,27 @@
+// Feed-forward blocks: Qwen2-VL's ViT MLP (`fc1`, QuickGELU, `fc2`) and the gated SiLU MLP
+// (`gate_proj`, `up_proj`, `down_proj`) of Qwen2.5-VL's ViT (with biases) and of the LLM
+// (without biases).
+#pragma once
+#include <torch/torch.h>
+
+#include "vlm/layers.h"
+
+namespace vlm {
+
+enum class MlpKind {
+  quick_gelu,  // fc2(quick_gelu(fc1 x)), quick_gelu(x) = x * sigmoid(1.702 x)
+  gated_silu,  // down(silu(gate x) * up x)
+};
+
+class MlpImpl : public torch::nn::Module {
+ public:
+  MlpImpl(MlpKind kind, int64_t dim, int64_t hidden, bool bias, const torch::TensorOptions& opts);
+  // x: [..., dim] -> [..., dim]
+  torch::Tensor forward(const torch::Tensor& x);
+  MlpKind kind;
+  Linear fc1{nullptr}, fc2{nullptr};                             // quick_gelu
+  Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};  // gated_silu
+};
+TORCH_MODULE(Mlp);
+
+}  // namespace vlm

@@ -1,0 +1,126 @@
+#include "vlm/qwen2_vl.h"
+
+#include "vlm/check.h"
+#include "vlm/rope_index.h"
+
+namespace vlm {
+
+Qwen2VLImpl::Qwen2VLImpl(const VlmConfig& c, const torch::TensorOptions& opts)
+    : cfg(c), runner_(std::make_shared<UnitRunner>()) {
+  validate(cfg, "model config");
+  visual = register_module("visual", VisionEncoder(cfg, opts));
+  model = register_module("model", LanguageModel(cfg.text, opts));
+  if (!cfg.tie_word_embeddings) {
+    lm_head = register_module("lm_head", Linear(cfg.text.hidden_size, cfg.text.vocab_size, false, opts));
+  }
+}
+
+void Qwen2VLImpl::set_runner(std::shared_ptr<UnitRunner> runner) {
+  VLM_CHECK(runner != nullptr, "set_runner: runner must not be null");
+  runner_ = std::move(runner);
+}
+
+std::vector<Unit> Qwen2VLImpl::units() {
+  std::vector<Unit> u;
+  u.push_back({"visual.patch_embed", visual->patch_embed.get(), ""});
+  for (size_t i = 0; i < visual->blocks.size(); ++i)
+    u.push_back({"visual.blocks." + std::to_string(i), visual->blocks[i].get(), ""});
+  u.push_back({"visual.merger", visual->merger.get(), ""});
+  u.push_back({"model.embed_tokens", model->embed_tokens.get(), ""});
+  for (size_t i = 0; i < model->layers.size(); ++i)
+    u.push_back({"model.layers." + std::to_string(i), model->layers[i].get(), ""});
+  u.push_back({"model.norm", model->norm.get(), ""});
+  if (lm_head) {
+    u.push_back({"lm_head", lm_head.get(), ""});
+  } else {
+    u.push_back({"lm_head", model->embed_tokens.get(), "model.embed_tokens"});
+  }
+  return u;
+}
+
+torch::Tensor Qwen2VLImpl::image_features(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw) {
+  return visual->forward(pixel_values, grid_thw, *runner_, "visual");
+}
+
+torch::Tensor Qwen2VLImpl::head(const torch::Tensor& hidden) {
+  if (lm_head) {
+    return runner_->run("lm_head", *lm_head, hidden, [head = lm_head](const torch::Tensor& x) mutable { return head(x); });
+  }
+  auto& emb = model->embed_tokens;
+  return runner_->run("lm_head", *emb, hidden,
+                      [emb](const torch::Tensor& x) mutable { return torch::linear(x, emb->weight); });
+}
+
+torch::Tensor Qwen2VLImpl::embed_inputs(const Batch& batch, bool dummy_vision, torch::Tensor* zero_term) {
+  const auto& ids = batch.input_ids;
+  VLM_CHECK(ids.defined() && ids.dim() == 2, "input_ids: expected [B, L] int64, got ",
+            ids.defined() ? ids.sizes() : torch::IntArrayRef{});
+  const bool has_image = batch.pixel_values.defined() && batch.pixel_values.size(0) > 0;
+  torch::Tensor features;
+  if (has_image) {
+    VLM_CHECK(batch.image_grid_thw.defined(), "pixel_values given without image_grid_thw");
+    features = image_features(batch.pixel_values, batch.image_grid_thw);  // [M, d]
+  } else if (dummy_vision) {
+    const auto& v = cfg.vision;
+    const auto& w = visual->patch_embed->proj->weight;
+    auto grid = torch::tensor({int64_t{1}, v.spatial_merge_size, v.spatial_merge_size}, torch::kInt64).view({1, 3});
+    auto pixels = torch::zeros({v.merge_unit(), v.patch_dim()}, w.options());
+    auto dummy = image_features(pixels, grid);
+    if (zero_term) *zero_term = dummy.sum().to(torch::kFloat32) * 0.0;
+  }
+  auto embeds = model->embed(ids, *runner_, "model");  // [B, L, d]
+  auto is_image = ids == cfg.image_token_id;
+  const int64_t n_pad = is_image.sum().item<int64_t>();
+  const int64_t n_feat = features.defined() ? features.size(0) : 0;
+  VLM_CHECK(n_pad == n_feat, "the batch has ", n_pad, " image tokens (id ", cfg.image_token_id,
+            ") but the images give ", n_feat, " features (hint: each image needs t*gh*gw/",
+            cfg.vision.merge_unit(), " <|image_pad|> tokens)");
+  if (n_feat == 0) return embeds;
+  const int64_t b = embeds.size(0), l = embeds.size(1), d = embeds.size(2);
+  auto idx = is_image.reshape({-1}).nonzero().reshape({-1});
+  return embeds.reshape({b * l, d}).index_copy(0, idx, features.to(embeds.scalar_type())).reshape({b, l, d});
+}
+
+ForwardOutput Qwen2VLImpl::forward(const Batch& batch, bool return_logits) {
+  const auto& ids = batch.input_ids;
+  torch::Tensor zero_term;
+  auto embeds = embed_inputs(batch, /*dummy_vision=*/true, &zero_term);
+  const int64_t b = embeds.size(0), l = embeds.size(1), d = embeds.size(2);
+  auto mask = batch.attention_mask.defined() ? batch.attention_mask
+                                             : torch::ones({b, l}, ids.options().dtype(torch::kInt64));
+  auto pos = batch.position_ids;
+  if (!pos.defined()) pos = get_rope_index(ids, batch.image_grid_thw, mask, cfg).position_ids;
+  auto hidden = model->forward(embeds, pos, mask, nullptr, *runner_, "model");  // [B, L, d]
+
+  ForwardOutput out;
+  const bool want_loss = batch.labels.defined();
+  if (want_loss) {
+    VLM_CHECK(batch.labels.sizes() == ids.sizes(), "labels ", batch.labels.sizes(),
+              " must match input_ids ", ids.sizes());
+  }
+  if (return_logits || !want_loss) {
+    auto logits = head(hidden).to(torch::kFloat32);  // [B, L, V]
+    if (want_loss) {
+      auto lg = logits.narrow(1, 0, l - 1).reshape({-1, logits.size(2)});
+      auto lb = batch.labels.narrow(1, 1, l - 1).reshape({-1}).to(lg.device(), torch::kInt64);
+      out.n_tokens = (lb != -100).sum().item<int64_t>();
+      out.loss_sum = torch::nn::functional::cross_entropy(
+          lg, lb, torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+    }
+    if (return_logits) out.logits = logits;
+  } else {
+    // Head only on supervised positions: the [B, L, V] logits are never materialised.
+    auto lb = batch.labels.narrow(1, 1, l - 1).reshape({-1}).to(hidden.device(), torch::kInt64);
+    auto keep = (lb != -100).nonzero().reshape({-1});
+    out.n_tokens = keep.size(0);
+    auto h = hidden.narrow(1, 0, l - 1).reshape({-1, d}).index_select(0, keep);
+    auto lg = head(h).to(torch::kFloat32);  // [n, V]
+    out.loss_sum = torch::nn::functional::cross_entropy(
+        lg, lb.index_select(0, keep),
+        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+  }
+  if (out.loss_sum.defined() && zero_term.defined()) out.loss_sum = out.loss_sum + zero_term;
+  return out;
+}
+
+}  // namespace vlm

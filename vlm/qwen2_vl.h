@@ -1,0 +1,73 @@
+// The composed vision-language model (Qwen2-VL and Qwen2.5-VL): `visual` (ViT + merger),
+// `model` (text decoder), `lm_head` (absent when tied: the head then computes with
+// model.embed_tokens.weight, so named_parameters() never counts the embedding twice).
+//
+// Names: B batch, L tokens, P patches, N images, M merged image tokens, d hidden, V vocab.
+// Units run through the UnitRunner in this fixed order (= units()):
+//   visual.patch_embed, visual.blocks.0.., visual.merger, model.embed_tokens,
+//   model.layers.0.., model.norm, lm_head
+#pragma once
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "vlm/config.h"
+#include "vlm/language_model.h"
+#include "vlm/layers.h"
+#include "vlm/unit_runner.h"
+#include "vlm/vision_encoder.h"
+
+namespace vlm {
+
+struct Batch {
+  torch::Tensor input_ids;       // [B, L] int64
+  torch::Tensor attention_mask;  // [B, L] 1 = real, 0 = padding; undefined = all real
+  torch::Tensor labels;          // [B, L] int64, -100 = ignored; unshifted (token t predicts t+1)
+  torch::Tensor position_ids;    // [3, B, L] int64; undefined = computed by get_rope_index
+  torch::Tensor pixel_values;    // [P, C*T*P*P]; undefined or 0 rows = no image
+  torch::Tensor image_grid_thw;  // [N, 3] int64 (t, gh, gw) in patches
+};
+
+struct ForwardOutput {
+  torch::Tensor loss_sum;  // fp32 scalar: sum of token cross-entropies over supervised tokens
+  int64_t n_tokens = 0;    // supervised tokens (labels != -100 after the shift)
+  torch::Tensor logits;    // [B, L, V] fp32, only when requested
+};
+
+class Qwen2VLImpl : public torch::nn::Module {
+ public:
+  // opts.device may be torch::kMeta (no memory; vlm::materialize() afterwards).
+  explicit Qwen2VLImpl(const VlmConfig& cfg, const torch::TensorOptions& opts = torch::TensorOptions());
+
+  // Training / scoring forward. Without an image in the batch, a dummy 1x2x2 image runs
+  // through the whole vision tower and enters loss_sum multiplied by 0, so every call runs
+  // every unit. loss_sum is defined only when labels are given.
+  ForwardOutput forward(const Batch& batch, bool return_logits = false);
+
+  void set_runner(std::shared_ptr<UnitRunner> runner);
+  UnitRunner& runner() { return *runner_; }
+  // Ordered unit table (call order of forward) for sharding.
+  std::vector<Unit> units();
+
+  // --- building blocks (also used by generation) ---
+  // Image features [M, d] in merge-block order (units visual.*).
+  torch::Tensor image_features(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw);
+  // Token embeddings with image features spliced in at image_token_id positions: [B, L, d].
+  // With dummy_vision and no image, runs the dummy image and returns its features.sum()*0
+  // in *zero_term (a scalar to add to the loss).
+  torch::Tensor embed_inputs(const Batch& batch, bool dummy_vision, torch::Tensor* zero_term);
+  // hidden: [..., d] -> logits [..., V] in the activation dtype (unit lm_head).
+  torch::Tensor head(const torch::Tensor& hidden);
+
+  VlmConfig cfg;
+  VisionEncoder visual{nullptr};
+  LanguageModel model{nullptr};
+  Linear lm_head{nullptr};  // null when tie_word_embeddings
+
+ private:
+  std::shared_ptr<UnitRunner> runner_;
+};
+TORCH_MODULE(Qwen2VL);
+
+}  // namespace vlm

@@ -1,0 +1,72 @@
+#include "vlm/rope_index.h"
+
+#include <algorithm>
+
+#include "vlm/check.h"
+
+namespace vlm {
+
+RopeIndex get_rope_index(const torch::Tensor& input_ids, const torch::Tensor& image_grid_thw,
+                         const torch::Tensor& attention_mask, const VlmConfig& cfg) {
+  VLM_CHECK(input_ids.dim() == 2, "input_ids: expected [B, L], got ", input_ids.sizes());
+  const int64_t b = input_ids.size(0), l = input_ids.size(1);
+  auto ids = input_ids.to(torch::kCPU, torch::kInt64).contiguous();
+  auto am = attention_mask.defined() ? attention_mask.to(torch::kCPU, torch::kInt64).contiguous()
+                                     : torch::ones({b, l}, torch::kInt64);
+  VLM_CHECK(am.sizes() == ids.sizes(), "attention_mask ", am.sizes(), " must match input_ids ", ids.sizes());
+  torch::Tensor grid = image_grid_thw.defined() ? image_grid_thw.to(torch::kCPU, torch::kInt64).contiguous()
+                                                : torch::zeros({0, 3}, torch::kInt64);
+  const int64_t n_images = grid.size(0);
+  const int64_t merge = cfg.vision.spatial_merge_size;
+  auto pos = torch::ones({3, b, l}, torch::kInt64);
+  auto deltas = torch::zeros({b, 1}, torch::kInt64);
+  auto P = pos.accessor<int64_t, 3>();
+  const int64_t* id = ids.data_ptr<int64_t>();
+  const int64_t* m = am.data_ptr<int64_t>();
+  const int64_t* g = grid.data_ptr<int64_t>();
+  int64_t image = 0;
+  for (int64_t s = 0; s < b; ++s) {
+    std::vector<int64_t> real;  // indices of unmasked tokens
+    for (int64_t j = 0; j < l; ++j)
+      if (m[s * l + j] != 0) real.push_back(j);
+    int64_t next = 0;  // max position so far + 1
+    size_t k = 0;
+    while (k < real.size()) {
+      const int64_t j = real[k];
+      if (id[s * l + j] != cfg.image_token_id) {
+        for (int c = 0; c < 3; ++c) P[c][s][j] = next;
+        ++next;
+        ++k;
+        continue;
+      }
+      VLM_CHECK(image < n_images, "sequence ", s, " has more image blocks than image_grid_thw rows (",
+                n_images, ")");
+      const int64_t t = g[3 * image], hh = g[3 * image + 1] / merge, ww = g[3 * image + 2] / merge;
+      const int64_t n = t * hh * ww;
+      int64_t run = 0;
+      while (k + run < real.size() && id[s * l + real[k + run]] == cfg.image_token_id) ++run;
+      VLM_CHECK(run >= n, "sequence ", s, ": image ", image, " (grid ", t, "x", g[3 * image + 1], "x",
+                g[3 * image + 2], ") needs ", n, " image tokens but the run of <|image_pad|> has ", run,
+                " (hint: expand each image placeholder to t*gh*gw/", merge * merge, " tokens)");
+      int64_t max_off = 0;
+      for (int64_t tt = 0; tt < t; ++tt)
+        for (int64_t r = 0; r < hh; ++r)
+          for (int64_t c = 0; c < ww; ++c) {
+            const int64_t jj = real[k++];
+            const int64_t ti = cfg.family == Family::qwen2_vl ? tt : 0;
+            P[0][s][jj] = next + ti;
+            P[1][s][jj] = next + r;
+            P[2][s][jj] = next + c;
+            max_off = std::max({max_off, ti, r, c});
+          }
+      next += max_off + 1;
+      ++image;
+    }
+    deltas[s][0] = next - l;
+  }
+  VLM_CHECK(image == n_images, "image_grid_thw has ", n_images, " rows but the input_ids hold ", image,
+            " image blocks (hint: every image needs its run of <|image_pad|> tokens)");
+  return {pos.to(input_ids.device()), deltas.to(input_ids.device())};
+}
+
+}  // namespace vlm
