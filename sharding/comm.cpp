@@ -76,9 +76,10 @@ bool native_reduce(Backend b, torch::ScalarType s) {
   return compat::gloo_has_bf16_allreduce();
 }
 
-// A 2-byte float tensor seen as int16 (bit-exact for copies); others unchanged.
+// A 2-byte float tensor seen as its raw bytes [2 * numel] uint8 (bit-exact for copies;
+// Gloo 1.13 refuses bf16 and int16 even for pure data movement); others unchanged.
 torch::Tensor as_bits(const torch::Tensor& t) {
-  return is_half(t.scalar_type()) ? t.view(torch::kInt16) : t;
+  return is_half(t.scalar_type()) ? t.view(-1).view(torch::kByte) : t;
 }
 
 using WorkList = std::vector<c10::intrusive_ptr<c10d::Work>>;

@@ -14,7 +14,7 @@
 //   * no flat all-gather     -> list allgather into views of `out` (Gloo copies into them)
 //   * no reduce-scatter      -> all-reduce of a fp32 copy of `in`, then this rank's slice
 //   * no bf16/fp16 reduction -> reduce a fp32 copy, cast back
-//   * 2-byte floats in all-gather / broadcast travel bit-exact as int16
+//   * 2-byte floats in all-gather / broadcast travel bit-exact as raw bytes (uint8)
 //   * avg                    -> sum, then divide by N (every backend, for identical numerics)
 // On LibTorch 2.x + NCCL the native flat ops are used.
 //
