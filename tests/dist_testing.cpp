@@ -95,7 +95,7 @@ std::vector<WorkerResult> run_workers(const DistRun& run) {
     // Build everything the child needs before fork (no allocation after fork).
     std::vector<std::string> env = worker_env(run, r, port);
     std::vector<std::string> argv = {self, "--gtest_filter=" + run.worker_test,
-                                     "--gtest_color=no"};
+                                     "--gtest_also_run_disabled_tests", "--gtest_color=no"};
     std::vector<char*> cargv, cenv;
     for (auto& a : argv) cargv.push_back(a.data());
     cargv.push_back(nullptr);

@@ -49,9 +49,8 @@ std::string name(torch::ScalarType t) { return c10::toString(t); }
 
 // ---------------------------------------------------------------- worker bodies
 
-TEST(CommDist, OpsWorker) {
-  VLM_DIST_WORKER_ONLY();
-  ParallelDims dims = init_worker();
+// Every op, dtype and size against its closed form.
+void check_ops(ParallelDims& dims) {
   Comm& comm = dims.comm();
   const int n = dims.world_size(), r = dims.rank();
   ASSERT_EQ(dims.backend(), Backend::kGloo);
@@ -113,12 +112,10 @@ TEST(CommDist, OpsWorker) {
   comm.barrier("after ops");
 }
 
-TEST(CommDist, AsyncWorker) {
-  VLM_DIST_WORKER_ONLY();
-  ParallelDims dims = init_worker();
+// Several ops in flight at once, waited in reverse order.
+void check_async(ParallelDims& dims) {
   Comm& comm = dims.comm();
   const int n = dims.world_size(), r = dims.rank();
-  // Several ops in flight at once, waited in reverse order.
   const int64_t size = 333;
   torch::Tensor a = pattern(0, size, torch::kFloat) * (r + 1);
   torch::Tensor b = pattern(0, size, torch::kBFloat16) * (r + 1);
@@ -146,9 +143,8 @@ TEST(CommDist, AsyncWorker) {
   EXPECT_EQ(fr.find("PENDING"), std::string::npos) << fr;
 }
 
-TEST(CommDist, CountersWorker) {
-  VLM_DIST_WORKER_ONLY();
-  ParallelDims dims = init_worker();
+// Byte counters against the ring formulas (see sharding/comm.h).
+void check_counters(ParallelDims& dims) {
   Comm& comm = dims.comm();
   const int n = dims.world_size(), r = dims.rank();
   comm.reset_stats();
@@ -201,9 +197,26 @@ TEST(CommDist, CountersWorker) {
   EXPECT_NEAR(comm.stats().logical_bytes(), 3 * (N - 1) / N * (n * shard * 4), tol);
 }
 
+TEST(CommDist, DISABLED_AllWorker) {
+  VLM_DIST_WORKER_ONLY();
+  ParallelDims dims = init_worker();
+  {
+    SCOPED_TRACE("ops");
+    check_ops(dims);
+  }
+  {
+    SCOPED_TRACE("async");
+    check_async(dims);
+  }
+  {
+    SCOPED_TRACE("counters");
+    check_counters(dims);
+  }
+}
+
 // Rank 1 enters the all-reduce late (after rank 0's 2 s timeout): rank 0 must throw a
 // vlm::Error naming the op, the caller's context and the flight record.
-TEST(CommDist, TimeoutWorker) {
+TEST(CommDist, DISABLED_TimeoutWorker) {
   VLM_DIST_WORKER_ONLY();
   ParallelDims dims = init_worker(std::chrono::seconds(2));
   Comm& comm = dims.comm();
@@ -229,7 +242,7 @@ TEST(CommDist, TimeoutWorker) {
 
 // Rank 1 leaves without entering the collective: rank 0 must fail fast (connection closed),
 // well before its 60 s timeout.
-TEST(CommDist, DeadPeerWorker) {
+TEST(CommDist, DISABLED_DeadPeerWorker) {
   VLM_DIST_WORKER_ONLY();
   ParallelDims dims = init_worker(std::chrono::seconds(60));
   Comm& comm = dims.comm();
@@ -258,15 +271,12 @@ void launch(const std::string& worker, int n, int timeout_s = 90) {
 }
 }  // namespace
 
-TEST(CommDist, Ops2) { launch("OpsWorker", 2); }
-TEST(CommDist, Ops3) { launch("OpsWorker", 3); }
-TEST(CommDist, Ops4) { launch("OpsWorker", 4); }
-TEST(CommDist, Async3) { launch("AsyncWorker", 3); }
-TEST(CommDist, Counters2) { launch("CountersWorker", 2); }
-TEST(CommDist, Counters3) { launch("CountersWorker", 3); }
-TEST(CommDist, Counters4) { launch("CountersWorker", 4); }
-TEST(CommDist, TimeoutNamesOpAndContext) { launch("TimeoutWorker", 2, 60); }
-TEST(CommDist, DeadPeerFailsFast) { launch("DeadPeerWorker", 2, 60); }
+// Ops, async handles and byte counters at each world size.
+TEST(CommDist, World2) { launch("DISABLED_AllWorker", 2); }
+TEST(CommDist, World3) { launch("DISABLED_AllWorker", 3); }
+TEST(CommDist, World4) { launch("DISABLED_AllWorker", 4); }
+TEST(CommDist, TimeoutNamesOpAndContext) { launch("DISABLED_TimeoutWorker", 2, 60); }
+TEST(CommDist, DeadPeerFailsFast) { launch("DISABLED_DeadPeerWorker", 2, 60); }
 
 // World size 1: every op is local, counted with zero bytes.
 TEST(CommLocal, WorldOneIsIdentity) {

@@ -81,33 +81,13 @@ struct Listener {
 
 // ---------------------------------------------------------------- workers
 
-TEST(ParallelDimsDist, TorchrunWorker) {
+TEST(ParallelDimsDist, DISABLED_TorchrunWorker) {
   VLM_DIST_WORKER_ONLY();
   ParallelDims dims = init_from_env();
   EXPECT_EQ(dims.env().launcher, Launcher::kTorchrun);
   EXPECT_FALSE(dims.env().use_agent_store);
   check_job(dims, "RANK", "WORLD_SIZE", "LOCAL_RANK");
-}
-
-TEST(ParallelDimsDist, AgentStoreWorker) {
-  VLM_DIST_WORKER_ONLY();
-  ParallelDims dims = init_from_env();
-  EXPECT_TRUE(dims.env().use_agent_store);
-  EXPECT_EQ(dims.env().store_prefix(), "/worker/attempt_3");
-  check_job(dims, "RANK", "WORLD_SIZE", "LOCAL_RANK");
-}
-
-TEST(ParallelDimsDist, SlurmWorker) {
-  VLM_DIST_WORKER_ONLY();
-  ParallelDims dims = init_from_env();
-  EXPECT_EQ(dims.env().launcher, Launcher::kSlurm);
-  EXPECT_EQ(dims.env().master_addr, "localhost");  // first host of SLURM_JOB_NODELIST
-  check_job(dims, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID");
-}
-
-TEST(ParallelDimsDist, ErrorFileWorker) {
-  VLM_DIST_WORKER_ONLY();
-  ParallelDims dims = init_from_env();
+  // torchrun's error file.
   ASSERT_TRUE(dims.write_error_file("comm: all_reduce failed"));
   std::string text = vlmtest::read_file(std::getenv("TORCHELASTIC_ERROR_FILE"));
   auto j = nlohmann::json::parse(text);
@@ -115,12 +95,47 @@ TEST(ParallelDimsDist, ErrorFileWorker) {
   EXPECT_GT(j["timestamp"].get<int64_t>(), 1600000000);
 }
 
+TEST(ParallelDimsDist, DISABLED_AgentStoreWorker) {
+  VLM_DIST_WORKER_ONLY();
+  ParallelDims dims = init_from_env();
+  EXPECT_TRUE(dims.env().use_agent_store);
+  EXPECT_EQ(dims.env().store_prefix(), "/worker/attempt_3");
+  check_job(dims, "RANK", "WORLD_SIZE", "LOCAL_RANK");
+}
+
+// Under a real `torchrun --no_python` (not run by ctest; see issue #11): the agent hosts
+// the store, the workers join it under the attempt prefix.
+TEST(ParallelDimsDist, DISABLED_RealTorchrunWorker) {
+  VLM_DIST_WORKER_ONLY();
+  ParallelDims dims = init_from_env();
+  EXPECT_EQ(dims.env().launcher, Launcher::kTorchrun);
+  EXPECT_TRUE(dims.env().use_agent_store);
+  EXPECT_EQ(dims.env().store_prefix(),
+            std::string("/worker/attempt_") + std::getenv("TORCHELASTIC_RESTART_COUNT"));
+  check_job(dims, "RANK", "WORLD_SIZE", "LOCAL_RANK");
+  std::printf("rank %d: %s: all-reduce ok\n", dims.rank(), dims.env().describe().c_str());
+}
+
+TEST(ParallelDimsDist, DISABLED_SlurmWorker) {
+  VLM_DIST_WORKER_ONLY();
+  ParallelDims dims = init_from_env();
+  EXPECT_EQ(dims.env().launcher, Launcher::kSlurm);
+  EXPECT_EQ(dims.env().master_addr, "localhost");  // first host of SLURM_JOB_NODELIST
+  check_job(dims, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID");
+}
+
 // ---------------------------------------------------------------- parents
 
 TEST(ParallelDimsDist, TorchrunStyle3) {
   vlmtest::DistRun run;
   run.world_size = 3;
-  run.worker_test = "ParallelDimsDist.TorchrunWorker";
+  run.worker_test = "ParallelDimsDist.DISABLED_TorchrunWorker";
+  vlmtest::TempDir dir("errfile");
+  const std::string base = dir.path();
+  run.extra_env = [base](int r) {
+    return std::vector<std::string>{"TORCHELASTIC_ERROR_FILE=" + base + "/error_" +
+                                    std::to_string(r) + ".json"};
+  };
   EXPECT_TRUE(vlmtest::all_ok(vlmtest::run_workers(run)));
 }
 
@@ -128,7 +143,7 @@ TEST(ParallelDimsDist, SlurmStyle2) {
   vlmtest::DistRun run;
   run.world_size = 2;
   run.style = vlmtest::DistRun::Style::kSlurm;
-  run.worker_test = "ParallelDimsDist.SlurmWorker";
+  run.worker_test = "ParallelDimsDist.DISABLED_SlurmWorker";
   EXPECT_TRUE(vlmtest::all_ok(vlmtest::run_workers(run)));
 }
 
@@ -146,7 +161,7 @@ TEST(ParallelDimsDist, AgentStore2) {
   vlmtest::DistRun run;
   run.world_size = 2;
   run.master_port = port;
-  run.worker_test = "ParallelDimsDist.AgentStoreWorker";
+  run.worker_test = "ParallelDimsDist.DISABLED_AgentStoreWorker";
   run.extra_env = [](int) {
     return std::vector<std::string>{"TORCHELASTIC_USE_AGENT_STORE=True",
                                     "TORCHELASTIC_RESTART_COUNT=3"};
@@ -158,19 +173,6 @@ TEST(ParallelDimsDist, AgentStore2) {
     EXPECT_EQ(to_string(agent->get(key)), "from " + std::to_string(r));
   }
   EXPECT_FALSE(agent->check({"hello/0"})) << "a key escaped the attempt prefix";
-}
-
-TEST(ParallelDimsDist, ErrorFile) {
-  vlmtest::TempDir dir("errfile");
-  vlmtest::DistRun run;
-  run.world_size = 2;
-  run.worker_test = "ParallelDimsDist.ErrorFileWorker";
-  const std::string base = dir.path();
-  run.extra_env = [base](int r) {
-    return std::vector<std::string>{"TORCHELASTIC_ERROR_FILE=" + base + "/error_" +
-                                    std::to_string(r) + ".json"};
-  };
-  EXPECT_TRUE(vlmtest::all_ok(vlmtest::run_workers(run)));
 }
 
 // Rank 0 must host the store; the port is taken -> a clear error, fast.
