@@ -69,12 +69,12 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return c10d::ReduceOp::SUM;
 }
 
-// Whether the backend can reduce this dtype natively.
-bool native_reduce(Backend b, torch::ScalarType s) {
-  if (!is_half(s)) return true;
-  if (b == Backend::kNccl) return true;
-  return compat::gloo_has_bf16_allreduce();
-}
+// Gloo takes the fallbacks on every LibTorch version: 1.13 lacks the flat ops and 2-byte
+// float reductions (compat::gloo_has_*), 2.x minor versions differ in which they have, and
+// the fallbacks work everywhere (reducing 2-byte floats in fp32 is also more accurate).
+// NCCL always has them.
+bool native_reduce(Backend b, torch::ScalarType s) { return !is_half(s) || b == Backend::kNccl; }
+bool native_flat_ops(Backend b) { return b == Backend::kNccl; }
 
 // A 2-byte float tensor seen as its raw bytes [2 * numel] uint8 (bit-exact for copies;
 // Gloo 1.13 refuses bf16 and int16 even for pure data movement); others unchanged.
@@ -158,6 +158,18 @@ void Comm::complete(uint64_t seq) {
   });
 }
 
+namespace {
+std::string hint_for(const std::string& reason) {
+  auto has = [&](const char* w) { return reason.find(w) != std::string::npos; };
+  if (has("Timed out") || has("timed out") || has("Timeout") || has("Connection closed") ||
+      has("Connection reset") || has("Broken pipe"))
+    return "a peer did not enter the same collective within the timeout, died, or issued a "
+           "different op/size; read the first error in the other ranks' logs";
+  return "the backend refused this op (dtype, size or device not supported?); see the "
+         "fallbacks listed in sharding/comm.h";
+}
+}  // namespace
+
 void Comm::fail(uint64_t seq, const std::string& reason) {
   std::string head;
   {
@@ -171,8 +183,7 @@ void Comm::fail(uint64_t seq, const std::string& reason) {
   if (head.empty()) head = str("op #", seq);
   throw Error(str("comm: ", head, " failed on rank ", rank_, " of ", world_, " (", backend_name(backend_),
                   ", timeout ", timeout_.count() / 1000.0, " s): ", reason,
-                  "\n  hint: a peer did not enter the same collective within the timeout, died, or "
-                  "issued a different op/size; read the first error in the other ranks' logs"
+                  "\n  hint: ", hint_for(reason),
                   "\n  last ops on this rank, oldest first:\n",
                   flight_record()));
 }
@@ -191,7 +202,7 @@ void Comm::count(OpKind op, double logical, double wire) {
   s.wire_bytes += wire;
 }
 
-Work Comm::launch(OpKind op, uint64_t seq, const std::function<WorkList()>& issue,
+Work Comm::launch(uint64_t seq, const std::function<WorkList()>& issue,
                   std::function<void()> epilogue) {
   Work w;
   w.comm_ = this;
@@ -222,7 +233,7 @@ Work Comm::all_reduce_async(const torch::Tensor& t, ReduceOp op, const std::stri
   const double ring = 2.0 * (n - 1) / n;
   count(OpKind::kAllReduce, ring * m, ring * wire_m);
   const uint64_t seq = enter(OpKind::kAllReduce, describe(t) + (native ? "" : " via fp32"), ctx);
-  if (world_ == 1) return launch(OpKind::kAllReduce, seq, nullptr, nullptr);
+  if (world_ == 1) return launch(seq, nullptr, nullptr);
 
   torch::Tensor buf = native ? t : t.to(torch::kFloat);
   auto issue = [this, buf, op]() mutable {
@@ -240,7 +251,7 @@ Work Comm::all_reduce_async(const torch::Tensor& t, ReduceOp op, const std::stri
       if (!native) t.copy_(buf);
     };
   }
-  return launch(OpKind::kAllReduce, seq, issue, std::move(epi));
+  return launch(seq, issue, std::move(epi));
 }
 
 Work Comm::all_gather_async(const torch::Tensor& out, const torch::Tensor& in,
@@ -256,13 +267,13 @@ Work Comm::all_gather_async(const torch::Tensor& out, const torch::Tensor& in,
   const double n = world_;
   const double m = static_cast<double>(out.numel()) * out.element_size();
   count(OpKind::kAllGather, (n - 1) / n * m, (n - 1) / n * m);
-  const bool native_flat = compat::gloo_has_flat_collectives() || backend_ == Backend::kNccl;
+  const bool native_flat = native_flat_ops(backend_);
   const uint64_t seq =
       enter(OpKind::kAllGather, str(describe(in), " -> ", describe(out),
                                     native_flat ? "" : " via list allgather"), ctx);
   if (world_ == 1) {
     if (out.data_ptr() != in.data_ptr()) out.view(-1).copy_(in.view(-1));
-    return launch(OpKind::kAllGather, seq, nullptr, nullptr);
+    return launch(seq, nullptr, nullptr);
   }
   torch::Tensor o = as_bits(out).view(-1), i = as_bits(in).view(-1);
   const int64_t s = i.numel();
@@ -282,7 +293,7 @@ Work Comm::all_gather_async(const torch::Tensor& out, const torch::Tensor& in,
     std::vector<torch::Tensor> ins{i};
     return WorkList{group_->allgather(outs, ins, opts)};
   };
-  return launch(OpKind::kAllGather, seq, issue, nullptr);
+  return launch(seq, issue, nullptr);
 }
 
 Work Comm::reduce_scatter_async(const torch::Tensor& out, const torch::Tensor& in, ReduceOp op,
@@ -300,8 +311,7 @@ Work Comm::reduce_scatter_async(const torch::Tensor& out, const torch::Tensor& i
             " elements, got ", in.numel(), " (hint: pad the flat buffer to a multiple of N)");
   const double n = world_;
   const double m = static_cast<double>(in.numel()) * in.element_size();
-  const bool native_flat = (compat::gloo_has_flat_collectives() || backend_ == Backend::kNccl) &&
-                           native_reduce(backend_, in.scalar_type());
+  const bool native_flat = native_flat_ops(backend_) && native_reduce(backend_, in.scalar_type());
   // Fallback: all-reduce of the whole buffer in fp32 (or in its own dtype if that is wider).
   const bool keep_dtype = in.scalar_type() == torch::kDouble || in.scalar_type() == torch::kFloat ||
                           !torch::isFloatingType(in.scalar_type());
@@ -315,7 +325,7 @@ Work Comm::reduce_scatter_async(const torch::Tensor& out, const torch::Tensor& i
   const int64_t s = out.numel();
   if (world_ == 1) {
     if (out.data_ptr() != in.data_ptr()) out.view(-1).copy_(in.view(-1));
-    return launch(OpKind::kReduceScatter, seq, nullptr, nullptr);
+    return launch(seq, nullptr, nullptr);
   }
   if (native_flat) {
     auto issue = [this, out, in, op]() mutable {
@@ -327,7 +337,7 @@ Work Comm::reduce_scatter_async(const torch::Tensor& out, const torch::Tensor& i
     };
     std::function<void()> epi;
     if (op == ReduceOp::kAvg) epi = [out, world]() { out.div_(world); };
-    return launch(OpKind::kReduceScatter, seq, issue, std::move(epi));
+    return launch(seq, issue, std::move(epi));
   }
   torch::Tensor buf = keep_dtype ? in.view(-1).clone() : in.view(-1).to(torch::kFloat);
   auto issue = [this, buf, op]() mutable {
@@ -342,7 +352,7 @@ Work Comm::reduce_scatter_async(const torch::Tensor& out, const torch::Tensor& i
     if (op == ReduceOp::kAvg) mine.div_(world);
     out.view(-1).copy_(mine);
   };
-  return launch(OpKind::kReduceScatter, seq, issue, epi);
+  return launch(seq, issue, epi);
 }
 
 Work Comm::broadcast_async(const torch::Tensor& t, int root, const std::string& ctx) {
@@ -352,7 +362,7 @@ Work Comm::broadcast_async(const torch::Tensor& t, int root, const std::string& 
   const double m = world_ > 1 ? static_cast<double>(t.numel()) * t.element_size() : 0.0;
   count(OpKind::kBroadcast, m, m);
   const uint64_t seq = enter(OpKind::kBroadcast, str(describe(t), " from rank ", root), ctx);
-  if (world_ == 1) return launch(OpKind::kBroadcast, seq, nullptr, nullptr);
+  if (world_ == 1) return launch(seq, nullptr, nullptr);
   torch::Tensor b = backend_ == Backend::kNccl ? t : as_bits(t);
   auto issue = [this, b, root]() mutable {
     std::vector<torch::Tensor> v{b};
@@ -362,19 +372,19 @@ Work Comm::broadcast_async(const torch::Tensor& t, int root, const std::string& 
     o.timeout = timeout_;
     return WorkList{group_->broadcast(v, o)};
   };
-  return launch(OpKind::kBroadcast, seq, issue, nullptr);
+  return launch(seq, issue, nullptr);
 }
 
 void Comm::barrier(const std::string& ctx) {
   count(OpKind::kBarrier, 0, 0);
   const uint64_t seq = enter(OpKind::kBarrier, "", ctx);
-  if (world_ == 1) return launch(OpKind::kBarrier, seq, nullptr, nullptr).wait();
+  if (world_ == 1) return launch(seq, nullptr, nullptr).wait();
   auto issue = [this]() {
     c10d::BarrierOptions o;
     o.timeout = timeout_;
     return WorkList{group_->barrier(o)};
   };
-  launch(OpKind::kBarrier, seq, issue, nullptr).wait();
+  launch(seq, issue, nullptr).wait();
 }
 
 }  // namespace vlm::sharding

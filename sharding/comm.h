@@ -10,13 +10,14 @@
 // must be contiguous; out and in of all_gather / reduce_scatter have the same dtype
 // and device. `in` of all_gather may alias out's own slice (FSDP's shard-in-buffer case).
 //
-// Backend gaps hidden here (LibTorch 1.13 Gloo, see vlm/compat.h):
+// Backend gaps hidden here (LibTorch 1.13 Gloo, see vlm/compat.h; Gloo takes these paths
+// on every version, since 2.x minor versions differ in what they support):
 //   * no flat all-gather     -> list allgather into views of `out` (Gloo copies into them)
 //   * no reduce-scatter      -> all-reduce of a fp32 copy of `in`, then this rank's slice
 //   * no bf16/fp16 reduction -> reduce a fp32 copy, cast back
 //   * 2-byte floats in all-gather / broadcast travel bit-exact as raw bytes (uint8)
 //   * avg                    -> sum, then divide by N (every backend, for identical numerics)
-// On LibTorch 2.x + NCCL the native flat ops are used.
+// With NCCL (LibTorch 2.x CUDA builds) the native flat ops and bf16 reductions are used.
 //
 // Byte counters, per op kind, per rank (M = bytes of the full flat tensor in the op's
 // dtype: the all-reduced tensor, all-gather's `out`, reduce-scatter's `in`):
@@ -151,7 +152,7 @@ class Comm {
   [[noreturn]] void fail(uint64_t seq, const std::string& reason);
   void count(OpKind op, double logical, double wire);
   // Runs `issue` (which returns the c10d works) and wraps its exceptions.
-  Work launch(OpKind op, uint64_t seq, const std::function<std::vector<c10::intrusive_ptr<c10d::Work>>()>& issue,
+  Work launch(uint64_t seq, const std::function<std::vector<c10::intrusive_ptr<c10d::Work>>()>& issue,
               std::function<void()> epilogue);
 
   c10::intrusive_ptr<compat::CommBackend> group_;
