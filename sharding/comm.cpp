@@ -97,9 +97,9 @@ void Work::wait() {
   } catch (const Error&) {
     throw;
   } catch (const c10::Error& e) {
-    comm_->fail(seq_, e.what_without_backtrace());
+    comm_->fail(seq_, head_, e.what_without_backtrace());
   } catch (const std::exception& e) {
-    comm_->fail(seq_, e.what());
+    comm_->fail(seq_, head_, e.what());
   }
   works_.clear();
   epilogue_ = nullptr;
@@ -170,17 +170,14 @@ std::string hint_for(const std::string& reason) {
 }
 }  // namespace
 
-void Comm::fail(uint64_t seq, const std::string& reason) {
-  std::string head;
+void Comm::fail(uint64_t seq, const std::string& head, const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     with_entry(flight_, flight_start_, seq, [&](FlightEntry& e, auto t0) {
       e.state = FlightEntry::State::kFailed;
       e.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      head = str(op_name(e.op), " #", e.seq, " ", e.what, " (context: ", e.context, ")");
     });
   }
-  if (head.empty()) head = str("op #", seq);
   throw Error(str("comm: ", head, " failed on rank ", rank_, " of ", world_, " (", backend_name(backend_),
                   ", timeout ", timeout_.count() / 1000.0, " s): ", reason,
                   "\n  hint: ", hint_for(reason),
@@ -208,14 +205,20 @@ Work Comm::launch(uint64_t seq, const std::function<WorkList()>& issue,
   w.comm_ = this;
   w.seq_ = seq;
   w.done_ = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    with_entry(flight_, flight_start_, seq, [&](FlightEntry& e, auto) {
+      w.head_ = str(op_name(e.op), " #", e.seq, " ", e.what, " (context: ", e.context, ")");
+    });
+  }
   try {
     if (issue) w.works_ = issue();
   } catch (const Error&) {
     throw;
   } catch (const c10::Error& e) {
-    fail(seq, e.what_without_backtrace());
+    fail(seq, w.head_, e.what_without_backtrace());
   } catch (const std::exception& e) {
-    fail(seq, e.what());
+    fail(seq, w.head_, e.what());
   }
   w.epilogue_ = std::move(epilogue);
   return w;

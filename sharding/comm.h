@@ -94,6 +94,10 @@ class Comm;
 class Work {
  public:
   Work() = default;  // an already-completed no-op
+  Work(Work&&) = default;
+  Work& operator=(Work&&) = default;
+  Work(const Work&) = delete;  // the epilogue must run once
+  Work& operator=(const Work&) = delete;
   void wait();
   bool done() const { return done_; }
 
@@ -101,6 +105,7 @@ class Work {
   friend class Comm;
   Comm* comm_ = nullptr;
   uint64_t seq_ = 0;
+  std::string head_;  // "all_reduce #12 [1000] Float (context: ...)" for errors
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;
   std::function<void()> epilogue_;
   bool done_ = true;
@@ -149,7 +154,7 @@ class Comm {
   friend class Work;
   uint64_t enter(OpKind op, const std::string& what, const std::string& ctx);
   void complete(uint64_t seq);
-  [[noreturn]] void fail(uint64_t seq, const std::string& reason);
+  [[noreturn]] void fail(uint64_t seq, const std::string& head, const std::string& reason);
   void count(OpKind op, double logical, double wire);
   // Runs `issue` (which returns the c10d works) and wraps its exceptions.
   Work launch(uint64_t seq, const std::function<std::vector<c10::intrusive_ptr<c10d::Work>>()>& issue,

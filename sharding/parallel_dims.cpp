@@ -346,6 +346,10 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
   return p;
 }
 
+ParallelDims ParallelDims::from_environment(const ParallelOptions& opts) {
+  return init(detect_dist_env(process_env()), opts);
+}
+
 bool ParallelDims::write_error_file(const std::string& message) const {
   if (env_.error_file.empty()) return false;
   nlohmann::json j = {{"message", message},

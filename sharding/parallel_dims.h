@@ -87,12 +87,15 @@ struct ParallelOptions {
   std::string device = "auto";
 };
 
+// Copies share the store, the group and the comm.
 class ParallelDims {
  public:
   // Connects to the other ranks: creates (or joins) the store and the process group.
   // Blocks until every rank has joined or `opts.timeout` passes (then throws, naming the
   // master address and the ranks' roles). World size 1 creates nothing.
   static ParallelDims init(const DistEnv& env, const ParallelOptions& opts = {});
+  // init(detect_dist_env(process_env()), opts): what the trainer calls.
+  static ParallelDims from_environment(const ParallelOptions& opts = {});
 
   int rank() const { return env_.rank; }
   int world_size() const { return env_.world_size; }

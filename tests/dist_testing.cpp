@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -78,8 +79,9 @@ std::vector<std::string> worker_env(const DistRun& run, int rank, int port) {
 
 }  // namespace
 
-std::vector<WorkerResult> run_workers(const DistRun& run) {
-  const int port = run.master_port != 0 ? run.master_port : free_port();
+namespace {
+
+std::vector<WorkerResult> run_workers_once(const DistRun& run, int port) {
   TempDir logs("dist");
   const std::string exe = "/proc/self/exe";
   char self[4096];
@@ -159,6 +161,22 @@ std::vector<WorkerResult> run_workers(const DistRun& run) {
   for (int r = 0; r < run.world_size; ++r)
     results[r].output = read_file(logs / ("rank" + std::to_string(r) + ".log"));
   return results;
+}
+
+}  // namespace
+
+std::vector<WorkerResult> run_workers(const DistRun& run) {
+  // A port picked by free_port() can be taken by someone else before rank 0 binds it
+  // (parallel ctest): then rank 0 reports it cannot host the store, and we retry.
+  for (int attempt = 0;; ++attempt) {
+    const int port = run.master_port != 0 ? run.master_port : free_port();
+    auto results = run_workers_once(run, port);
+    const bool port_taken =
+        results[0].exit_code != 0 &&
+        results[0].output.find("cannot host the rendezvous store") != std::string::npos;
+    if (!port_taken || run.master_port != 0 || attempt == 2) return results;
+    std::fprintf(stderr, "run_workers: port %d was taken, retrying with another\n", port);
+  }
 }
 
 ::testing::AssertionResult all_ok(const std::vector<WorkerResult>& results) {

@@ -305,3 +305,19 @@ TEST(CommLocal, WorldOneIsIdentity) {
   EXPECT_THROW(comm.all_reduce(torch::zeros({4, 4}).t(), ReduceOp::kSum, "strided"), vlm::Error);
   EXPECT_THROW(comm.all_reduce(torch::zeros({4}, torch::kInt64), ReduceOp::kAvg, "int avg"), vlm::Error);
 }
+
+// The flight recorder keeps the last `capacity` ops, oldest first, with their contexts.
+TEST(CommLocal, FlightRecorderKeepsTheLastOps) {
+  Comm comm(c10::intrusive_ptr<vlm::compat::CommBackend>(), 0, 1, Backend::kNone,
+            std::chrono::seconds(1), /*flight_capacity=*/4);
+  torch::Tensor t = torch::zeros({3});
+  for (int i = 0; i < 6; ++i) comm.all_reduce(t, ReduceOp::kSum, "op " + std::to_string(i));
+  Work pending = comm.all_reduce_async(t, ReduceOp::kSum, "not waited");
+  const std::string fr = comm.flight_record();
+  EXPECT_EQ(std::count(fr.begin(), fr.end(), '\n'), 4) << fr;
+  EXPECT_EQ(fr.find("[op 2]"), std::string::npos) << fr;
+  EXPECT_NE(fr.find("#3 all_reduce [3] Float [op 3] done"), std::string::npos) << fr;
+  EXPECT_NE(fr.find("#6 all_reduce [3] Float [not waited] PENDING"), std::string::npos) << fr;
+  pending.wait();
+  EXPECT_NE(comm.flight_record().find("[not waited] done"), std::string::npos);
+}

@@ -118,7 +118,10 @@ TEST(ParallelDimsDist, DISABLED_RealTorchrunWorker) {
 
 TEST(ParallelDimsDist, DISABLED_SlurmWorker) {
   VLM_DIST_WORKER_ONLY();
-  ParallelDims dims = init_from_env();
+  ParallelOptions o;
+  o.timeout = std::chrono::seconds(60);
+  o.device = "cpu";
+  ParallelDims dims = ParallelDims::from_environment(o);
   EXPECT_EQ(dims.env().launcher, Launcher::kSlurm);
   EXPECT_EQ(dims.env().master_addr, "localhost");  // first host of SLURM_JOB_NODELIST
   check_job(dims, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID");
