@@ -225,3 +225,30 @@ TEST(ParallelDimsDist, MasterUnreachable) {
   std::printf("failed after %.2f s\n", s);
   EXPECT_LT(s, 15.0);
 }
+
+// Rank 0 hosts the store but rank 1 never starts -> the Gloo rendezvous gives up after the
+// timeout with an error naming the address, not a hang.
+TEST(ParallelDimsDist, PeerNeverJoins) {
+  const int port = vlmtest::free_port();
+  DistEnv env = detect_dist_env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"},
+                                 {"MASTER_ADDR", "127.0.0.1"},
+                                 {"MASTER_PORT", std::to_string(port)}});
+  ParallelOptions o;
+  o.timeout = std::chrono::seconds(2);
+  o.device = "cpu";
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    ParallelDims::init(env, o);
+    FAIL() << "a rendezvous without rank 1 did not fail";
+  } catch (const vlm::Error& e) {
+    const std::string m = e.what();
+    std::printf("%s\n", m.c_str());
+    EXPECT_NE(m.find("rank 0/2 (torchrun): Gloo rendezvous through 127.0.0.1:" +
+                     std::to_string(port) + " did not complete within 2 s"),
+              std::string::npos) << m;
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("failed after %.2f s\n", s);
+  EXPECT_GT(s, 1.5);
+  EXPECT_LT(s, 15.0);
+}
