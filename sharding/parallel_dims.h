@@ -87,7 +87,9 @@ struct ParallelOptions {
   std::string device = "auto";
 };
 
-// Copies share the store, the group and the comm.
+// Copies share the store, the group and the comm. Without the agent store, rank 0's
+// process hosts the TCPStore: end a job with comm().barrier() so rank 0 does not leave (and
+// take the store with it) while other ranks still use it.
 class ParallelDims {
  public:
   // Connects to the other ranks: creates (or joins) the store and the process group.
