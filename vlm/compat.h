@@ -28,3 +28,23 @@ constexpr bool gloo_has_flat_collectives() { return VLM_TORCH2 != 0; }
 constexpr bool gloo_has_bf16_allreduce() { return VLM_TORCH2 != 0; }
 
 }  // namespace vlm::compat
+
+// c10d: in 1.13 ProcessGroupGloo / ProcessGroupNCCL derive from c10d::ProcessGroup; in 2.x
+// they derive from c10d::Backend (ProcessGroup became a dispatching wrapper). Both bases
+// declare the same collective methods (allreduce, allgather, _allgather_base,
+// reduce_scatter, _reduce_scatter_base, broadcast, barrier), so sharding/ holds the
+// concrete backend through this alias.
+// Include the base with `#include VLM_C10D_BACKEND_HEADER` (only sharding/ does).
+namespace c10d {
+class ProcessGroup;
+class Backend;
+}  // namespace c10d
+namespace vlm::compat {
+#if VLM_TORCH2
+#define VLM_C10D_BACKEND_HEADER <torch/csrc/distributed/c10d/Backend.hpp>
+using CommBackend = c10d::Backend;
+#else
+#define VLM_C10D_BACKEND_HEADER <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+using CommBackend = c10d::ProcessGroup;
+#endif
+}  // namespace vlm::compat

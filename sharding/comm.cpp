@@ -1,0 +1,393 @@
+#include "sharding/comm.h"
+
+#include <sstream>
+
+#include "vlm/check.h"
+
+namespace vlm::sharding {
+
+const char* op_name(OpKind op) {
+  switch (op) {
+    case OpKind::kAllReduce: return "all_reduce";
+    case OpKind::kAllGather: return "all_gather";
+    case OpKind::kReduceScatter: return "reduce_scatter";
+    case OpKind::kBroadcast: return "broadcast";
+    case OpKind::kBarrier: return "barrier";
+  }
+  return "?";
+}
+
+double CommStats::logical_bytes() const {
+  double s = 0;
+  for (const auto& o : ops) s += o.logical_bytes;
+  return s;
+}
+double CommStats::wire_bytes() const {
+  double s = 0;
+  for (const auto& o : ops) s += o.wire_bytes;
+  return s;
+}
+int64_t CommStats::calls() const {
+  int64_t s = 0;
+  for (const auto& o : ops) s += o.calls;
+  return s;
+}
+
+std::string FlightEntry::to_string() const {
+  const char* st = state == State::kEntered ? "PENDING" : state == State::kCompleted ? "done" : "FAILED";
+  std::ostringstream ss;
+  ss << "#" << seq << " " << op_name(op) << " " << what << " [" << context << "] " << st;
+  if (state != State::kEntered) ss << " " << ms << " ms";
+  return ss.str();
+}
+
+namespace {
+
+std::string describe(const torch::Tensor& t) {
+  std::ostringstream ss;
+  ss << t.sizes() << " " << t.scalar_type();
+  return ss.str();
+}
+
+bool is_half(torch::ScalarType s) { return s == torch::kBFloat16 || s == torch::kHalf; }
+
+void check_tensor(const torch::Tensor& t, const char* op, const char* name) {
+  VLM_CHECK(t.defined(), "comm: ", op, ": ", name, " is undefined");
+  VLM_CHECK(t.is_contiguous(), "comm: ", op, ": ", name, " must be contiguous, got ",
+            describe(t), " with strides ", t.strides(), " (hint: pass a contiguous buffer)");
+  VLM_CHECK(t.scalar_type() != torch::kBool, "comm: ", op, ": bool tensors are not supported",
+            " (hint: convert to uint8)");
+}
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return c10d::ReduceOp::SUM;  // avg = sum / N, done in the epilogue
+    case ReduceOp::kMax: return c10d::ReduceOp::MAX;
+    case ReduceOp::kMin: return c10d::ReduceOp::MIN;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+// Gloo takes the fallbacks on every LibTorch version: 1.13 lacks the flat ops and 2-byte
+// float reductions (compat::gloo_has_*), 2.x minor versions differ in which they have, and
+// the fallbacks work everywhere (reducing 2-byte floats in fp32 is also more accurate).
+// NCCL always has them.
+bool native_reduce(Backend b, torch::ScalarType s) { return !is_half(s) || b == Backend::kNccl; }
+bool native_flat_ops(Backend b) { return b == Backend::kNccl; }
+
+// A 2-byte float tensor seen as its raw bytes [2 * numel] uint8 (bit-exact for copies;
+// Gloo 1.13 refuses bf16 and int16 even for pure data movement); others unchanged.
+torch::Tensor as_bits(const torch::Tensor& t) {
+  return is_half(t.scalar_type()) ? t.view(-1).view(torch::kByte) : t;
+}
+
+using WorkList = std::vector<c10::intrusive_ptr<c10d::Work>>;
+
+}  // namespace
+
+// ------------------------------------------------------------------ Work
+
+void Work::wait() {
+  if (done_) return;
+  done_ = true;  // a failed wait is not retried
+  try {
+    for (auto& w : works_) w->wait();
+    if (epilogue_) epilogue_();
+  } catch (const Error&) {
+    throw;
+  } catch (const c10::Error& e) {
+    comm_->fail(seq_, head_, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    comm_->fail(seq_, head_, e.what());
+  }
+  works_.clear();
+  epilogue_ = nullptr;
+  comm_->complete(seq_);
+}
+
+// ------------------------------------------------------------------ Comm
+
+Comm::Comm(c10::intrusive_ptr<compat::CommBackend> group, int rank, int world_size,
+           Backend backend, std::chrono::milliseconds timeout, size_t flight_capacity)
+    : group_(std::move(group)),
+      rank_(rank),
+      world_(world_size),
+      backend_(backend),
+      timeout_(timeout),
+      flight_capacity_(flight_capacity) {
+  VLM_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "comm: bad rank ", rank,
+            " for world size ", world_size);
+  VLM_CHECK(group_ || world_size == 1, "comm: world size ", world_size,
+            " needs a process group (hint: build it through ParallelDims::init)");
+}
+
+uint64_t Comm::enter(OpKind op, const std::string& what, const std::string& ctx) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FlightEntry e;
+  e.seq = next_seq_++;
+  e.op = op;
+  e.what = what;
+  e.context = ctx;
+  flight_.push_back(std::move(e));
+  flight_start_.push_back(std::chrono::steady_clock::now());
+  while (flight_.size() > flight_capacity_) {
+    flight_.pop_front();
+    flight_start_.pop_front();
+  }
+  return next_seq_ - 1;
+}
+
+namespace {
+template <typename Fn>
+void with_entry(std::deque<FlightEntry>& flight,
+                std::deque<std::chrono::steady_clock::time_point>& start, uint64_t seq, Fn fn) {
+  for (size_t i = 0; i < flight.size(); ++i) {
+    if (flight[i].seq != seq) continue;
+    fn(flight[i], start[i]);
+    return;
+  }
+}
+}  // namespace
+
+void Comm::complete(uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  with_entry(flight_, flight_start_, seq, [](FlightEntry& e, auto t0) {
+    e.state = FlightEntry::State::kCompleted;
+    e.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  });
+}
+
+namespace {
+std::string hint_for(const std::string& reason) {
+  auto has = [&](const char* w) { return reason.find(w) != std::string::npos; };
+  if (has("Timed out") || has("timed out") || has("Timeout") || has("Connection closed") ||
+      has("Connection reset") || has("Broken pipe"))
+    return "a peer did not enter the same collective within the timeout, died, or issued a "
+           "different op/size; read the first error in the other ranks' logs";
+  return "the backend refused this op (dtype, size or device not supported?); see the "
+         "fallbacks listed in sharding/comm.h";
+}
+}  // namespace
+
+void Comm::fail(uint64_t seq, const std::string& head, const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    with_entry(flight_, flight_start_, seq, [&](FlightEntry& e, auto t0) {
+      e.state = FlightEntry::State::kFailed;
+      e.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    });
+  }
+  throw Error(str("comm: ", head, " failed on rank ", rank_, " of ", world_, " (", backend_name(backend_),
+                  ", timeout ", timeout_.count() / 1000.0, " s): ", reason,
+                  "\n  hint: ", hint_for(reason),
+                  "\n  last ops on this rank, oldest first:\n",
+                  flight_record()));
+}
+
+std::string Comm::flight_record() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::ostringstream ss;
+  for (const auto& e : flight_) ss << "    " << e.to_string() << "\n";
+  return ss.str();
+}
+
+void Comm::count(OpKind op, double logical, double wire) {
+  OpStats& s = stats_[op];
+  s.calls += 1;
+  s.logical_bytes += logical;
+  s.wire_bytes += wire;
+}
+
+Work Comm::launch(uint64_t seq, const std::function<WorkList()>& issue,
+                  std::function<void()> epilogue) {
+  Work w;
+  w.comm_ = this;
+  w.seq_ = seq;
+  w.done_ = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    with_entry(flight_, flight_start_, seq, [&](FlightEntry& e, auto) {
+      w.head_ = str(op_name(e.op), " #", e.seq, " ", e.what, " (context: ", e.context, ")");
+    });
+  }
+  try {
+    if (issue) w.works_ = issue();
+  } catch (const Error&) {
+    throw;
+  } catch (const c10::Error& e) {
+    fail(seq, w.head_, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    fail(seq, w.head_, e.what());
+  }
+  w.epilogue_ = std::move(epilogue);
+  return w;
+}
+
+Work Comm::all_reduce_async(const torch::Tensor& t, ReduceOp op, const std::string& ctx) {
+  check_tensor(t, "all_reduce", "t");
+  VLM_CHECK(op != ReduceOp::kAvg || torch::isFloatingType(t.scalar_type()),
+            "comm: all_reduce: avg needs a floating-point tensor, got ", describe(t),
+            " (hint: use sum and divide yourself)");
+  const double n = world_;
+  const double m = static_cast<double>(t.numel()) * t.element_size();
+  const bool native = native_reduce(backend_, t.scalar_type());
+  const double wire_m = native ? m : static_cast<double>(t.numel()) * 4;
+  const double ring = 2.0 * (n - 1) / n;
+  count(OpKind::kAllReduce, ring * m, ring * wire_m);
+  const uint64_t seq = enter(OpKind::kAllReduce, describe(t) + (native ? "" : " via fp32"), ctx);
+  if (world_ == 1) return launch(seq, nullptr, nullptr);
+
+  torch::Tensor buf = native ? t : t.to(torch::kFloat);
+  auto issue = [this, buf, op]() mutable {
+    std::vector<torch::Tensor> v{buf};
+    c10d::AllreduceOptions o;
+    o.reduceOp = to_c10d(op);
+    o.timeout = timeout_;
+    return WorkList{group_->allreduce(v, o)};
+  };
+  std::function<void()> epi;
+  const int world = world_;
+  if (op == ReduceOp::kAvg || !native) {
+    epi = [t, buf, op, native, world]() {
+      if (op == ReduceOp::kAvg) buf.div_(world);
+      if (!native) t.copy_(buf);
+    };
+  }
+  return launch(seq, issue, std::move(epi));
+}
+
+Work Comm::all_gather_async(const torch::Tensor& out, const torch::Tensor& in,
+                            const std::string& ctx) {
+  check_tensor(out, "all_gather", "out");
+  check_tensor(in, "all_gather", "in");
+  VLM_CHECK(out.scalar_type() == in.scalar_type() && out.device() == in.device(),
+            "comm: all_gather: out and in must share dtype and device, got out ", describe(out),
+            " on ", out.device(), ", in ", describe(in), " on ", in.device());
+  VLM_CHECK(out.numel() == in.numel() * world_, "comm: all_gather: out must hold world_size (",
+            world_, ") x in.numel() (", in.numel(), ") = ", in.numel() * world_,
+            " elements, got ", out.numel(), " (hint: pad the flat buffer to a multiple of N)");
+  const double n = world_;
+  const double m = static_cast<double>(out.numel()) * out.element_size();
+  count(OpKind::kAllGather, (n - 1) / n * m, (n - 1) / n * m);
+  const bool native_flat = native_flat_ops(backend_);
+  const uint64_t seq =
+      enter(OpKind::kAllGather, str(describe(in), " -> ", describe(out),
+                                    native_flat ? "" : " via list allgather"), ctx);
+  if (world_ == 1) {
+    if (out.data_ptr() != in.data_ptr()) out.view(-1).copy_(in.view(-1));
+    return launch(seq, nullptr, nullptr);
+  }
+  torch::Tensor o = as_bits(out).view(-1), i = as_bits(in).view(-1);
+  const int64_t s = i.numel();
+  const int world = world_;
+  auto issue = [this, o, i, s, world, native_flat]() mutable {
+    c10d::AllgatherOptions opts;
+    opts.timeout = timeout_;
+    if (native_flat) {
+      torch::Tensor oo = o, ii = i;
+      return WorkList{group_->_allgather_base(oo, ii, opts)};
+    }
+    // Gloo 1.13 gathers into its own flat buffer and copies into each output tensor, so
+    // views into `out` are filled in place (checked by the dist tests). `in` is copied
+    // first, so it may alias out's own slice.
+    std::vector<std::vector<torch::Tensor>> outs(1);
+    for (int r = 0; r < world; ++r) outs[0].push_back(o.narrow(0, r * s, s));
+    std::vector<torch::Tensor> ins{i};
+    return WorkList{group_->allgather(outs, ins, opts)};
+  };
+  return launch(seq, issue, nullptr);
+}
+
+Work Comm::reduce_scatter_async(const torch::Tensor& out, const torch::Tensor& in, ReduceOp op,
+                                const std::string& ctx) {
+  check_tensor(out, "reduce_scatter", "out");
+  check_tensor(in, "reduce_scatter", "in");
+  VLM_CHECK(op != ReduceOp::kAvg || torch::isFloatingType(in.scalar_type()),
+            "comm: reduce_scatter: avg needs a floating-point tensor, got ", describe(in),
+            " (hint: use sum and divide yourself)");
+  VLM_CHECK(out.scalar_type() == in.scalar_type() && out.device() == in.device(),
+            "comm: reduce_scatter: out and in must share dtype and device, got out ",
+            describe(out), " on ", out.device(), ", in ", describe(in), " on ", in.device());
+  VLM_CHECK(in.numel() == out.numel() * world_, "comm: reduce_scatter: in must hold world_size (",
+            world_, ") x out.numel() (", out.numel(), ") = ", out.numel() * world_,
+            " elements, got ", in.numel(), " (hint: pad the flat buffer to a multiple of N)");
+  const double n = world_;
+  const double m = static_cast<double>(in.numel()) * in.element_size();
+  const bool native_flat = native_flat_ops(backend_) && native_reduce(backend_, in.scalar_type());
+  // Fallback: all-reduce of the whole buffer in fp32 (or in its own dtype if that is wider).
+  const bool keep_dtype = in.scalar_type() == torch::kDouble || in.scalar_type() == torch::kFloat ||
+                          !torch::isFloatingType(in.scalar_type());
+  const double fallback_m = keep_dtype ? m : static_cast<double>(in.numel()) * 4;
+  count(OpKind::kReduceScatter, (n - 1) / n * m,
+        native_flat ? (n - 1) / n * m : 2.0 * (n - 1) / n * fallback_m);
+  const uint64_t seq = enter(
+      OpKind::kReduceScatter,
+      str(describe(in), " -> ", describe(out), native_flat ? "" : " via all_reduce + slice"), ctx);
+  const int world = world_, rank = rank_;
+  const int64_t s = out.numel();
+  if (world_ == 1) {
+    if (out.data_ptr() != in.data_ptr()) out.view(-1).copy_(in.view(-1));
+    return launch(seq, nullptr, nullptr);
+  }
+  if (native_flat) {
+    auto issue = [this, out, in, op]() mutable {
+      c10d::ReduceScatterOptions o;
+      o.reduceOp = to_c10d(op);
+      o.timeout = timeout_;
+      torch::Tensor oo = out.view(-1), ii = in.view(-1);
+      return WorkList{group_->_reduce_scatter_base(oo, ii, o)};
+    };
+    std::function<void()> epi;
+    if (op == ReduceOp::kAvg) epi = [out, world]() { out.div_(world); };
+    return launch(seq, issue, std::move(epi));
+  }
+  torch::Tensor buf = keep_dtype ? in.view(-1).clone() : in.view(-1).to(torch::kFloat);
+  auto issue = [this, buf, op]() mutable {
+    std::vector<torch::Tensor> v{buf};
+    c10d::AllreduceOptions o;
+    o.reduceOp = to_c10d(op);
+    o.timeout = timeout_;
+    return WorkList{group_->allreduce(v, o)};
+  };
+  auto epi = [out, buf, op, world, rank, s]() {
+    torch::Tensor mine = buf.narrow(0, rank * s, s);
+    if (op == ReduceOp::kAvg) mine.div_(world);
+    out.view(-1).copy_(mine);
+  };
+  return launch(seq, issue, epi);
+}
+
+Work Comm::broadcast_async(const torch::Tensor& t, int root, const std::string& ctx) {
+  check_tensor(t, "broadcast", "t");
+  VLM_CHECK(root >= 0 && root < world_, "comm: broadcast: root must be in [0, ", world_,
+            "), got ", root);
+  const double m = world_ > 1 ? static_cast<double>(t.numel()) * t.element_size() : 0.0;
+  count(OpKind::kBroadcast, m, m);
+  const uint64_t seq = enter(OpKind::kBroadcast, str(describe(t), " from rank ", root), ctx);
+  if (world_ == 1) return launch(seq, nullptr, nullptr);
+  torch::Tensor b = backend_ == Backend::kNccl ? t : as_bits(t);
+  auto issue = [this, b, root]() mutable {
+    std::vector<torch::Tensor> v{b};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    o.rootTensor = 0;
+    o.timeout = timeout_;
+    return WorkList{group_->broadcast(v, o)};
+  };
+  return launch(seq, issue, nullptr);
+}
+
+void Comm::barrier(const std::string& ctx) {
+  count(OpKind::kBarrier, 0, 0);
+  const uint64_t seq = enter(OpKind::kBarrier, "", ctx);
+  if (world_ == 1) return launch(seq, nullptr, nullptr).wait();
+  auto issue = [this]() {
+    c10d::BarrierOptions o;
+    o.timeout = timeout_;
+    return WorkList{group_->barrier(o)};
+  };
+  launch(seq, issue, nullptr).wait();
+}
+
+}  // namespace vlm::sharding

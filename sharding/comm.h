@@ -1,0 +1,176 @@
+// Comm: the only place where collectives are issued.
+//
+// Ops (N = world size, r = this rank, S = shard elements):
+//   all_reduce      t [*]                 in place, sum / avg / max / min over ranks
+//   all_gather      in [S] -> out [N*S]    out[k*S:(k+1)*S] = in of rank k
+//   reduce_scatter  in [N*S] -> out [S]    out = reduce over ranks of in[r*S:(r+1)*S]
+//   broadcast       t [*]                 in place, from `root`
+//   barrier
+// Every op has an async form returning a Work; the sync form is async + wait(). Tensors
+// must be contiguous; out and in of all_gather / reduce_scatter have the same dtype
+// and device. `in` of all_gather may alias out's own slice (FSDP's shard-in-buffer case).
+//
+// Backend gaps hidden here (LibTorch 1.13 Gloo, see vlm/compat.h; Gloo takes these paths
+// on every version, since 2.x minor versions differ in what they support):
+//   * no flat all-gather     -> list allgather into views of `out` (Gloo copies into them)
+//   * no reduce-scatter      -> all-reduce of a fp32 copy of `in`, then this rank's slice
+//   * no bf16/fp16 reduction -> reduce a fp32 copy, cast back
+//   * 2-byte floats in all-gather / broadcast travel bit-exact as raw bytes (uint8)
+//   * avg                    -> sum, then divide by N (every backend, for identical numerics)
+// With NCCL (LibTorch 2.x CUDA builds) the native flat ops and bf16 reductions are used.
+//
+// Byte counters, per op kind, per rank (M = bytes of the full flat tensor in the op's
+// dtype: the all-reduced tensor, all-gather's `out`, reduce-scatter's `in`):
+//   logical_bytes: what the op moves natively with a ring algorithm:
+//       all_reduce 2(N-1)/N * M, all_gather (N-1)/N * M, reduce_scatter (N-1)/N * M,
+//       broadcast M (each non-root rank receives the tensor once; root counts the same
+//       so all ranks agree), barrier 0. World size 1: 0 for every op.
+//   wire_bytes: the same ring formulas applied to what was really issued: e.g. a bf16
+//       all-reduce on Gloo 1.13 counts 2(N-1)/N * (2M), a reduce-scatter fallback counts
+//       the fp32 all-reduce of the full buffer 2(N-1)/N * M_fp32.
+// Bytes are doubles (2(N-1)/N * M is not always an integer); exact below 2^53.
+//
+// Errors: a failure or timeout in issue or wait throws vlm::Error naming the op, rank,
+// sequence number, tensor shape/dtype, the caller's context string (e.g.
+// "step 12, unit model.layers.3"), the underlying reason, and the flight recorder (the
+// last ops this rank entered and completed). The Comm must outlive its Work handles.
+#pragma once
+#include <torch/torch.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+
+#include "sharding/parallel_dims.h"
+
+namespace c10d {
+class Work;
+}
+
+namespace vlm::sharding {
+
+enum class OpKind { kAllReduce = 0, kAllGather, kReduceScatter, kBroadcast, kBarrier };
+constexpr int kNumOpKinds = 5;
+const char* op_name(OpKind op);
+
+enum class ReduceOp { kSum, kAvg, kMax, kMin };
+
+struct OpStats {
+  int64_t calls = 0;
+  double logical_bytes = 0;  // native ring volume per rank (see header comment)
+  double wire_bytes = 0;     // ring volume of what the fallback really issued
+};
+
+struct CommStats {
+  std::array<OpStats, kNumOpKinds> ops{};
+  const OpStats& operator[](OpKind op) const { return ops[static_cast<int>(op)]; }
+  OpStats& operator[](OpKind op) { return ops[static_cast<int>(op)]; }
+  double logical_bytes() const;  // summed over op kinds
+  double wire_bytes() const;
+  int64_t calls() const;
+};
+
+// One entry of the flight recorder.
+struct FlightEntry {
+  enum class State { kEntered, kCompleted, kFailed };
+  uint64_t seq = 0;
+  OpKind op = OpKind::kBarrier;
+  std::string what;     // shape, dtype, fallback used
+  std::string context;  // caller's context
+  State state = State::kEntered;
+  double ms = 0;        // duration once completed / failed
+  std::string to_string() const;
+};
+
+class Comm;
+
+// Handle of an issued collective. wait() blocks, applies the fallback's epilogue (copy
+// back, cast, slice, divide) and throws vlm::Error on failure or timeout. Waiting twice is
+// a no-op; a handle never waited does not finish its epilogue (the output is undefined).
+class Work {
+ public:
+  Work() = default;  // an already-completed no-op
+  Work(Work&&) = default;
+  Work& operator=(Work&&) = default;
+  Work(const Work&) = delete;  // the epilogue must run once
+  Work& operator=(const Work&) = delete;
+  void wait();
+  bool done() const { return done_; }
+
+ private:
+  friend class Comm;
+  Comm* comm_ = nullptr;
+  uint64_t seq_ = 0;
+  std::string head_;  // "all_reduce #12 [1000] Float (context: ...)" for errors
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  std::function<void()> epilogue_;
+  bool done_ = true;
+};
+
+class Comm {
+ public:
+  // `group` may be null only for world_size 1 (every op is then local).
+  Comm(c10::intrusive_ptr<compat::CommBackend> group, int rank, int world_size,
+       Backend backend, std::chrono::milliseconds timeout, size_t flight_capacity = 32);
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  Backend backend() const { return backend_; }
+
+  // t: [*] contiguous, float/bf16/fp16/int; in place.
+  Work all_reduce_async(const torch::Tensor& t, ReduceOp op, const std::string& ctx);
+  void all_reduce(const torch::Tensor& t, ReduceOp op, const std::string& ctx) {
+    all_reduce_async(t, op, ctx).wait();
+  }
+  // in: [S], out: [N*S]; same dtype.
+  Work all_gather_async(const torch::Tensor& out, const torch::Tensor& in, const std::string& ctx);
+  void all_gather(const torch::Tensor& out, const torch::Tensor& in, const std::string& ctx) {
+    all_gather_async(out, in, ctx).wait();
+  }
+  // in: [N*S], out: [S]; same dtype; `in` is not modified.
+  Work reduce_scatter_async(const torch::Tensor& out, const torch::Tensor& in, ReduceOp op,
+                            const std::string& ctx);
+  void reduce_scatter(const torch::Tensor& out, const torch::Tensor& in, ReduceOp op,
+                      const std::string& ctx) {
+    reduce_scatter_async(out, in, op, ctx).wait();
+  }
+  // t: [*] contiguous; in place from rank `root`.
+  Work broadcast_async(const torch::Tensor& t, int root, const std::string& ctx);
+  void broadcast(const torch::Tensor& t, int root, const std::string& ctx) {
+    broadcast_async(t, root, ctx).wait();
+  }
+  void barrier(const std::string& ctx);
+
+  const CommStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = CommStats{}; }
+  // The last ops (oldest first), one per line.
+  std::string flight_record() const;
+
+ private:
+  friend class Work;
+  uint64_t enter(OpKind op, const std::string& what, const std::string& ctx);
+  void complete(uint64_t seq);
+  [[noreturn]] void fail(uint64_t seq, const std::string& head, const std::string& reason);
+  void count(OpKind op, double logical, double wire);
+  // Runs `issue` (which returns the c10d works) and wraps its exceptions.
+  Work launch(uint64_t seq, const std::function<std::vector<c10::intrusive_ptr<c10d::Work>>()>& issue,
+              std::function<void()> epilogue);
+
+  c10::intrusive_ptr<compat::CommBackend> group_;
+  int rank_ = 0;
+  int world_ = 1;
+  Backend backend_ = Backend::kNone;
+  std::chrono::milliseconds timeout_;
+  CommStats stats_;
+  mutable std::mutex mu_;  // guards the flight recorder
+  std::deque<FlightEntry> flight_;
+  std::deque<std::chrono::steady_clock::time_point> flight_start_;
+  size_t flight_capacity_;
+  uint64_t next_seq_ = 0;
+};
+
+}  // namespace vlm::sharding

@@ -1,0 +1,363 @@
+#include "sharding/parallel_dims.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if defined(VLMTRAIN_WITH_NCCL)
+#ifndef USE_C10D_NCCL
+#define USE_C10D_NCCL
+#endif
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "sharding/comm.h"
+#include "vlm/check.h"
+
+extern char** environ;
+
+namespace vlm::sharding {
+
+EnvMap process_env() {
+  EnvMap env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string kv(*e);
+    auto eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  return env;
+}
+
+const char* launcher_name(Launcher l) {
+  switch (l) {
+    case Launcher::kSingle: return "single";
+    case Launcher::kTorchrun: return "torchrun";
+    case Launcher::kSlurm: return "slurm";
+  }
+  return "?";
+}
+
+const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::kNone: return "none";
+    case Backend::kGloo: return "gloo";
+    case Backend::kNccl: return "nccl";
+  }
+  return "?";
+}
+
+namespace {
+
+const std::string* find(const EnvMap& env, const std::string& key) {
+  auto it = env.find(key);
+  return it == env.end() ? nullptr : &it->second;
+}
+
+// A non-negative decimal integer, or an Error naming the variable.
+int parse_int(const std::string& key, const std::string& value) {
+  VLM_CHECK(!value.empty() && value.size() <= 9 &&
+                value.find_first_not_of("0123456789") == std::string::npos,
+            "environment variable ", key, ": expected a non-negative integer, got '", value,
+            "' (hint: check the launcher's settings)");
+  return std::stoi(value);
+}
+
+int require_int(const EnvMap& env, const std::string& key, const char* launcher) {
+  const std::string* v = find(env, key);
+  VLM_CHECK(v != nullptr, launcher, " environment is incomplete: ", key,
+            " is not set (hint: launch with ", launcher,
+            ", or unset the partial variables to run as a single process)");
+  return parse_int(key, *v);
+}
+
+int optional_int(const EnvMap& env, const std::string& key, int fallback) {
+  const std::string* v = find(env, key);
+  return v == nullptr ? fallback : parse_int(key, *v);
+}
+
+void check_ranks(const DistEnv& d, const char* rank_var, const char* world_var,
+                 const char* local_var, const char* local_world_var) {
+  VLM_CHECK(d.world_size >= 1, world_var, ": expected >= 1, got ", d.world_size);
+  VLM_CHECK(d.rank < d.world_size, rank_var, " must be < ", world_var, ": got ", rank_var,
+            "=", d.rank, ", ", world_var, "=", d.world_size,
+            " (hint: the launcher's variables disagree)");
+  VLM_CHECK(d.local_world_size >= 1 && d.local_world_size <= d.world_size, local_world_var,
+            ": expected 1..", d.world_size, " (", world_var, "), got ", d.local_world_size);
+  VLM_CHECK(d.local_rank < d.local_world_size, local_var, " must be < ", local_world_var,
+            ": got ", local_var, "=", d.local_rank, ", ", local_world_var, "=",
+            d.local_world_size);
+}
+
+void parse_master(const EnvMap& env, DistEnv& d, const std::string& fallback_addr,
+                  int fallback_port) {
+  const std::string* addr = find(env, "MASTER_ADDR");
+  d.master_addr = addr != nullptr ? *addr : fallback_addr;
+  const std::string* port = find(env, "MASTER_PORT");
+  d.master_port = port != nullptr ? parse_int("MASTER_PORT", *port) : fallback_port;
+  if (d.world_size > 1) {
+    VLM_CHECK(!d.master_addr.empty(), launcher_name(d.launcher),
+              " job with world size ", d.world_size,
+              " has no master address: MASTER_ADDR is not set",
+              d.launcher == Launcher::kSlurm ? " and SLURM_JOB_NODELIST is empty" : "",
+              " (hint: export MASTER_ADDR=<host of rank 0>)");
+    VLM_CHECK(d.master_port >= 1 && d.master_port <= 65535,
+              "MASTER_PORT: expected 1..65535, got ", d.master_port);
+  }
+}
+
+bool truthy(const std::string* v) {
+  if (v == nullptr) return false;
+  std::string s;
+  for (char c : *v) s += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s == "true" || s == "1" || s == "yes";
+}
+
+}  // namespace
+
+std::string first_slurm_host(const std::string& nodelist) {
+  // Hosts are separated by commas outside brackets; a host may carry one or more
+  // bracketed ranges: "n[01-04,07]x[1-2]" -> first host "n01x1".
+  std::string first;
+  int depth = 0;
+  for (char c : nodelist) {
+    if (c == '[') ++depth;
+    if (c == ']') --depth;
+    if (c == ',' && depth == 0) break;
+    first += c;
+  }
+  std::string host;
+  size_t i = 0;
+  while (i < first.size()) {
+    if (first[i] != '[') {
+      host += first[i++];
+      continue;
+    }
+    size_t close = first.find(']', i);
+    VLM_CHECK(close != std::string::npos, "SLURM_JOB_NODELIST: unbalanced '[' in '", nodelist,
+              "'");
+    std::string range = first.substr(i + 1, close - i - 1);
+    range = range.substr(0, range.find(','));  // first item of the set
+    host += range.substr(0, range.find('-'));  // first value of the range (keeps zero padding)
+    i = close + 1;
+  }
+  return host;
+}
+
+int slurm_tasks_on_node(const std::string& tasks_per_node, int node) {
+  // "2(x3),1" = nodes 0..2 run 2 tasks, node 3 runs 1.
+  int index = 0;
+  size_t pos = 0;
+  while (pos < tasks_per_node.size()) {
+    size_t comma = tasks_per_node.find(',', pos);
+    std::string item = tasks_per_node.substr(pos, comma == std::string::npos ? std::string::npos
+                                                                             : comma - pos);
+    int repeat = 1;
+    size_t paren = item.find("(x");
+    if (paren != std::string::npos) {
+      repeat = parse_int("SLURM_TASKS_PER_NODE", item.substr(paren + 2, item.size() - paren - 3));
+      item = item.substr(0, paren);
+    }
+    int tasks = parse_int("SLURM_TASKS_PER_NODE", item);
+    if (node < index + repeat) return tasks;
+    index += repeat;
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  throw Error(str("SLURM_TASKS_PER_NODE='", tasks_per_node, "' lists ", index,
+                  " nodes, but SLURM_NODEID is ", node));
+}
+
+std::string DistEnv::store_prefix() const {
+  return use_agent_store ? str("/worker/attempt_", restart_count) : std::string();
+}
+
+std::string DistEnv::describe() const {
+  return str(launcher_name(launcher), " rank ", rank, "/", world_size, " local ", local_rank,
+             "/", local_world_size, " node ", node_rank,
+             world_size > 1 ? str(" master ", master_addr, ":", master_port) : std::string(),
+             use_agent_store ? str(" agent store ", store_prefix()) : std::string());
+}
+
+DistEnv detect_dist_env(const EnvMap& env) {
+  DistEnv d;
+  if (const std::string* ifname = find(env, "GLOO_SOCKET_IFNAME")) d.gloo_ifname = *ifname;
+  if (const std::string* ef = find(env, "TORCHELASTIC_ERROR_FILE")) d.error_file = *ef;
+
+  const bool any_torchrun = find(env, "RANK") || find(env, "WORLD_SIZE") ||
+                            find(env, "LOCAL_RANK") || find(env, "LOCAL_WORLD_SIZE");
+  const bool any_slurm = find(env, "SLURM_PROCID") || find(env, "SLURM_NTASKS");
+  if (any_torchrun) {
+    d.launcher = Launcher::kTorchrun;
+    d.rank = require_int(env, "RANK", "torchrun");
+    d.world_size = require_int(env, "WORLD_SIZE", "torchrun");
+    d.local_rank = optional_int(env, "LOCAL_RANK", d.world_size == 1 ? 0 : -1);
+    VLM_CHECK(d.local_rank >= 0, "torchrun environment is incomplete: LOCAL_RANK is not set",
+              " (hint: launch with torchrun, or set LOCAL_RANK and LOCAL_WORLD_SIZE)");
+    d.local_world_size = optional_int(env, "LOCAL_WORLD_SIZE", d.world_size);
+    d.node_rank = optional_int(env, "GROUP_RANK", d.rank / d.local_world_size);
+    check_ranks(d, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
+    d.use_agent_store = truthy(find(env, "TORCHELASTIC_USE_AGENT_STORE"));
+    d.restart_count = optional_int(env, "TORCHELASTIC_RESTART_COUNT", 0);
+    if (d.world_size > 1 || d.use_agent_store) {
+      VLM_CHECK(find(env, "MASTER_ADDR") && find(env, "MASTER_PORT"),
+                "torchrun environment is incomplete: RANK/WORLD_SIZE are set but ",
+                find(env, "MASTER_ADDR") ? "MASTER_PORT" : "MASTER_ADDR",
+                " is not (hint: export MASTER_ADDR and MASTER_PORT, or launch with torchrun)");
+    }
+    parse_master(env, d, "", 0);
+    if (d.use_agent_store)
+      VLM_CHECK(d.master_port >= 1 && d.master_port <= 65535,
+                "MASTER_PORT: expected 1..65535, got ", d.master_port);
+    return d;
+  }
+  if (any_slurm) {
+    d.launcher = Launcher::kSlurm;
+    d.rank = require_int(env, "SLURM_PROCID", "slurm");
+    d.world_size = require_int(env, "SLURM_NTASKS", "slurm");
+    d.local_rank = optional_int(env, "SLURM_LOCALID", 0);
+    d.node_rank = optional_int(env, "SLURM_NODEID", 0);
+    if (const std::string* per = find(env, "SLURM_NTASKS_PER_NODE")) {
+      d.local_world_size = parse_int("SLURM_NTASKS_PER_NODE", *per);
+    } else if (const std::string* tpn = find(env, "SLURM_TASKS_PER_NODE")) {
+      d.local_world_size = slurm_tasks_on_node(*tpn, d.node_rank);
+    } else {
+      const int nodes = optional_int(env, "SLURM_NNODES", 1);
+      VLM_CHECK(nodes == 1, "slurm environment is incomplete: SLURM_NNODES=", nodes,
+                " but neither SLURM_NTASKS_PER_NODE nor SLURM_TASKS_PER_NODE is set",
+                " (hint: run the workers with srun)");
+      d.local_world_size = d.world_size;
+    }
+    check_ranks(d, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE");
+    std::string host;
+    if (const std::string* nl = find(env, "SLURM_JOB_NODELIST")) host = first_slurm_host(*nl);
+    else if (const std::string* nl2 = find(env, "SLURM_NODELIST")) host = first_slurm_host(*nl2);
+    parse_master(env, d, host, 29500);
+    return d;
+  }
+  return d;  // single process
+}
+
+namespace {
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+// Runs `f`, turning c10 / system errors into a vlm::Error with our context and hint.
+template <typename F>
+auto wrap(const std::string& what, const std::string& hint, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    throw Error(str(what, ": ", e.what_without_backtrace(), " (hint: ", hint, ")"));
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(str(what, ": ", e.what(), " (hint: ", hint, ")"));
+  }
+}
+
+}  // namespace
+
+ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts) {
+  ParallelDims p;
+  p.env_ = env;
+  p.timeout_ = opts.timeout;
+  VLM_CHECK(opts.device == "auto" || opts.device == "cpu" || opts.device == "cuda",
+            "device: expected auto, cpu or cuda, got '", opts.device, "'");
+  const bool cuda = opts.device == "cuda" || (opts.device == "auto" && torch::cuda::is_available());
+  if (cuda) {
+    VLM_CHECK(torch::cuda::is_available(), "device = cuda, but this LibTorch sees no CUDA device",
+              " (hint: use device = \"cpu\" or a CUDA build of LibTorch)");
+    VLM_CHECK(env.local_rank < static_cast<int>(torch::cuda::device_count()), "LOCAL_RANK ",
+              env.local_rank, " has no GPU: this node has ", torch::cuda::device_count(),
+              " (hint: --nproc_per_node must not exceed the GPU count)");
+    p.device_ = torch::Device(torch::kCUDA, env.local_rank);
+  }
+  if (env.world_size == 1) {
+    p.comm_ = std::make_shared<Comm>(c10::intrusive_ptr<compat::CommBackend>(), 0, 1, Backend::kNone, opts.timeout);
+    return p;
+  }
+
+  // ---------------------------------------------------------------- store
+  const std::string who = str("rank ", env.rank, "/", env.world_size, " (", launcher_name(env.launcher), ")");
+  const bool server = !env.use_agent_store && env.rank == 0;
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<std::uint16_t>(env.master_port);
+  so.isServer = server;
+  so.waitWorkers = false;
+  so.timeout = opts.timeout;
+  const std::string where = str(env.master_addr, ":", env.master_port);
+  c10::intrusive_ptr<c10d::Store> store = wrap(
+      server ? str(who, ": cannot host the rendezvous store on port ", env.master_port)
+             : str(who, ": cannot reach the rendezvous store at ", where, " within ",
+                   opts.timeout.count() / 1000.0, " s"),
+      server ? "the port is probably in use: pick another MASTER_PORT"
+             : (env.use_agent_store ? "the torchrun agent's store is not listening there"
+                                    : "is rank 0 running, and MASTER_ADDR/MASTER_PORT the same on all ranks?"),
+      [&] { return c10::make_intrusive<c10d::TCPStore>(env.master_addr, so); });
+  if (env.use_agent_store) store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix(), store);
+  store->setTimeout(opts.timeout);
+  p.store_ = store;
+
+  // ---------------------------------------------------------------- process group
+  if (cuda) {
+#if defined(VLMTRAIN_WITH_NCCL)
+    auto o = c10d::ProcessGroupNCCL::Options::create();
+    o->timeout = opts.timeout;
+    p.group_ = wrap(str(who, ": NCCL process group"), "check NCCL_DEBUG=INFO output", [&] {
+      return c10::intrusive_ptr<compat::CommBackend>(
+          c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.world_size, o));
+    });
+    p.backend_ = Backend::kNccl;
+#else
+    throw Error(str("device is CUDA but this build has no NCCL support (hint: build with "
+                    "-DCMAKE_CXX_FLAGS=-DVLMTRAIN_WITH_NCCL against a CUDA LibTorch 2.x, or "
+                    "use device = \"cpu\")"));
+#endif
+  } else {
+    auto o = c10d::ProcessGroupGloo::Options::create(opts.timeout);
+    if (!env.gloo_ifname.empty()) {
+      o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(env.gloo_ifname));
+    } else if (is_loopback(env.master_addr)) {
+      o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    } else {
+      o->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    }
+    o->threads = 2;
+    p.group_ = wrap(str(who, ": Gloo rendezvous through ", where, " did not complete within ",
+                        opts.timeout.count() / 1000.0, " s"),
+                    "did every rank start, with the same WORLD_SIZE and MASTER_ADDR/PORT?", [&] {
+                      return c10::intrusive_ptr<compat::CommBackend>(
+                          c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank,
+                                                                      env.world_size, o));
+                    });
+    p.backend_ = Backend::kGloo;
+  }
+  p.comm_ = std::make_shared<Comm>(p.group_, env.rank, env.world_size, p.backend_, opts.timeout);
+  return p;
+}
+
+ParallelDims ParallelDims::from_environment(const ParallelOptions& opts) {
+  return init(detect_dist_env(process_env()), opts);
+}
+
+bool ParallelDims::write_error_file(const std::string& message) const {
+  if (env_.error_file.empty()) return false;
+  nlohmann::json j = {{"message", message},
+                      {"timestamp", static_cast<int64_t>(std::time(nullptr))}};
+  std::ofstream f(env_.error_file, std::ios::trunc);
+  if (!f) return false;
+  f << j.dump() << "\n";
+  return static_cast<bool>(f);
+}
+
+}  // namespace vlm::sharding

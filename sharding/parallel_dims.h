@@ -1,0 +1,137 @@
+// ParallelDims: who am I in the job, and the store + process group that connect the ranks.
+//
+// The one place that reads the launcher's environment variables. Two steps, kept apart so
+// the first is testable without processes:
+//
+//   DistEnv env = detect_dist_env(process_env());       // pure: env map -> facts (or Error)
+//   ParallelDims dims = ParallelDims::init(env, opts);   // connects: store, process group
+//
+// Launchers, in order of precedence:
+//   torchrun  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+//             (+ GROUP_RANK as node rank). With TORCHELASTIC_USE_AGENT_STORE=True the agent
+//             already hosts a TCPStore at MASTER_ADDR:MASTER_PORT: every worker connects as
+//             a client under the prefix "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>".
+//             Without it, rank 0 hosts the TCPStore and the others connect.
+//   Slurm     SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID (+ SLURM_NTASKS_PER_NODE
+//             or SLURM_TASKS_PER_NODE for the local world size). Master: MASTER_ADDR, else the
+//             first host of SLURM_JOB_NODELIST (SLURM_NODELIST); port: MASTER_PORT, else 29500.
+//             Rank 0 hosts the TCPStore.
+//   single    none of the above: world size 1, no store, no group.
+//
+// Backend: NCCL when the device is CUDA (device index = LOCAL_RANK; needs a LibTorch 2.x
+// build with VLMTRAIN_WITH_NCCL defined), Gloo on CPU. Gloo binds to GLOO_SOCKET_IFNAME
+// when set, to 127.0.0.1 when the master is a loopback address, else to this host's name.
+#pragma once
+#include <torch/torch.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "vlm/compat.h"
+#include VLM_C10D_BACKEND_HEADER
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+namespace vlm::sharding {
+
+class Comm;
+
+using EnvMap = std::map<std::string, std::string>;
+
+// This process's environment as a map (the only reader of `environ` in sharding/).
+EnvMap process_env();
+
+enum class Launcher { kSingle, kTorchrun, kSlurm };
+const char* launcher_name(Launcher l);
+
+// Facts about this process's place in the job, read from the environment.
+struct DistEnv {
+  Launcher launcher = Launcher::kSingle;
+  int rank = 0;              // global rank in [0, world_size)
+  int world_size = 1;
+  int local_rank = 0;        // rank on this node in [0, local_world_size)
+  int local_world_size = 1;
+  int node_rank = 0;         // GROUP_RANK (torchrun) / SLURM_NODEID
+  std::string master_addr;   // empty for kSingle
+  int master_port = 0;       // 0 for kSingle
+  bool use_agent_store = false;  // torchrun's TORCHELASTIC_USE_AGENT_STORE=True
+  int restart_count = 0;         // TORCHELASTIC_RESTART_COUNT
+  std::string error_file;        // TORCHELASTIC_ERROR_FILE ("" when unset)
+  std::string gloo_ifname;       // GLOO_SOCKET_IFNAME ("" when unset)
+
+  // Prefix of every store key: "/worker/attempt_<restart_count>" under the agent store,
+  // "" otherwise.
+  std::string store_prefix() const;
+  std::string describe() const;  // one line for logs
+};
+
+// Parses the launcher's variables. Throws vlm::Error for partial or inconsistent settings
+// (e.g. RANK without WORLD_SIZE, RANK >= WORLD_SIZE, non-numeric values, a port out of
+// range, no master address for a multi-process job).
+DistEnv detect_dist_env(const EnvMap& env);
+
+// First host of a Slurm compressed host list: "gpu[003-005,9],cpu1" -> "gpu003".
+std::string first_slurm_host(const std::string& nodelist);
+
+// Expands Slurm's "2(x3),1" task-per-node list and returns the entry for `node`.
+int slurm_tasks_on_node(const std::string& tasks_per_node, int node);
+
+enum class Backend { kNone, kGloo, kNccl };
+const char* backend_name(Backend b);
+
+struct ParallelOptions {
+  // Timeout for store rendezvous and every collective (recipe: dist.timeout_s).
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // "auto" (CUDA when available, else CPU), "cpu" or "cuda".
+  std::string device = "auto";
+};
+
+// Copies share the store, the group and the comm. Without the agent store, rank 0's
+// process hosts the TCPStore: end a job with comm().barrier() so rank 0 does not leave (and
+// take the store with it) while other ranks still use it.
+class ParallelDims {
+ public:
+  // Connects to the other ranks: creates (or joins) the store and the process group.
+  // Blocks until every rank has joined or `opts.timeout` passes (then throws, naming the
+  // master address and the ranks' roles). World size 1 creates nothing.
+  static ParallelDims init(const DistEnv& env, const ParallelOptions& opts = {});
+  // init(detect_dist_env(process_env()), opts): what the trainer calls.
+  static ParallelDims from_environment(const ParallelOptions& opts = {});
+
+  int rank() const { return env_.rank; }
+  int world_size() const { return env_.world_size; }
+  int local_rank() const { return env_.local_rank; }
+  int local_world_size() const { return env_.local_world_size; }
+  int node_rank() const { return env_.node_rank; }
+  bool is_main() const { return env_.rank == 0; }
+  bool distributed() const { return env_.world_size > 1; }
+  Backend backend() const { return backend_; }
+  torch::Device device() const { return device_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  const DistEnv& env() const { return env_; }
+
+  // The store all ranks share (already prefixed under the agent store); null for world 1.
+  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+  // The world process group backend; null for world 1.
+  const c10::intrusive_ptr<compat::CommBackend>& group() const { return group_; }
+
+  // The comm layer over the world group (counters and flight recorder live there).
+  Comm& comm() const { return *comm_; }
+
+  // Writes torchrun's error file ({"message": ..., "timestamp": ...}) when
+  // TORCHELASTIC_ERROR_FILE is set; returns whether a file was written.
+  bool write_error_file(const std::string& message) const;
+
+ private:
+  ParallelDims() = default;
+  DistEnv env_;
+  Backend backend_ = Backend::kNone;
+  torch::Device device_{torch::kCPU};
+  std::chrono::milliseconds timeout_{0};
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<compat::CommBackend> group_;
+  std::shared_ptr<Comm> comm_;
+};
+
+}  // namespace vlm::sharding
