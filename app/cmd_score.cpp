@@ -19,7 +19,7 @@
 namespace vlmtrain {
 
 const char* help_score() {
-  return R"(usage: vlmtrain score --pred predictions.jsonl [--metrics cer,wer,ned,em,anls,ocrbench]
+  return R"HELP(usage: vlmtrain score --pred predictions.jsonl [--metrics cer,wer,ned,em,anls,ocrbench]
                       [--out summary.json] [--case-insensitive] [--no-nfc]
                       [--strip-punctuation] [--keep-whitespace]
 
@@ -51,12 +51,14 @@ case-sensitive, punctuation kept, whitespace runs collapsed to one space and end
 
 Malformed lines (invalid JSON, missing fields, wrong types, invalid UTF-8) are reported
 as FILE:LINE: reason (the first 20 printed, all counted in `skipped`) and skipped; blank
-lines are ignored. A file with no scorable line is an error.
+lines are ignored. A file with no scorable line is an error. A malformed line counts
+against its dataset too when its `dataset` field could be read. Lines without `dataset`
+are grouped as "(none)" when other lines name one.
 
   --out FILE   write the summary JSON: metrics, normalisation, lines, scored, skipped,
                overall and per-dataset {n, skipped, <metrics>, edit counts}, and the
                first 100 malformed lines {line, reason}
-)";
+)HELP";
 }
 
 namespace {
