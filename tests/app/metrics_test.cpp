@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <random>
+#include <sstream>
 
 #include "app/metrics.h"
 #include "vlm/check.h"
@@ -317,6 +318,75 @@ TEST(EditDistance, WordLevelMatchesFullMatrix) {
     for (int i = static_cast<int>(rng() % 15); i > 0; --i) b.push_back(vocab[rng() % vocab.size()]);
     EXPECT_EQ(vlmtrain::word_edit_distance(a, b), full_matrix_levenshtein(a, b));
   }
+}
+
+// The whole Scorer against the definitions written out plainly, on random ASCII samples
+// (where NFC and Unicode case mapping are the identity / std::tolower).
+TEST(Metrics, ScorerMatchesPlainDefinitionsOnRandomSamples) {
+  auto collapse = [](const std::string& s) {  // Python: " ".join(s.split())
+    std::istringstream in(s);
+    std::string w, out;
+    while (in >> w) out += (out.empty() ? "" : " ") + w;
+    return out;
+  };
+  auto words = [](const std::string& s) {
+    std::istringstream in(s);
+    std::vector<std::string> out;
+    for (std::string w; in >> w;) out.push_back(w);
+    return out;
+  };
+  auto lower = [](std::string s) {
+    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+  };
+  const std::string alphabet = "aabbcAB  \n\t";
+  std::mt19937 rng(4242);
+  auto text = [&]() {
+    std::string s;
+    for (int i = static_cast<int>(rng() % 9); i > 0; --i) s += alphabet[rng() % alphabet.size()];
+    return s;
+  };
+  Scorer scorer;
+  double char_e = 0, char_n = 0, word_e = 0, word_n = 0, ned = 0, em = 0, anls = 0, ocr = 0;
+  const int n = 300;
+  for (int k = 0; k < n; ++k) {
+    const std::string pred = text();
+    std::vector<std::string> refs(1 + rng() % 3);
+    for (auto& r : refs) r = text();
+    if (rng() % 4 == 0) refs.back() = pred;  // some exact matches
+
+    const std::string p = collapse(pred), r0 = collapse(refs[0]);
+    const size_t e = full_matrix_levenshtein(p, r0);
+    char_e += e;
+    char_n += r0.size();
+    word_e += full_matrix_levenshtein(words(p), words(r0));
+    word_n += words(r0).size();
+    ned += std::max(p.size(), r0.size()) == 0 ? 0.0 : double(e) / std::max(p.size(), r0.size());
+    double min_nl = 1e9;
+    bool exact = false, found = false;
+    for (const auto& r : refs) {
+      const std::string a = lower(collapse(r)), lp = lower(p);
+      const size_t len = std::max(a.size(), lp.size());
+      min_nl = std::min(min_nl, len == 0 ? 0.0 : double(full_matrix_levenshtein(a, lp)) / len);
+      exact = exact || collapse(r) == p;
+      found = found || lp.find(a) != std::string::npos;
+    }
+    const double s = 1.0 - min_nl;
+    anls += s < 0.5 ? 0.0 : s;
+    em += exact;
+    ocr += found;
+    scorer.add(pred, refs);
+  }
+  const auto sum = scorer.summary();
+  ASSERT_TRUE(sum.cer && sum.wer);
+  EXPECT_NEAR(*sum.cer, char_e / char_n, 1e-12);
+  EXPECT_NEAR(*sum.wer, word_e / word_n, 1e-12);
+  EXPECT_NEAR(sum.ned, ned / n, 1e-12);
+  EXPECT_NEAR(sum.em, em / n, 1e-12);
+  EXPECT_NEAR(sum.anls, anls / n, 1e-12);
+  EXPECT_NEAR(sum.ocrbench, ocr / n, 1e-12);
+  EXPECT_GT(sum.em, 0.1);  // the generator does produce matches and misses
+  EXPECT_LT(sum.em, 0.9);
 }
 
 // Page-length texts: a few thousand code points each, in the worst case for the trimming
