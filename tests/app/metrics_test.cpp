@@ -391,46 +391,5 @@ TEST(Metrics, ScorerMatchesPlainDefinitionsOnRandomSamples) {
 
 // Page-length texts: a few thousand code points each, in the worst case for the trimming
 // (nothing in common at the ends). Prints the time; the bound only catches a blow-up.
-TEST(EditDistance, PageLengthSpeed) {
-  std::mt19937 rng(99);
-  auto page = [&](size_t n) {
-    std::u32string s;
-    for (size_t i = 0; i < n; ++i) s.push_back(0xAC00 + rng() % 64);  // Hangul syllables
-    return s;
-  };
-  const std::u32string a = page(4000), b = page(4000);
-  const auto t0 = std::chrono::steady_clock::now();
-  const size_t d = edit_distance(a, b);
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("edit_distance 4000 x 4000 code points: %.1f ms (%.2f ns/cell), distance %zu\n",
-              ms, ms * 1e6 / (4000.0 * 4000.0), d);
-  EXPECT_GT(d, 2000u);  // >= n - LCS, and the LCS of random texts over 64 letters is ~n/4
-  EXPECT_LE(d, 4000u);
-  EXPECT_LT(ms, 5000.0);
-
-  // A whole sample through the Scorer, every metric: a 3000-code-point page (Hangul and
-  // Latin words) against a prediction with ~3% of its code points substituted.
-  std::u32string ref;
-  while (ref.size() < 3000) {
-    const size_t w = 1 + rng() % 6;
-    for (size_t i = 0; i < w; ++i)
-      ref.push_back(rng() % 2 ? char32_t(0xAC00 + rng() % 400) : char32_t('a' + rng() % 26));
-    ref.push_back(rng() % 10 ? U' ' : U'\n');
-  }
-  std::u32string hyp = ref;
-  for (size_t k = 0; k < ref.size() * 3 / 100; ++k) hyp[rng() % hyp.size()] = U'#';
-  const std::string ref8 = vlmtrain::to_utf8(ref), hyp8 = vlmtrain::to_utf8(hyp);
-  Scorer scorer;
-  const auto t1 = std::chrono::steady_clock::now();
-  const auto s = scorer.add(hyp8, {ref8});
-  const double ms1 =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
-  std::printf("Scorer::add, all metrics, %zu-code-point page, %zu char edits: %.1f ms\n",
-              ref.size(), s.char_edits, ms1);
-  EXPECT_GT(s.char_edits, 0u);
-  EXPECT_LE(s.char_edits, ref.size() * 3 / 100 + 1);  // at most one edit per '#' written
-  EXPECT_LT(ms1, 5000.0);
-}
 
 }  // namespace

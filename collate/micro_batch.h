@@ -1,0 +1,39 @@
+// Micro-batch tensors from tokenized samples: right padding, labels, attention mask,
+// M-RoPE position ids, packed pixel values. Pure CPU code, no collectives.
+//
+// Names: B rows, L padded length, P patches (sum over images), N images.
+#pragma once
+#include <torch/torch.h>
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "vlm/config.h"
+#include "vlm/qwen2_vl.h"
+#include "vlm/sample.h"
+
+namespace vlm::collate {
+
+using vlm::TokenizedSample;
+
+struct MicroBatch {
+  vlm::Batch batch;                // input_ids/attention_mask/labels [B, L], position_ids [3, B, L],
+                                   // pixel_values [P, 1176], image_grid_thw [N, 3]
+  int64_t supervised_tokens = 0;   // labels != -100 after the one-token shift
+  int64_t n_images = 0;
+  std::vector<int64_t> indices;    // dataset indices of the rows (empty for a filler)
+  bool filler = false;             // fully masked stand-in so this rank's collectives still run
+};
+
+// Builds one micro-batch. `samples` non-empty; every sample's image pad runs must match its
+// grid_thw (t*gh*gw/merge^2 ids each), checked by get_rope_index. Throws vlm::Error naming
+// the sample on a length mismatch between input_ids and labels.
+MicroBatch build_micro_batch(const std::vector<TokenizedSample>& samples, const VlmConfig& cfg,
+                             int64_t pad_token_id);
+
+// A filler micro-batch: one row of one pad token, no supervised token, no image (the model
+// runs its dummy image), so every unit and collective still runs on this rank.
+MicroBatch filler_micro_batch(int64_t pad_token_id);
+
+}  // namespace vlm::collate

@@ -1,0 +1,62 @@
+// Synthetic tokenized samples for collate tests: random text ids (never special tokens),
+// images as <vision_start> + image pads (t*gh*gw/4) + <vision_end> with random pixels, and
+// the last `answer` tokens supervised. Deterministic for a given RNG state.
+#pragma once
+#include <array>
+#include <random>
+#include <vector>
+
+#include "collate/step_plan.h"
+#include "vlm/config.h"
+#include "vlm/sample.h"
+
+namespace vlmtest {
+
+inline vlm::TokenizedSample synthetic_sample(const vlm::VlmConfig& cfg, std::mt19937_64& rng,
+                                             int64_t index, int64_t text,
+                                             const std::vector<std::array<int64_t, 3>>& grids,
+                                             int64_t answer) {
+  vlm::TokenizedSample s;
+  s.index = index;
+  auto word = [&] { return 10 + static_cast<int64_t>(rng() % 1000); };
+  for (int64_t i = 0; i < text / 2; ++i) s.input_ids.push_back(word());
+  std::vector<torch::Tensor> pixels;
+  for (const auto& g : grids) {
+    s.input_ids.push_back(cfg.vision_start_token_id);
+    for (int64_t i = 0; i < g[0] * g[1] * g[2] / 4; ++i) s.input_ids.push_back(cfg.image_token_id);
+    s.input_ids.push_back(cfg.vision_end_token_id);
+    auto gen = torch::make_generator<at::CPUGeneratorImpl>(rng());
+    pixels.push_back(torch::randn({g[0] * g[1] * g[2], 1176}, gen));
+    s.grid_thw.push_back(g);
+  }
+  for (int64_t i = 0; i < text - text / 2; ++i) s.input_ids.push_back(word());
+  s.labels.assign(s.input_ids.size(), -100);
+  for (size_t i = s.input_ids.size() - answer; i < s.input_ids.size(); ++i) s.labels[i] = s.input_ids[i];
+  if (!pixels.empty()) s.pixel_values = torch::cat(pixels, 0);
+  return s;
+}
+
+// The step plan's view of a synthetic sample: each image at exactly its grid's size.
+inline vlm::collate::SampleCost synthetic_cost(const vlm::TokenizedSample& s) {
+  vlm::collate::SampleCost c;
+  c.index = s.index;
+  int64_t pads = 0;
+  for (const auto& g : s.grid_thw) {
+    c.images.push_back({g[1] * 14, g[2] * 14});
+    pads += g[0] * g[1] * g[2] / 4;
+  }
+  c.text_tokens = static_cast<int64_t>(s.input_ids.size()) - pads;
+  return c;
+}
+
+// Budgets under which synthetic images keep their exact grid (min_pixels one merged token).
+inline vlm::collate::Budgets synthetic_budgets() {
+  vlm::collate::Budgets b;
+  b.pixels.min_pixels = 28 * 28;
+  b.max_image_tokens = 64;
+  b.max_tokens = 120;
+  b.batch_image_tokens = 64;
+  return b;
+}
+
+}  // namespace vlmtest
