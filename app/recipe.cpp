@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -438,6 +439,27 @@ std::string recipe_hash(const Recipe& recipe) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;
+}
+
+std::string save_resolved_recipe(const Recipe& recipe, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  VLM_CHECK(!ec, "cannot create run directory '", dir, "': ", ec.message(),
+            " (hint: check run.output_dir and permissions)");
+  std::string path = (fs::path(dir) / "recipe.toml").string();
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    VLM_CHECK(out.good(), "cannot write '", tmp, "'");
+    out << "# resolved from " << recipe.source << " (hash " << recipe_hash(recipe) << ")\n"
+        << to_toml(recipe);
+    out.flush();
+    VLM_CHECK(out.good(), "writing '", tmp, "' failed (disk full?)");
+  }
+  fs::rename(tmp, path, ec);
+  VLM_CHECK(!ec, "cannot rename '", tmp, "' to '", path, "': ", ec.message());
+  return path;
 }
 
 std::vector<std::string> known_presets() {

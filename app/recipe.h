@@ -339,6 +339,10 @@ std::string to_toml(const Recipe& recipe);
 // Stable 16-hex-digit hash of to_toml(recipe) (for checkpoints and the rank fingerprint).
 std::string recipe_hash(const Recipe& recipe);
 
+// Writes to_toml(recipe) to <dir>/recipe.toml atomically (temp file + rename), creating
+// <dir>; returns the path. The header comment records the source file and the hash.
+std::string save_resolved_recipe(const Recipe& recipe, const std::string& dir);
+
 // Built-in model presets the recipe may name (kept in sync with vlm::preset_names()).
 std::vector<std::string> known_presets();
 

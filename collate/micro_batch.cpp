@@ -2,6 +2,7 @@
 
 #include "vlm/check.h"
 #include "vlm/rope_index.h"
+#include "vlm/vision_encoder.h"
 
 namespace vlm::collate {
 
@@ -57,6 +58,7 @@ MicroBatch build_micro_batch(const std::vector<TokenizedSample>& samples, const 
   if (!pixels.empty()) {
     mb.batch.pixel_values = torch::cat(pixels, 0);
     mb.batch.image_grid_thw = torch::tensor(grids, torch::kLong).view({-1, 3});
+    mb.cu_seqlens = torch::tensor(image_cu_seqlens(mb.batch.image_grid_thw), torch::kLong);
   }
   mb.batch.position_ids =
       get_rope_index(ids, mb.batch.image_grid_thw, mask, cfg).position_ids;

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "app/cli.h"
+#include "app/recipe.h"
 #include "tests/testing.h"
 #include "vlm/check.h"
 
@@ -43,6 +44,18 @@ TEST(Cli, RecipeAsFirstArgumentMeansTrain) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("lr = 0.0005"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("preset = \"tiny\""), std::string::npos) << r.output;
+}
+
+TEST(Cli, TrainLogsAndSavesTheResolvedRecipe) {
+  vlmtest::TempDir dir("cli_run");
+  std::string recipe = vlmtest::source_dir() + "/recipes/ocr_tiny.toml";
+  auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "train", recipe, "--set",
+                         "run.output_dir=" + dir.path() + "/run", "--set", "optim.lr=7e-4"});
+  EXPECT_NE(r.output.find("lr = 0.0007"), std::string::npos) << r.output;  // printed at start
+  std::string saved = vlmtest::read_file(dir.path() + "/run/recipe.toml");
+  vlmtrain::Recipe back = vlmtrain::parse_recipe(saved, "saved.toml");
+  vlmtrain::Recipe orig = vlmtrain::load_recipe(recipe, {"run.output_dir=" + dir.path() + "/run", "optim.lr=7e-4"});
+  EXPECT_EQ(vlmtrain::recipe_hash(back), vlmtrain::recipe_hash(orig));
 }
 
 TEST(Cli, BadRecipeExitsNonZeroNamingFileAndKey) {

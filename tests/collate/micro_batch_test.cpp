@@ -82,6 +82,8 @@ TEST(MicroBatch, PadsLabelsMasksAndPositionsPerRow) {
                            torch::cat({samples[0].pixel_values, samples[2].pixel_values}, 0)));
   EXPECT_TRUE(torch::equal(mb.batch.image_grid_thw,
                            torch::tensor({1, 4, 6, 1, 2, 2, 1, 6, 4}, torch::kLong).view({3, 3})));
+  // Vision attention blocks: one per image frame, in patches (4*6, 2*2, 6*4).
+  EXPECT_TRUE(torch::equal(mb.cu_seqlens, torch::tensor({0, 24, 28, 52}, torch::kLong)));
 }
 
 TEST(MicroBatch, RejectsInconsistentSamples) {
