@@ -161,7 +161,7 @@ std::vector<TextTokenCounts> dataset_text_token_counts(
   for (size_t i = 0; i < ds.records.size(); ++i) by_file[ds.records[i].source].push_back(i);
   for (const auto& [file, idx] : by_file) {
     std::map<int64_t, std::pair<TextTokenCounts, std::string>> cache;
-    if (use_cache) cache = read_section(file, tok_id, opts.system_prompt);
+    if (use_cache && !file.empty()) cache = read_section(file, tok_id, opts.system_prompt);
     bool dirty = false;
     for (size_t i : idx) {
       const Record& r = ds.records[i];
