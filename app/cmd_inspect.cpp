@@ -1,19 +1,34 @@
 // `vlmtrain inspect`: inspect a dataset or an image as the pipeline sees it.
 #include <cstdio>
+#include <memory>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "app/commands.h"
+#include "data/data_stats.h"
+#include "data/dataset.h"
 #include "data/image.h"
 #include "data/pixel_pipeline.h"
 #include "vlm/check.h"
 #include "vlm/image_geometry.h"
+#include "vlm/tokenizer.h"
 
 namespace vlmtrain {
 
 const char* help_inspect() {
-  return R"(usage: vlmtrain inspect data RECIPE [--set KEY=VALUE]...
+  return R"(usage: vlmtrain inspect data RECIPE [--set KEY=VALUE]... [--json]
        vlmtrain inspect image FILE [--min-pixels N] [--max-pixels N | --max-image-tokens N] [--json]
+
+inspect data: scans data.train and data.eval as training sees them (image sizes from the
+index beside each JSONL, no decoding; the index and the text token counts are cached there)
+and prints per split: lines, records, bad records by reason, image width/height and
+image-token histograms (before and after data.max_image_tokens), text tokens, supervised
+tokens and sequence lengths (text + capped image tokens), and how many samples exceed
+data.max_seq_len. Token statistics need model.tokenizer (or model.path). Histograms use
+power-of-two buckets: value v counts under the smallest power of two >= v.
+  --json                one JSON object: {"tokenizer", "max_image_tokens", "max_seq_len",
+                        "splits": {"train": {...}, "eval": {...}}}
 
 inspect image: decodes FILE as training does (EXIF orientation, RGB), applies smart_resize
 and prints the original and resized size, grid_thw (patches) and the merged image tokens.
@@ -77,12 +92,77 @@ int inspect_image(Args& args) {
   return 0;
 }
 
+int inspect_data(Args& args) {
+  const bool as_json = args.flag("json");
+  Recipe recipe = recipe_from_args(args, 1);
+  VLM_CHECK(args.positionals().size() == 2, "vlmtrain inspect data: expected one RECIPE, got ",
+            args.positionals().size() - 1, " arguments");
+  args.finish();
+  const DataSection& d = recipe.data;
+  VLM_CHECK(!d.train.empty() || !d.eval.empty(), recipe.location("data.train"),
+            ": data.train and data.eval are both empty (hint: --set data.train=FILE.jsonl)");
+
+  vlm::data::DatasetOptions dopt;
+  dopt.format = vlm::data::parse_dataset_format(d.format);
+  dopt.image_root = d.image_root;
+  dopt.ocr_prompt = d.prompt;
+  dopt.max_bad_fraction = 1.0;  // inspecting reports bad records instead of failing
+  dopt.max_printed_warnings = as_json ? 0 : 10;
+  if (as_json) dopt.warn = [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); };
+
+  const std::string tok_path = !recipe.model.tokenizer.empty() ? recipe.model.tokenizer
+                                                               : recipe.model.path;
+  std::unique_ptr<vlm::Tokenizer> tok;
+  if (!tok_path.empty()) tok = vlm::load_tokenizer(tok_path);
+
+  vlm::data::StatsOptions sopt;
+  sopt.limits = {d.min_pixels, d.max_pixels};
+  sopt.max_image_tokens = d.max_image_tokens;
+  sopt.max_seq_len = d.max_seq_len;
+  vlm::data::SampleOptions sample_opts;
+  sample_opts.system_prompt = d.system_prompt;
+
+  nlohmann::json splits = nlohmann::json::object();
+  std::string text;
+  const std::vector<std::pair<std::string, std::vector<std::string>>> split_files = {
+      {"train", d.train}, {"eval", d.eval}};
+  for (const auto& [name, files] : split_files) {
+    if (files.empty()) continue;
+    vlm::data::Dataset ds = vlm::data::load_dataset(files, dopt);
+    std::vector<vlm::data::TextTokenCounts> counts;
+    vlm::data::TextCountStats cs;
+    if (tok) counts = vlm::data::dataset_text_token_counts(ds, *tok, sample_opts, true, &cs);
+    vlm::data::DatasetStats st = vlm::data::dataset_stats(ds, counts, sopt);
+    nlohmann::json j = st.to_json();
+    j["files"] = files;
+    if (tok) j["token_counts_cached"] = cs.cached;
+    splits[name] = std::move(j);
+    text += vlm::data::format_stats(name, st, sopt);
+  }
+  if (as_json) {
+    nlohmann::json out = {{"recipe", recipe.source},
+                          {"tokenizer", tok ? nlohmann::json(tok_path) : nlohmann::json()},
+                          {"max_image_tokens", d.max_image_tokens},
+                          {"max_seq_len", d.max_seq_len},
+                          {"splits", splits}};
+    std::printf("%s\n", out.dump().c_str());
+  } else {
+    std::printf("recipe:     %s\ntokenizer:  %s\nlimits:     max_image_tokens %lld, "
+                "max_seq_len %lld, pixels [%lld, %lld]\n%s",
+                recipe.source.c_str(), tok ? tok_path.c_str() : "(none: set model.tokenizer)",
+                static_cast<long long>(d.max_image_tokens), static_cast<long long>(d.max_seq_len),
+                static_cast<long long>(d.min_pixels), static_cast<long long>(d.max_pixels),
+                text.c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int cmd_inspect(Args& args) {
   const std::string what = args.positional(0, "what to inspect (data or image)");
   if (what == "image") return inspect_image(args);
-  if (what == "data") not_yet("inspect data", "issue #5 (needs the recipe)");
+  if (what == "data") return inspect_data(args);
   throw vlm::Error(vlm::str("vlmtrain inspect: unknown target '", what,
                             "'; expected `data` or `image` (see `vlmtrain inspect --help`)"));
 }

@@ -99,13 +99,14 @@ void check_markers(const Record& r) {
 
 // ------------------------------------------------------------------ index cache
 // <jsonl>.index.json: {"version":1,"jsonl_size":..,"jsonl_mtime":..,"verify_decode":b,
-//   "images":{path: {"w":..,"h":..} | {"error":reason,"detail":..}}}
+//   "images":{path: {"w":..,"h":..} | {"error":reason,"detail":..}},
+//   "text_tokens":{..}}  (owned by data/token_counts.cpp; preserved on rewrite)
 struct ImageProbe {
   int64_t width = 0, height = 0;
   std::string error, detail;  // error category when the image is unusable
 };
 
-std::string index_path(const std::string& jsonl) { return jsonl + ".index.json"; }
+std::string index_path(const std::string& jsonl) { return dataset_index_path(jsonl); }
 
 json file_key(const std::string& jsonl, bool verify) {
   std::error_code ec;
@@ -150,6 +151,17 @@ bool write_index(const std::string& jsonl, bool verify,
     else images[path] = {{"w", p.width}, {"h", p.height}};
   }
   j["images"] = std::move(images);
+  {
+    // Keep the text token counts (data/token_counts.cpp); they carry their own key.
+    std::ifstream old(index_path(jsonl));
+    if (old) {
+      try {
+        json prev = json::parse(old);
+        if (prev.is_object() && prev.contains("text_tokens")) j["text_tokens"] = prev["text_tokens"];
+      } catch (const std::exception&) {
+      }
+    }
+  }
   const std::string tmp = index_path(jsonl) + ".tmp";
   {
     std::ofstream out(tmp);

@@ -108,6 +108,10 @@ DatasetFormat detect_format(const nlohmann::json& j);
 Record parse_record(const nlohmann::json& j, DatasetFormat format, const std::string& image_base,
                     const DatasetOptions& opts);
 
+// The index file cached beside a JSONL: <jsonl>.index.json (image probes, and the text
+// token counts of data/token_counts.h).
+inline std::string dataset_index_path(const std::string& jsonl) { return jsonl + ".index.json"; }
+
 // Number of kImageMarker occurrences in all turns.
 int64_t count_image_markers(const Record& r);
 

@@ -3,10 +3,8 @@
 #include <nlohmann/json.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
-#include <fcntl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <chrono>
@@ -20,6 +18,7 @@
 
 #include "data/sampler.h"
 #include "vlm/check.h"
+#include "vlm/sp_tokenizer.h"
 
 namespace vlm::data {
 namespace fs = std::filesystem;
@@ -187,33 +186,6 @@ cv::Mat render_text_line(const std::string& text, uint64_t stream_seed, int64_t 
 
 namespace {
 
-// Runs argv (no shell) in folder `cwd` with stdout+stderr to `log_path`; returns the exit
-// status (127 when the program could not be started).
-int run_logged(const std::vector<std::string>& argv, const std::string& cwd,
-               const std::string& log_path) {
-  std::vector<char*> cargv;
-  for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
-  const pid_t pid = fork();
-  VLM_CHECK(pid >= 0, "synth-ocr: fork failed");
-  if (pid == 0) {
-    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-      close(fd);
-    }
-    if (chdir(cwd.c_str()) != 0) _exit(126);
-    execvp(cargv[0], cargv.data());
-    _exit(127);
-  }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) return 127;
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream ss;
@@ -221,33 +193,110 @@ std::string read_text(const std::string& path) {
   return ss.str();
 }
 
+// ---- minimal protobuf wire-format helpers (only what rewriting two strings needs)
+uint64_t read_varint(const std::string& b, size_t& at) {
+  uint64_t v = 0;
+  for (int shift = 0; shift < 64; shift += 7) {
+    VLM_CHECK(at < b.size(), "synth-ocr: truncated varint in the sentencepiece model");
+    const uint8_t c = uint8_t(b[at++]);
+    v |= uint64_t(c & 0x7f) << shift;
+    if (!(c & 0x80)) return v;
+  }
+  throw vlm::Error("synth-ocr: varint longer than 10 bytes in the sentencepiece model");
+}
+
+void write_varint(std::string& out, uint64_t v) {
+  do {
+    uint8_t c = uint8_t(v & 0x7f);
+    v >>= 7;
+    if (v) c |= 0x80;
+    out.push_back(char(c));
+  } while (v);
+}
+
+// Calls fn(field, wire_type, raw bytes of the whole field incl. key, payload) per field.
+template <typename Fn>
+void for_each_field(const std::string& b, Fn fn) {
+  size_t at = 0;
+  while (at < b.size()) {
+    const size_t start = at;
+    const uint64_t key = read_varint(b, at);
+    const int wt = int(key & 7);
+    std::string payload;
+    if (wt == 0) {
+      read_varint(b, at);
+    } else if (wt == 1 || wt == 5) {
+      at += wt == 1 ? 8 : 4;
+    } else if (wt == 2) {
+      const uint64_t len = read_varint(b, at);
+      VLM_CHECK(at + len <= b.size(), "synth-ocr: truncated field in the sentencepiece model");
+      payload = b.substr(at, size_t(len));
+      at += size_t(len);
+    } else {
+      throw vlm::Error(vlm::str("synth-ocr: unexpected protobuf wire type ", wt,
+                                " in the sentencepiece model"));
+    }
+    VLM_CHECK(at <= b.size(), "synth-ocr: truncated sentencepiece model");
+    fn(key >> 3, wt, b.substr(start, at - start), payload);
+  }
+}
+
+void write_string_field(std::string& out, uint64_t field, const std::string& s) {
+  write_varint(out, (field << 3) | 2);
+  write_varint(out, s.size());
+  out += s;
+}
+
+// The model records its trainer's input and model_prefix paths (ModelProto.trainer_spec
+// = field 2; TrainerSpec.input = 1, .model_prefix = 2). They are rewritten to the bare
+// file names so the model is byte-identical wherever the dataset is written.
+std::string with_relative_trainer_paths(const std::string& model, const std::string& input,
+                                        const std::string& prefix) {
+  std::string out;
+  for_each_field(model, [&](uint64_t f, int wt, const std::string& raw, const std::string& p) {
+    if (f != 2 || wt != 2) {
+      out += raw;
+      return;
+    }
+    std::string spec;
+    for_each_field(p, [&](uint64_t g, int wt2, const std::string& raw2, const std::string&) {
+      if (wt2 == 2 && g == 1) write_string_field(spec, 1, input);
+      else if (wt2 == 2 && g == 2) write_string_field(spec, 2, prefix);
+      else spec += raw2;
+    });
+    write_string_field(out, 2, spec);
+  });
+  return out;
+}
+
 }  // namespace
 
 int64_t train_sentencepiece(const std::string& corpus_file, const std::string& model_prefix,
-                            int64_t vocab_size, const std::string& spm_train) {
-  std::string specials;
-  for (const std::string& s : chatml_special_tokens()) specials += (specials.empty() ? "" : ",") + s;
-  const std::vector<std::string> argv = {
-      spm_train, "--input=" + fs::path(corpus_file).filename().string(),
-      "--model_prefix=" + fs::path(model_prefix).filename().string(),
-      "--vocab_size=" + std::to_string(vocab_size), "--model_type=unigram",
-      "--character_coverage=1.0", "--byte_fallback=true", "--hard_vocab_limit=false",
-      "--split_digits=true", "--normalization_rule_name=identity",
-      "--remove_extra_whitespaces=false", "--num_threads=1", "--minloglevel=1",
-      "--user_defined_symbols=" + specials};
-  // The model file records its training flags: run inside the output folder with
-  // relative paths so the model is byte-identical wherever it is written.
-  const std::string folder = fs::path(model_prefix).parent_path().string();
-  VLM_CHECK(fs::path(corpus_file).parent_path() == fs::path(model_prefix).parent_path(),
-            "train_sentencepiece: corpus and model must share a folder");
-  const std::string log = model_prefix + ".train.log";
-  const int rc = run_logged(argv, folder.empty() ? "." : folder, log);
-  std::string out = read_text(log);
-  std::remove(log.c_str());
-  if (out.size() > 2000) out = "..." + out.substr(out.size() - 2000);
-  VLM_CHECK(rc != 127, "synth-ocr: cannot run '", spm_train, "' (hint: apt-get install ",
-            "sentencepiece, or pass --no-tokenizer)");
-  VLM_CHECK(rc == 0, "synth-ocr: sentencepiece training failed (exit ", rc, "):\n", out);
+                            int64_t vocab_size) {
+  // sp_trainer_flags(): ChatML specials as user-defined symbols, identity normalisation,
+  // no dummy prefix (exact byte offsets for the chat renderer), byte fallback, no
+  // BOS/EOS/PAD pieces. One thread and a fixed corpus keep the result deterministic.
+  const std::string args = vlm::str(
+      "--input=", corpus_file, " --model_prefix=", model_prefix, " --vocab_size=", vocab_size,
+      " --model_type=unigram --character_coverage=1.0 --hard_vocab_limit=false"
+      " --num_threads=1 ",
+      vlm::sp_trainer_flags());
+  VLM_CHECK(corpus_file.find(' ') == std::string::npos &&
+                model_prefix.find(' ') == std::string::npos,
+            "synth-ocr: the output folder must not contain spaces (sentencepiece trainer "
+            "arguments are space-separated), got '", model_prefix, "'");
+  vlm::train_sentencepiece(args);
+  const std::string model_path = model_prefix + ".model";
+  const std::string model = read_text(model_path);
+  VLM_CHECK(!model.empty(), "synth-ocr: sentencepiece wrote no model to ", model_path);
+  const std::string fixed =
+      with_relative_trainer_paths(model, fs::path(corpus_file).filename().string(),
+                                  fs::path(model_prefix).filename().string());
+  {
+    std::ofstream out(model_path, std::ios::binary | std::ios::trunc);
+    out << fixed;
+    VLM_CHECK(out.good(), "synth-ocr: cannot rewrite ", model_path);
+  }
   // Piece count = lines of the .vocab file (one piece per line).
   const std::string vocab = read_text(model_prefix + ".vocab");
   const int64_t pieces = std::count(vocab.begin(), vocab.end(), '\n');
@@ -318,8 +367,7 @@ SynthOcrResult write_synth_ocr(const SynthOcrOptions& opts) {
                            opts.max_chars) + "\n";
     const std::string corpus_path = opts.out_dir + "/tokenizer_corpus.txt";
     write_text(corpus_path, corpus);
-    res.vocab_size = train_sentencepiece(corpus_path, opts.out_dir + "/tokenizer", opts.vocab_size,
-                                         opts.spm_train);
+    res.vocab_size = train_sentencepiece(corpus_path, opts.out_dir + "/tokenizer", opts.vocab_size);
     res.tokenizer_model = opts.out_dir + "/tokenizer.model";
   }
   nlohmann::json meta = {{"generator", "vlmtrain synth-ocr"}, {"seed", opts.seed},

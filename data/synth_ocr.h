@@ -27,7 +27,6 @@ struct SynthOcrOptions {
   bool train_tokenizer = true;
   int64_t vocab_size = 2048;        // sentencepiece target (may end lower: hard limit off)
   int64_t extra_corpus_lines = 20000;  // extra generated lines for the tokenizer corpus
-  std::string spm_train = "spm_train";  // sentencepiece trainer CLI (run as a subprocess)
 };
 
 struct SynthOcrResult {
@@ -54,11 +53,11 @@ SynthOcrResult write_synth_ocr(const SynthOcrOptions& opts);
 
 // Trains a unigram sentencepiece model on `corpus_file` with the ChatML specials,
 // byte fallback and identity normalisation; returns the number of pieces.
-// Runs the `spm_train` CLI in a child process: Debian's libsentencepiece embeds
-// protobuf 3.14 and exports its symbols, which clash with the system protobuf 3.21 that
-// LibTorch loads (a process linking both crashes at start-up), so vlmtrain does not link
-// the sentencepiece trainer library.
+// Trains in-process through vlm::train_sentencepiece() (the run-time-loaded trainer; no
+// external tool) with vlm::sp_trainer_flags() (no dummy prefix, so the chat renderer's
+// byte offsets are exact), unigram, one thread. The trainer paths recorded inside the
+// model are rewritten to bare file names, so the model bytes depend only on the corpus.
 int64_t train_sentencepiece(const std::string& corpus_file, const std::string& model_prefix,
-                            int64_t vocab_size, const std::string& spm_train = "spm_train");
+                            int64_t vocab_size);
 
 }  // namespace vlm::data
