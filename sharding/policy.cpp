@@ -218,4 +218,13 @@ std::vector<UnitPlan> resolve_units(vlm::Qwen2VLImpl& model, const ShardingOptio
   return out;
 }
 
+std::string unit_table_text(const std::vector<UnitPlan>& units) {
+  std::string out;
+  for (const auto& u : units)
+    out += str(u.path, u.aliases.empty() ? "" : "(" + u.aliases + ")", " ", policy_name(u.policy), " ",
+               u.strategy == Strategy::kDefault ? "-" : strategy_name(u.strategy), " ", sharding_name(u.sharding),
+               " ", u.numel, u.checkpointed ? " ckpt" : "", "\n");
+  return out;
+}
+
 }  // namespace vlm::sharding

@@ -117,4 +117,8 @@ struct UnitPlan {
 // outside every unit, bad policy/strategy names.
 std::vector<UnitPlan> resolve_units(vlm::Qwen2VLImpl& model, const ShardingOptions& opts);
 
+// The unit table as text, one line per unit: "path policy strategy sharding numel ckpt"
+// (for the rank fingerprint, Fingerprint::standard's unit_table, and logs).
+std::string unit_table_text(const std::vector<UnitPlan>& units);
+
 }  // namespace vlm::sharding

@@ -408,3 +408,69 @@ TEST(DdpDist, UnusedParamsWorld3) {
     std::printf("%s\n", r.output.substr(begin, end - begin).c_str());
   }
 }
+
+// reduce_dtype = bf16 (fp32 model): each rank backpropagates its own batch; after
+// finish_backward every gradient is the bf16-rounded sum of the ranks' gradients. Bound per
+// element: each rank's gradient is rounded to bf16 (unit roundoff 2^-8: 8 significant
+// bits), the fp32 sum of the rounded values is rounded to bf16 again:
+// |got - exact| <= 2^-8 sum_r |g_r| + 2^-8 |sum| (1 + 2^-8) <= 2^-7 (1 + 2^-8) sum_r |g_r|.
+// (Example seen: 0.0632451 + 0.0666758 -> 0.0634766 + 0.0668945 = 0.1303711, a tie, -> 0.1308594.)
+TEST(DdpDist, DISABLED_Bf16ReduceWorker) {
+  VLM_DIST_WORKER_ONLY();
+  torch::set_num_threads(1);
+  auto dims = init_worker();
+  const int n = dims.world_size();
+  auto model = make_model();
+  ShardingOptions o;
+  o.reduce_dtype = torch::kBFloat16;
+  o.ddp_bucket_mb = 0.05;
+  auto sm = apply_policies(*model, o, dims);
+  auto cfg = model->cfg;
+  {
+    auto out = model->forward(pack({make_sample(cfg, 3, dims.rank())}));
+    out.loss_sum.backward();
+  }
+  sm->finish_backward("bf16 reduce test");
+  // Reference: every rank's batch on a fresh model here; exact fp32 sum and |g| sum.
+  std::map<std::string, torch::Tensor> sum, abs_sum;
+  for (int r = 0; r < n; ++r) {
+    auto ref = make_model();
+    ref->forward(pack({make_sample(cfg, 3, r)})).loss_sum.backward();
+    for (auto& item : ref->named_parameters()) {
+      torch::Tensor g = item.value().grad();
+      if (!sum.count(item.key())) {
+        sum[item.key()] = torch::zeros_like(g);
+        abs_sum[item.key()] = torch::zeros_like(g);
+      }
+      sum[item.key()] += g;
+      abs_sum[item.key()] += g.abs();
+    }
+  }
+  int64_t bad = 0, total = 0;
+  for (auto& item : model->named_parameters()) {
+    const torch::Tensor err = (item.value().grad() - sum[item.key()]).abs();
+    const torch::Tensor bound = abs_sum[item.key()] * (std::ldexp(1.0, -7) * (1 + std::ldexp(1.0, -8))) + 1e-30;
+    const int64_t b = (err > bound).sum().item<int64_t>();
+    if (b > 0 && bad == 0) {
+      auto idx = (err - bound).reshape({-1}).argmax().item<int64_t>();
+      std::printf("worst %s: got %.9g exact %.9g abs %.9g\n", item.key().c_str(),
+                  item.value().grad().reshape({-1})[idx].item<double>(), sum[item.key()].reshape({-1})[idx].item<double>(),
+                  abs_sum[item.key()].reshape({-1})[idx].item<double>());
+    }
+    bad += b;
+    total += err.numel();
+    // The result is representable in bf16 (it went through a bf16 buffer).
+    EXPECT_TRUE(torch::equal(item.value().grad(), item.value().grad().to(torch::kBFloat16).to(torch::kFloat32)))
+        << item.key();
+  }
+  EXPECT_EQ(bad, 0) << "of " << total << " gradient elements outside the bf16 bound";
+  dims.comm().barrier("end");
+}
+
+TEST(DdpDist, Bf16ReduceWorld2) {
+  vlmtest::DistRun run;
+  run.world_size = 2;
+  run.timeout = std::chrono::seconds(120);
+  run.worker_test = "DdpDist.DISABLED_Bf16ReduceWorker";
+  EXPECT_TRUE(vlmtest::all_ok(vlmtest::run_workers(run)));
+}

@@ -74,6 +74,10 @@ TEST(Policy, OcrQwenTableOnTiny) {
   for (const auto& u : units) EXPECT_NE(u.path, "lm_head");
   EXPECT_EQ(find(units, "model.embed_tokens").rule, "rule 4 (match = \"model.embed_tokens|model.norm|lm_head\")");
   EXPECT_EQ(find(units, "model.norm").rule, "rule 4 (match = \"model.embed_tokens|model.norm|lm_head\")");
+  const std::string text = unit_table_text(units);
+  EXPECT_NE(text.find("visual.merger ddp - replicated "), std::string::npos) << text;
+  EXPECT_NE(text.find("model.embed_tokens(lm_head) fsdp full_shard ZeRO-3 "), std::string::npos) << text;
+  EXPECT_NE(text.find("model.layers.0 fsdp full_shard ZeRO-3 "), std::string::npos) << text;
 }
 
 TEST(Policy, DefaultAppliesToUnmatchedUnits) {
