@@ -51,6 +51,15 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl& model, const Shar
   Comm& comm = dims.comm();
   // 1. Policy table.
   sm->units_ = resolve_units(model, opts);
+  for (const auto& u : sm->units_)
+    for (const auto& p : u.params) {
+      VLM_CHECK(p.param.scalar_type() == opts.param_dtype, "apply_policies: parameter ", p.name, " is ",
+                p.param.scalar_type(), " but precision.param_dtype is ", c10::toString(opts.param_dtype),
+                " (hint: build or materialise the model in the recipe's param_dtype before sharding)");
+      VLM_CHECK(p.param.device() == dims.device(), "apply_policies: parameter ", p.name, " is on ",
+                p.param.device(), " but this rank computes on ", dims.device(),
+                " (hint: materialise the model on ParallelDims::device())");
+    }
   for (auto& u : sm->units_) {
     if (u.policy == Policy::kFsdp) {
       sm->notes_.push_back(str("unit ", u.path, ": fsdp ", strategy_name(u.strategy),

@@ -75,7 +75,7 @@ class ShardedModel {
 };
 
 // Collective (every rank calls it with the same options). The model must already hold
-// its parameters (materialised or loaded) on dims.device().
+// its parameters (materialised or loaded) on dims.device(), in opts.param_dtype (checked).
 std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl& model, const ShardingOptions& opts,
                                              ParallelDims& dims);
 
