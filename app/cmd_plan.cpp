@@ -141,7 +141,12 @@ int plan_recipe(Args& args, const std::optional<std::string>& preset_name, bool 
   } else {
     VLM_CHECK(!recipe.model.path.empty(), recipe.source, ": neither model.preset nor model.path is set ",
               "(hint: give --preset NAME)");
-    cfg = vlm::load_hf_config(recipe.model.path);
+    try {
+      cfg = vlm::load_hf_config(recipe.model.path);
+    } catch (const vlm::Error& e) {
+      throw vlm::Error(std::string(e.what()) + "; to plan without the model files, name its architecture with "
+                       "--preset (e.g. --preset qwen2.5-vl-3b)");
+    }
     source = recipe.model.path;
   }
   const sh::ShardingOptions opts = sharding_options(recipe);

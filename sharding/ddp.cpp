@@ -113,7 +113,11 @@ DdpReducer::~DdpReducer() {
 void DdpReducer::on_grad_ready(int64_t i) {
   if (!sync_) return;
   std::lock_guard<std::mutex> lock(mu_);
-  if (ready_[i]) return;  // a second AccumulateGrad call in one backward (retain_graph)
+  // A second gradient for the same parameter before finish_backward: its bucket may be in
+  // flight already, and this contribution would be lost.
+  VLM_CHECK(!ready_[i], "ddp: parameter ", names_[i], " got a second gradient before finish_backward ",
+            "(hint: set_sync(false) on gradient-accumulation micro-batches and call finish_backward() ",
+            "after every synced backward)");
   ready_[i] = 1;
   --buckets_[bucket_of_[i]].pending;
   launch_ready_locked(/*force=*/false, ctx_);

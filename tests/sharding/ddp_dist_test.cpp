@@ -474,3 +474,19 @@ TEST(DdpDist, Bf16ReduceWorld2) {
   run.worker_test = "DdpDist.DISABLED_Bf16ReduceWorker";
   EXPECT_TRUE(vlmtest::all_ok(vlmtest::run_workers(run)));
 }
+
+// Misuse: two synced backwards without finish_backward in between would lose the second
+// gradient (its bucket is already in flight): the second backward throws a clear error.
+TEST(DdpDist, SecondSyncedBackwardWithoutFinishThrows) {
+  auto dims = ParallelDims::init(DistEnv{}, ParallelOptions{});
+  auto model = make_model();
+  auto sm = apply_policies(*model, ShardingOptions{}, dims);
+  const vlm::Batch batch = pack({make_sample(model->cfg, 0, 0)});
+  model->forward(batch).loss_sum.backward();
+  try {
+    model->forward(batch).loss_sum.backward();
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("second gradient before finish_backward"), std::string::npos) << e.what();
+  }
+}
