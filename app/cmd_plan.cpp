@@ -1,12 +1,21 @@
 // `vlmtrain plan`: build the model on the meta device (no weights, no memory) and print
-// every unit with its parameter count, plus totals. First version: presets only; the
-// recipe (policy table, world size, bytes per rank) is wired in by the recipe loader.
+// every unit. Two modes:
+//   plan --preset NAME            units and parameter counts only
+//   plan RECIPE [--preset NAME] [--world-size N]
+//                                 the policy table resolved over the units: policy,
+//                                 strategy, parameters, bytes per rank for params / grads /
+//                                 optimizer state (sharding/memory_plan.h formulas) under
+//                                 the recipe's precision, activation checkpointing, totals
+//                                 per rank and warnings.
 #include <cstdio>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
 
 #include "app/commands.h"
+#include "app/sharding_options.h"
+#include "sharding/memory_plan.h"
+#include "sharding/policy.h"
 #include "vlm/check.h"
 #include "vlm/config.h"
 #include "vlm/meta_init.h"
@@ -23,10 +32,19 @@ policy and bytes per rank, plus totals.
 
   --preset NAME   model preset: tiny, tiny-qwen2.5, qwen2-vl-2b, qwen2-vl-7b,
                   qwen2.5-vl-3b, qwen2.5-vl-7b
+  --world-size N  ranks to plan for (default 1)
   --json          one JSON object: preset, total_params, vision_params (incl. merger),
-                  merger_params, llm_params, modules [{path, params}]
+                  merger_params, llm_params, modules [{path, params}]; with a RECIPE also
+                  world_size, param_dtype, units [{path, aliases, policy, strategy, sharding,
+                  rule, params, param_bytes, grad_bytes, optim_bytes, total_bytes,
+                  activation_checkpointing}], totals {...}, gathered_peak_bytes, warnings
   --leaves        list every parameter-owning layer instead of the sharding units
-(RECIPE is not supported yet in this version.)
+  --set KEY=VALUE override a recipe key (repeatable)
+
+Bytes per rank (P unit parameters, N ranks, p bytes of precision.param_dtype, S = ceil(P/N)):
+  freeze pP | ddp pP + pP + 12P (bf16; fp32: 8P) | ddp shard_optimizer: optimizer state S*12
+  fsdp shard_grad_op: grads and optimizer state sharded | fsdp full_shard: all sharded.
+The training runtime does not run fsdp units yet (issue #8): they train as ddp no_shard.
 )";
 }
 
@@ -40,15 +58,16 @@ std::string with_commas(int64_t n) {
 
 }  // namespace
 
+int plan_recipe(Args& args, const std::optional<std::string>& preset_name, bool as_json);
+
 int cmd_plan(Args& args) {
   const auto preset_name = args.value("preset");
   const bool as_json = args.flag("json");
+  if (!args.positionals().empty()) return plan_recipe(args, preset_name, as_json);
   const bool leaves = args.flag("leaves");
+  VLM_CHECK(!args.value("world-size").has_value(), "vlmtrain plan: --world-size needs a RECIPE (its policy table)");
   args.finish();
-  VLM_CHECK(args.positionals().empty(), "vlmtrain plan: planning from a RECIPE ('", 
-            args.positionals().empty() ? "" : args.positionals()[0],
-            "') is not wired yet (hint: use `vlmtrain plan --preset NAME`)");
-  VLM_CHECK(preset_name.has_value(), "vlmtrain plan: give --preset NAME (see `vlmtrain plan --help`)");
+  VLM_CHECK(preset_name.has_value(), "vlmtrain plan: give a RECIPE or --preset NAME (see `vlmtrain plan --help`)");
 
   const vlm::VlmConfig cfg = vlm::preset(*preset_name);
   vlm::Qwen2VL model(cfg, torch::TensorOptions().device(torch::kMeta).dtype(torch::kBFloat16));
@@ -93,6 +112,107 @@ int cmd_plan(Args& args) {
   std::printf("%-24s %16s\n", "merger", with_commas(merger).c_str());
   std::printf("%-24s %16s\n", "llm", with_commas(llm).c_str());
   std::printf("%-24s %16s\n", "total", with_commas(total).c_str());
+  return 0;
+}
+
+
+int plan_recipe(Args& args, const std::optional<std::string>& preset_name, bool as_json) {
+  namespace sh = vlm::sharding;
+  const auto world_arg = args.value("world-size");
+  Recipe recipe = recipe_from_args(args);
+  args.finish();
+  int world = 1;
+  if (world_arg) {
+    try {
+      world = std::stoi(*world_arg);
+    } catch (...) {
+      world = 0;
+    }
+    VLM_CHECK(world >= 1, "vlmtrain plan: --world-size: expected a positive integer, got '", *world_arg, "'");
+  }
+  std::string source;
+  vlm::VlmConfig cfg;
+  if (preset_name) {
+    cfg = vlm::preset(*preset_name);
+    source = "preset " + *preset_name;
+  } else if (!recipe.model.preset.empty()) {
+    cfg = vlm::preset(recipe.model.preset);
+    source = "preset " + recipe.model.preset;
+  } else {
+    VLM_CHECK(!recipe.model.path.empty(), recipe.source, ": neither model.preset nor model.path is set ",
+              "(hint: give --preset NAME)");
+    try {
+      cfg = vlm::load_hf_config(recipe.model.path);
+    } catch (const vlm::Error& e) {
+      throw vlm::Error(std::string(e.what()) + "; to plan without the model files, name its architecture with "
+                       "--preset (e.g. --preset qwen2.5-vl-3b)");
+    }
+    source = recipe.model.path;
+  }
+  const sh::ShardingOptions opts = sharding_options(recipe);
+  vlm::Qwen2VL model(cfg, torch::TensorOptions().device(torch::kMeta).dtype(opts.param_dtype));
+  const auto units = sh::resolve_units(*model, opts);
+  const sh::MemoryPlan mem = sh::plan_memory(units, world, opts.param_dtype);
+  const int64_t total = vlm::count_parameters(*model);
+  const char* pdtype = recipe.precision.param_dtype.c_str();
+
+  if (as_json) {
+    nlohmann::json j;
+    j["recipe"] = recipe.source;
+    j["model"] = source;
+    j["family"] = vlm::family_name(cfg.family);
+    j["world_size"] = world;
+    j["param_dtype"] = recipe.precision.param_dtype;
+    j["reduce_dtype"] = recipe.precision.reduce_dtype;
+    j["total_params"] = total;
+    auto& arr = j["units"] = nlohmann::json::array();
+    for (size_t i = 0; i < units.size(); ++i) {
+      const auto& u = units[i];
+      const auto& m = mem.units[i];
+      arr.push_back({{"path", u.path}, {"aliases", u.aliases}, {"policy", sh::policy_name(u.policy)},
+                     {"strategy", sh::strategy_name(u.strategy)}, {"sharding", sh::sharding_name(u.sharding)},
+                     {"rule", u.rule}, {"params", u.numel}, {"param_bytes", m.param_bytes},
+                     {"grad_bytes", m.grad_bytes}, {"optim_bytes", m.optim_bytes}, {"total_bytes", m.total()},
+                     {"activation_checkpointing", u.checkpointed}});
+    }
+    j["totals"] = {{"param_bytes", mem.total.param_bytes}, {"grad_bytes", mem.total.grad_bytes},
+                   {"optim_bytes", mem.total.optim_bytes}, {"total_bytes", mem.total.total()}};
+    j["gathered_peak_bytes"] = mem.gathered_peak_bytes;
+    j["warnings"] = mem.warnings;
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  size_t width = 10;
+  for (const auto& u : units) width = std::max(width, u.path.size() + (u.aliases.empty() ? 0 : u.aliases.size() + 3));
+  std::printf("recipe %s, model %s (%s) on the meta device, world size %d, params %s, grads reduced in %s\n\n",
+              recipe.source.c_str(), source.c_str(), vlm::family_name(cfg.family).c_str(), world, pdtype,
+              recipe.precision.reduce_dtype.c_str());
+  const int w = static_cast<int>(width);
+  std::printf("%-*s %-7s %-16s %-16s %15s %11s %11s %11s %11s  %s\n", w, "unit", "policy", "strategy", "sharding",
+              "params", "params/rank", "grads/rank", "optim/rank", "total/rank", "act.ckpt");
+  for (size_t i = 0; i < units.size(); ++i) {
+    const auto& u = units[i];
+    const auto& m = mem.units[i];
+    const std::string name = u.aliases.empty() ? u.path : u.path + " (" + u.aliases + ")";
+    std::printf("%-*s %-7s %-16s %-16s %15s %11s %11s %11s %11s  %s\n", w, name.c_str(), sh::policy_name(u.policy),
+                sh::strategy_name(u.strategy), sh::sharding_name(u.sharding), with_commas(u.numel).c_str(),
+                sh::human_bytes(m.param_bytes).c_str(), sh::human_bytes(m.grad_bytes).c_str(),
+                sh::human_bytes(m.optim_bytes).c_str(), sh::human_bytes(m.total()).c_str(),
+                u.checkpointed ? "yes" : "no");
+  }
+  std::printf("\n%-*s %-7s %-16s %-16s %15s %11s %11s %11s %11s\n", w, "total per rank", "", "", "",
+              with_commas(total).c_str(), sh::human_bytes(mem.total.param_bytes).c_str(),
+              sh::human_bytes(mem.total.grad_bytes).c_str(), sh::human_bytes(mem.total.optim_bytes).c_str(),
+              sh::human_bytes(mem.total.total()).c_str());
+  if (mem.gathered_peak_bytes > 0)
+    std::printf("\ntransient: largest sharded unit gathered + its prefetch: %s (activations not included)\n",
+                sh::human_bytes(mem.gathered_peak_bytes).c_str());
+  for (const auto& warning : mem.warnings) std::printf("warning: %s\n", warning.c_str());
+  bool any_fsdp = false;
+  for (const auto& u : units) any_fsdp |= u.policy == sh::Policy::kFsdp;
+  if (any_fsdp)
+    std::printf("note: fsdp units have no training runtime yet (issue #8): `vlmtrain train` runs them as ddp "
+                "no_shard until then; this table shows their FSDP layout\n");
   return 0;
 }
 

@@ -2,6 +2,8 @@
 // against the published figure (REFERENCE.md: Qwen2-VL-2B = 2,208,985,600).
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include <nlohmann/json.hpp>
 
 #include "tests/testing.h"
@@ -47,10 +49,82 @@ TEST(Plan, UnknownPresetFailsWithList) {
   EXPECT_NE(r.output.find("qwen2-vl-2b"), std::string::npos) << r.output;
 }
 
-TEST(Plan, RecipeNotWiredYetIsAClearError) {
-  auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "plan", "some.toml"});
+TEST(Plan, MissingRecipeFileIsAClearError) {
+  auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "plan", "no_such_recipe.toml"});
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("--preset"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("no_such_recipe.toml"), std::string::npos) << r.output;
+}
+
+// ocr_qwen.toml (vision frozen, merger ddp, LLM fsdp full_shard, bf16) on the 2B preset at
+// N = 8: every unit's bytes per rank against REFERENCE.md's formulas (P unit parameters):
+// frozen 2P, ddp 2P + 2P + 12P = 16P, ZeRO-3 16P/N (every 2B unit is divisible by 8).
+TEST(Plan, OcrQwenRecipeAtWorld8MatchesZeroFormulas) {
+  const std::string recipe = std::string(VLMTRAIN_SOURCE_DIR) + "/recipes/ocr_qwen.toml";
+  auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "plan", recipe, "--preset", "qwen2-vl-2b", "--world-size", "8",
+                         "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["world_size"], 8);
+  EXPECT_EQ(j["param_dtype"], "bf16");
+  const double n = 8;
+  double sum = 0, total_params = 0;
+  int frozen = 0, ddp = 0, fsdp = 0;
+  for (const auto& u : j["units"]) {
+    const double p = u["params"].get<double>();
+    total_params += p;
+    const std::string policy = u["policy"], path = u["path"];
+    double want = 0;
+    if (policy == "freeze") {
+      ++frozen;
+      want = 2 * p;
+      EXPECT_EQ(u["grad_bytes"].get<double>(), 0) << path;
+      EXPECT_EQ(u["optim_bytes"].get<double>(), 0) << path;
+    } else if (policy == "ddp") {
+      ++ddp;
+      want = 16 * p;
+      EXPECT_EQ(path, "visual.merger");
+      EXPECT_EQ(u["optim_bytes"].get<double>(), 12 * p);
+    } else {
+      ++fsdp;
+      EXPECT_EQ(policy, "fsdp");
+      EXPECT_EQ(static_cast<int64_t>(p) % 8, 0) << path;
+      want = 16 * p / n;
+    }
+    EXPECT_EQ(u["total_bytes"].get<double>(), want) << path;
+    EXPECT_EQ(u["activation_checkpointing"].get<bool>(), path.rfind("model.layers.", 0) == 0) << path;
+    sum += want;
+  }
+  EXPECT_EQ(frozen, 1 + 32);  // patch_embed + 32 blocks
+  EXPECT_EQ(ddp, 1);
+  EXPECT_EQ(fsdp, 28 + 2);    // layers + embed_tokens (with the tied lm_head) + norm
+  EXPECT_EQ(total_params, 2208985600.0);
+  EXPECT_EQ(j["totals"]["total_bytes"].get<double>(), sum);
+  // Published groups: frozen vision 2P, merger 16P, LLM 16P/8.
+  EXPECT_EQ(sum, 2 * (665271296.0 - 34087936.0) + 16 * 34087936.0 + 16 * 1543714304.0 / 8);
+  bool tiny_norm = false;
+  for (const auto& w : j["warnings"]) tiny_norm |= w.get<std::string>().find("model.norm is tiny") != std::string::npos;
+  EXPECT_TRUE(tiny_norm) << j["warnings"].dump();
+}
+
+TEST(Plan, OcrQwenHumanTable) {
+  const std::string recipe = std::string(VLMTRAIN_SOURCE_DIR) + "/recipes/ocr_qwen.toml";
+  auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "plan", recipe, "--preset", "qwen2-vl-2b", "--world-size", "8"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("model.embed_tokens (lm_head)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("total per rank"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ZeRO-3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("issue #8"), std::string::npos) << r.output;
+}
+
+TEST(Plan, RuleMatchingNothingFailsNamingTheRule) {
+  const std::string path = std::string(VLMTRAIN_BINARY_DIR) + "/plan_bad_rule.toml";
+  FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("[model]\npreset = \"tiny\"\n[[sharding.module]]\nmatch = \"visual.mergr\"\npolicy = \"ddp\"\n", f);
+  std::fclose(f);
+  auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "plan", path});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("rule 1 (match = \"visual.mergr\") matches no parameter"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -1,0 +1,35 @@
+// Recipe -> ShardingOptions (see sharding_options.h).
+#include "app/sharding_options.h"
+
+#include "vlm/check.h"
+
+namespace vlmtrain {
+
+torch::Dtype recipe_dtype(const std::string& name) {
+  if (name == "fp32") return torch::kFloat32;
+  if (name == "bf16") return torch::kBFloat16;
+  throw vlm::Error("dtype: expected fp32 | bf16, got '" + name + "'");
+}
+
+vlm::sharding::ShardingOptions sharding_options(const Recipe& recipe) {
+  vlm::sharding::ShardingOptions o;
+  for (const auto& r : recipe.sharding.module) o.rules.push_back({r.match, r.policy, r.strategy});
+  o.default_policy = recipe.sharding.default_policy;
+  o.default_strategy = recipe.sharding.default_strategy;
+  o.ddp_bucket_mb = recipe.sharding.ddp_bucket_mb;
+  o.param_dtype = recipe_dtype(recipe.precision.param_dtype);
+  o.reduce_dtype = recipe_dtype(recipe.precision.reduce_dtype);
+  o.checkpoint_match = recipe.activation_checkpointing.match;
+  const auto& op = recipe.optim;
+  o.optim.lr = op.lr;
+  o.optim.weight_decay = op.weight_decay;
+  o.optim.beta1 = op.beta1;
+  o.optim.beta2 = op.beta2;
+  o.optim.eps = op.eps;
+  o.optim.grad_clip = op.grad_clip;
+  o.optim.no_decay = op.no_decay;
+  for (const auto& g : op.group) o.optim.groups.push_back({g.match, g.lr, g.weight_decay});
+  return o;
+}
+
+}  // namespace vlmtrain

@@ -1,0 +1,14 @@
+// Recipe -> sharding's plain option struct (sharding/ never sees app/recipe.h).
+#pragma once
+#include "app/recipe.h"
+#include "sharding/policy.h"
+
+namespace vlmtrain {
+
+// [sharding], [optim], [precision], [activation_checkpointing] -> ShardingOptions.
+vlm::sharding::ShardingOptions sharding_options(const Recipe& recipe);
+
+// "fp32" -> kFloat32, "bf16" -> kBFloat16 (the recipe's dtype spellings).
+torch::Dtype recipe_dtype(const std::string& name);
+
+}  // namespace vlmtrain

@@ -1,0 +1,178 @@
+// DDP gradient reducer (see ddp.h).
+#include "sharding/ddp.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <map>
+
+#include "vlm/check.h"
+
+namespace vlm::sharding {
+
+int64_t global_token_count(Comm& comm, int64_t local_tokens) {
+  if (comm.world_size() == 1) return local_tokens;
+  torch::Tensor t = torch::tensor({local_tokens}, torch::kInt64);
+  comm.all_reduce(t, ReduceOp::kSum, "global token count");
+  return t.item<int64_t>();
+}
+
+void broadcast_from_rank0(Comm& comm, const std::vector<torch::Tensor>& tensors, const std::string& ctx) {
+  if (comm.world_size() == 1 || tensors.empty()) return;
+  torch::NoGradGuard no_grad;
+  std::map<torch::ScalarType, std::vector<torch::Tensor>> by_dtype;
+  for (const auto& t : tensors) by_dtype[t.scalar_type()].push_back(t);
+  for (auto& [dtype, list] : by_dtype) {
+    std::vector<torch::Tensor> flat_parts;
+    for (const auto& t : list) flat_parts.push_back(t.reshape({-1}));
+    torch::Tensor flat = torch::cat(flat_parts);  // [sum numel]
+    comm.broadcast(flat, 0, ctx);
+    int64_t off = 0;
+    for (auto& t : list) {
+      t.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
+      off += t.numel();
+    }
+  }
+}
+
+namespace {
+
+class ReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit ReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    fn_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
+
+}  // namespace
+
+DdpReducer::DdpReducer(Comm& comm, std::vector<torch::Tensor> params, std::vector<std::string> names,
+                       double bucket_bytes, torch::Dtype reduce_dtype)
+    : comm_(comm), params_(std::move(params)), names_(std::move(names)), reduce_dtype_(reduce_dtype) {
+  VLM_CHECK(bucket_bytes > 0, "ddp: bucket size must be > 0 bytes, got ", bucket_bytes);
+  VLM_ASSERT(params_.size() == names_.size());
+  const double elem = static_cast<double>(c10::elementSize(reduce_dtype));
+  bucket_of_.assign(params_.size(), -1);
+  ready_.assign(params_.size(), 0);
+  // Reverse registration order, cut at bucket_bytes.
+  double bytes = 0;
+  for (int64_t i = static_cast<int64_t>(params_.size()) - 1; i >= 0; --i) {
+    VLM_CHECK(params_[i].requires_grad(), "ddp: parameter ", names_[i], " does not require grad");
+    if (buckets_.empty() || bytes >= bucket_bytes) {
+      buckets_.emplace_back();
+      bytes = 0;
+    }
+    Bucket& b = buckets_.back();
+    b.offsets.push_back(b.params.empty() ? 0 : b.offsets.back() + params_[b.params.back()].numel());
+    b.params.push_back(i);
+    bucket_of_[i] = static_cast<int64_t>(buckets_.size()) - 1;
+    bytes += elem * static_cast<double>(params_[i].numel());
+  }
+  for (auto& b : buckets_) {
+    const int64_t n = b.offsets.back() + params_[b.params.back()].numel();
+    b.flat = torch::zeros({n}, params_[b.params.front()].options().dtype(reduce_dtype));
+    b.pending = static_cast<int64_t>(b.params.size());
+  }
+  // One post-hook per AccumulateGrad node (kept alive here so every graph reuses it).
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
+    VLM_ASSERT(acc, "no grad accumulator for ", names_[i]);
+    const int64_t idx = static_cast<int64_t>(i);
+    acc->add_post_hook(std::make_unique<ReadyHook>([this, idx] { on_grad_ready(idx); }));
+    accumulators_.push_back(std::move(acc));
+  }
+}
+
+DdpReducer::~DdpReducer() {
+  // Remove our hooks so a model that outlives the reducer does not call into freed memory.
+  for (auto& acc : accumulators_) {
+    auto& hooks = acc->post_hooks();
+    hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
+                               [](const std::unique_ptr<torch::autograd::FunctionPostHook>& h) {
+                                 return dynamic_cast<ReadyHook*>(h.get()) != nullptr;
+                               }),
+                hooks.end());
+  }
+  // Unwaited work: wait so Gloo does not write into freed buffers (errors ignored here).
+  for (auto& b : buckets_) {
+    try {
+      if (b.launched) b.work.wait();
+    } catch (...) {
+    }
+  }
+}
+
+void DdpReducer::on_grad_ready(int64_t i) {
+  if (!sync_) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  // A second gradient for the same parameter before finish_backward: its bucket may be in
+  // flight already, and this contribution would be lost.
+  VLM_CHECK(!ready_[i], "ddp: parameter ", names_[i], " got a second gradient before finish_backward ",
+            "(hint: set_sync(false) on gradient-accumulation micro-batches and call finish_backward() ",
+            "after every synced backward)");
+  ready_[i] = 1;
+  --buckets_[bucket_of_[i]].pending;
+  launch_ready_locked(/*force=*/false, ctx_);
+}
+
+void DdpReducer::launch_ready_locked(bool force, const std::string& ctx) {
+  torch::NoGradGuard no_grad;
+  while (next_launch_ < num_buckets()) {
+    Bucket& b = buckets_[next_launch_];
+    if (!force && b.pending > 0) break;
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      const torch::Tensor& p = params_[b.params[k]];
+      torch::Tensor dst = b.flat.narrow(0, b.offsets[k], p.numel());
+      const torch::Tensor& g = p.grad();
+      if (g.defined())
+        dst.copy_(g.reshape({-1}));
+      else
+        dst.zero_();  // unused in this micro-batch and before: reduce zeros
+    }
+    b.work = comm_.all_reduce_async(b.flat, ReduceOp::kSum,
+                                    str(ctx, ", ddp bucket ", next_launch_, " (", names_[b.params.front()],
+                                        " .. ", names_[b.params.back()], ")"));
+    b.launched = true;
+    if (!force) ++launched_in_backward_;
+    ++next_launch_;
+  }
+}
+
+void DdpReducer::finish_backward(const std::string& ctx) {
+  if (!sync_) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  launch_ready_locked(/*force=*/true, ctx);
+  torch::NoGradGuard no_grad;
+  for (auto& b : buckets_) {
+    b.work.wait();
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      torch::Tensor& p = params_[b.params[k]];
+      torch::Tensor src = b.flat.narrow(0, b.offsets[k], p.numel()).view(p.sizes());
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      p.mutable_grad().copy_(src);
+    }
+  }
+  reset_for_next_locked();
+  ctx_ = ctx;
+}
+
+void DdpReducer::reset_for_next_locked() {
+  for (auto& b : buckets_) {
+    b.pending = static_cast<int64_t>(b.params.size());
+    b.launched = false;
+  }
+  last_launched_in_backward_ = launched_in_backward_;
+  launched_in_backward_ = 0;
+  std::fill(ready_.begin(), ready_.end(), 0);
+  next_launch_ = 0;
+}
+
+}  // namespace vlm::sharding

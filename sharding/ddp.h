@@ -1,0 +1,99 @@
+// DDP gradient reducer: the trainable replicated units' gradients, in buckets, all-reduced
+// (SUM) while backward continues.
+//
+// Buckets: parameters in reverse registration order (backward produces gradients roughly
+// last unit first), cut when a bucket reaches `bucket_bytes` of reduce dtype; a parameter
+// never straddles two buckets. Each bucket owns a flat buffer [bucket numel] (reduce dtype).
+//
+// During backward a post-hook on each parameter's AccumulateGrad node fires once the
+// parameter's .grad holds this micro-batch's contribution (tied weights: once, with the
+// sum of both uses). When every parameter of a bucket has fired, the bucket is copied
+// into its buffer and all_reduce_async(SUM) is launched; buckets are launched strictly in
+// bucket order (a ready bucket waits for its predecessors), so every rank issues the same
+// collectives in the same order whatever the autograd scheduling.
+//
+// finish_backward(): launches the buckets not launched yet (parameters that got no
+// gradient in this micro-batch contribute their accumulated .grad or zeros), waits every
+// bucket and copies the sums back into .grad (a missing .grad is created). With
+// set_sync(false) (gradient accumulation) hooks do nothing and finish_backward() is a
+// no-op: gradients accumulate locally in .grad and are reduced on the next synced
+// micro-batch.
+//
+// SUM, not average: the trainer scales each micro-batch's loss by 1 / (supervised tokens
+// of the whole step over all ranks), see global_token_count(), so the summed gradient
+// equals the single-process gradient of the global batch.
+#pragma once
+#include <torch/torch.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "sharding/comm.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace vlm::sharding {
+
+// Sum of `local_tokens` over ranks (one int64 all-reduce; the local value at world 1).
+int64_t global_token_count(Comm& comm, int64_t local_tokens);
+
+// Broadcasts every tensor from rank 0 (flattened per call into one buffer per dtype).
+void broadcast_from_rank0(Comm& comm, const std::vector<torch::Tensor>& tensors, const std::string& ctx);
+
+class DdpReducer {
+ public:
+  // params: the trainable replicated parameters in registration (forward) order, all of
+  // one device. bucket_bytes > 0.
+  DdpReducer(Comm& comm, std::vector<torch::Tensor> params, std::vector<std::string> names,
+             double bucket_bytes, torch::Dtype reduce_dtype);
+  ~DdpReducer();
+  DdpReducer(const DdpReducer&) = delete;
+  DdpReducer& operator=(const DdpReducer&) = delete;
+
+  // false: no_sync (gradient accumulation micro-batches).
+  void set_sync(bool sync) { sync_ = sync; }
+  bool sync() const { return sync_; }
+  // Ends the backward of a synced micro-batch (see the header comment).
+  void finish_backward(const std::string& ctx);
+
+  int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
+  // Parameter indices (into the constructor's list) of bucket b, in bucket order.
+  const std::vector<int64_t>& bucket_params(int64_t b) const { return buckets_[b].params; }
+  // Buckets launched from inside backward (before finish_backward) in the last synced
+  // micro-batch: > 0 shows communication overlapped with backward.
+  int64_t launched_during_backward() const { return last_launched_in_backward_; }
+
+ private:
+  struct Bucket {
+    std::vector<int64_t> params;   // indices into params_
+    std::vector<int64_t> offsets;  // element offset of each param in `flat`
+    torch::Tensor flat;            // [numel] reduce dtype
+    int64_t pending = 0;           // params not ready yet in this micro-batch
+    bool launched = false;
+    Work work;
+  };
+  void on_grad_ready(int64_t param_index);
+  void launch_ready_locked(bool force, const std::string& ctx);
+  void reset_for_next_locked();
+
+  Comm& comm_;
+  std::vector<torch::Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<int64_t> bucket_of_;  // param index -> bucket
+  std::vector<char> ready_;         // param index -> fired in this micro-batch
+  std::vector<Bucket> buckets_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive for the hooks
+  torch::Dtype reduce_dtype_;
+  bool sync_ = true;
+  int64_t next_launch_ = 0;
+  int64_t launched_in_backward_ = 0;
+  int64_t last_launched_in_backward_ = 0;
+  std::mutex mu_;
+  std::string ctx_ = "backward";
+};
+
+}  // namespace vlm::sharding

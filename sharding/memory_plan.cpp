@@ -1,0 +1,72 @@
+// Memory plan (see memory_plan.h for the table of formulas).
+#include "sharding/memory_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "vlm/check.h"
+
+namespace vlm::sharding {
+
+UnitMemory unit_memory(Sharding sharding, int64_t numel, int world_size, torch::Dtype param_dtype) {
+  VLM_CHECK(world_size >= 1, "memory plan: world size must be >= 1, got ", world_size);
+  const double p = static_cast<double>(c10::elementSize(param_dtype));
+  const double full = static_cast<double>(numel);
+  const double shard = static_cast<double>((numel + world_size - 1) / world_size);
+  const double optim_per_elem = (param_dtype == torch::kFloat32 ? 0.0 : 4.0) + 8.0;
+  UnitMemory m;
+  switch (sharding) {
+    case Sharding::kFrozen: m.param_bytes = p * full; break;
+    case Sharding::kFrozenSharded: m.param_bytes = p * shard; break;
+    case Sharding::kReplicated:
+      m = {p * full, p * full, optim_per_elem * full};
+      break;
+    case Sharding::kShardOptimizer: m = {p * full, p * full, optim_per_elem * shard}; break;
+    case Sharding::kShardGradOp: m = {p * full, p * shard, optim_per_elem * shard}; break;
+    case Sharding::kFullShard: m = {p * shard, p * shard, optim_per_elem * shard}; break;
+  }
+  return m;
+}
+
+MemoryPlan plan_memory(const std::vector<UnitPlan>& units, int world_size, torch::Dtype param_dtype) {
+  MemoryPlan plan;
+  plan.world_size = world_size;
+  const double p = static_cast<double>(c10::elementSize(param_dtype));
+  double largest_gathered = 0;
+  for (const auto& u : units) {
+    UnitMemory m = unit_memory(u.sharding, u.numel, world_size, param_dtype);
+    plan.units.push_back(m);
+    plan.total.param_bytes += m.param_bytes;
+    plan.total.grad_bytes += m.grad_bytes;
+    plan.total.optim_bytes += m.optim_bytes;
+    const double bytes = p * static_cast<double>(u.numel);
+    const bool sharded_params = u.sharding == Sharding::kFullShard || u.sharding == Sharding::kFrozenSharded;
+    const bool sharded_any = sharded_params || u.sharding == Sharding::kShardGradOp ||
+                             u.sharding == Sharding::kShardOptimizer;
+    if (sharded_params) largest_gathered = std::max(largest_gathered, bytes);
+    if (world_size > 1 && sharded_any && bytes < kTinyShardBytes)
+      plan.warnings.push_back(str("unit ", u.path, " is tiny (", human_bytes(bytes), ") but sharded (",
+                                  sharding_name(u.sharding), "): the collectives cost more than the memory "
+                                  "saved (hint: policy = \"ddp\")"));
+    if (bytes > kGiantGatherBytes)
+      plan.warnings.push_back(str("unit ", u.path, " is giant (", human_bytes(bytes), ") and ",
+                                  sharded_params ? "gathered whole for forward" : "held whole on every rank",
+                                  " (hint: split it into smaller units)"));
+  }
+  plan.gathered_peak_bytes = 2 * largest_gathered;
+  return plan;
+}
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (bytes >= 1024 && i < 4) {
+    bytes /= 1024;
+    ++i;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, i == 0 ? "%.0f %s" : "%.2f %s", bytes, units[i]);
+  return buf;
+}
+
+}  // namespace vlm::sharding

@@ -1,0 +1,138 @@
+// Sharded AdamW (see optimizer.h).
+#include "sharding/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "vlm/check.h"
+
+namespace vlm::sharding {
+
+ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const AdamWOptions& opts)
+    : comm_(comm), opts_(opts) {
+  torch::NoGradGuard no_grad;
+  const int64_t n = comm.world_size(), r = comm.rank();
+  for (const auto& u : units) {
+    if (!u.trainable()) continue;
+    Group g;
+    g.path = u.path;
+    g.zero1 = u.sharding == Sharding::kShardOptimizer;
+    VLM_CHECK(g.zero1 || u.sharding == Sharding::kReplicated,
+              "optimizer: unit ", u.path, " has sharding ", sharding_name(u.sharding),
+              "; the runtime handles replicated and ZeRO-1 units only (FSDP: issue #8)");
+    g.params = u.params;
+    for (const auto& p : g.params) {
+      g.offsets.push_back(g.numel);
+      g.numel += p.param.numel();
+    }
+    g.shard = (g.numel + n - 1) / n;
+    g.lo = std::min(r * g.shard, g.numel);
+    g.hi = std::min((r + 1) * g.shard, g.numel);
+    const int64_t state_lo = g.zero1 ? g.lo : 0, state_hi = g.zero1 ? g.hi : g.numel;
+    for (size_t k = 0; k < g.params.size(); ++k) {
+      const torch::Tensor& p = g.params[k].param;
+      const int64_t a = std::max(state_lo, g.offsets[k]), b = std::min(state_hi, g.offsets[k] + p.numel());
+      if (a >= b) continue;
+      Segment s;
+      s.param = static_cast<int64_t>(k);
+      s.param_offset = a - g.offsets[k];
+      s.len = b - a;
+      s.flat_offset = a;
+      torch::Tensor view = p.detach().view({-1}).narrow(0, s.param_offset, s.len);
+      s.master = p.scalar_type() == torch::kFloat32 ? view : view.to(torch::kFloat32).clone();
+      s.m = torch::zeros({s.len}, view.options().dtype(torch::kFloat32));
+      s.v = torch::zeros({s.len}, view.options().dtype(torch::kFloat32));
+      g.segments.push_back(std::move(s));
+    }
+    groups_.push_back(std::move(g));
+  }
+}
+
+double ShardedAdamW::clip_grad_norm(const std::string& ctx) {
+  torch::NoGradGuard no_grad;
+  double sumsq = 0;
+  for (const auto& g : groups_)
+    for (size_t k = 0; k < g.params.size(); ++k) {
+      const torch::Tensor& grad = g.params[k].param.grad();
+      if (!grad.defined()) continue;
+      const int64_t a = std::max(g.lo, g.offsets[k]), b = std::min(g.hi, g.offsets[k] + grad.numel());
+      if (a >= b) continue;
+      torch::Tensor part = grad.reshape({-1}).narrow(0, a - g.offsets[k], b - a).to(torch::kDouble);
+      sumsq += part.dot(part).item<double>();
+    }
+  if (comm_.world_size() > 1) {
+    torch::Tensor t = torch::tensor({sumsq}, torch::kDouble);
+    comm_.all_reduce(t, ReduceOp::kSum, ctx);
+    sumsq = t.item<double>();
+  }
+  const double norm = std::sqrt(sumsq);
+  if (opts_.grad_clip > 0) {
+    const double coef = opts_.grad_clip / (norm + 1e-6);
+    if (coef < 1)
+      for (auto& g : groups_)
+        for (auto& p : g.params)
+          if (p.param.grad().defined()) p.param.mutable_grad().mul_(coef);
+  }
+  return norm;
+}
+
+void ShardedAdamW::step(double lr_scale, const std::string& ctx) {
+  torch::NoGradGuard no_grad;
+  ++step_;
+  const double b1 = opts_.beta1, b2 = opts_.beta2;
+  const double bc1 = 1 - std::pow(b1, static_cast<double>(step_));
+  const double bc2 = 1 - std::pow(b2, static_cast<double>(step_));
+  for (auto& g : groups_) {
+    for (auto& s : g.segments) {
+      const UnitParam& up = g.params[s.param];
+      const double lr = up.lr * lr_scale;
+      torch::Tensor grad = up.param.grad();
+      if (grad.defined())
+        grad = grad.reshape({-1}).narrow(0, s.param_offset, s.len).to(torch::kFloat32);
+      else
+        grad = torch::zeros_like(s.m);
+      if (up.weight_decay != 0) s.master.mul_(1 - lr * up.weight_decay);
+      s.m.mul_(b1).add_(grad, 1 - b1);
+      s.v.mul_(b2).addcmul_(grad, grad, 1 - b2);
+      torch::Tensor denom = (s.v.sqrt() / std::sqrt(bc2)).add_(opts_.eps);
+      s.master.addcdiv_(s.m, denom, -lr / bc1);
+      if (up.param.scalar_type() != torch::kFloat32)  // write back into the low-precision param
+        up.param.detach().view({-1}).narrow(0, s.param_offset, s.len).copy_(s.master);
+    }
+    if (!g.zero1 || comm_.world_size() == 1) continue;
+    // ZeRO-1: every rank's updated slice -> every rank's parameters.
+    const torch::Tensor& p0 = g.params.front().param;
+    torch::Tensor flat = torch::zeros({g.shard * comm_.world_size()}, p0.options().requires_grad(false));
+    for (auto& s : g.segments)
+      flat.narrow(0, s.flat_offset, s.len).copy_(g.params[s.param].param.detach().view({-1}).narrow(0, s.param_offset, s.len));
+    comm_.all_gather(flat, flat.narrow(0, comm_.rank() * g.shard, g.shard), str(ctx, ", ZeRO-1 unit ", g.path));
+    for (size_t k = 0; k < g.params.size(); ++k) {
+      torch::Tensor p = g.params[k].param.detach();
+      p.view({-1}).copy_(flat.narrow(0, g.offsets[k], p.numel()));
+    }
+  }
+}
+
+void ShardedAdamW::zero_grad() {
+  for (auto& g : groups_)
+    for (auto& p : g.params) p.param.mutable_grad() = torch::Tensor();
+}
+
+int64_t ShardedAdamW::state_numel() const {
+  int64_t n = 0;
+  for (const auto& g : groups_)
+    for (const auto& s : g.segments) {
+      n += 2 * s.len;
+      if (g.params[s.param].param.scalar_type() != torch::kFloat32) n += s.len;
+    }
+  return n;
+}
+
+bool ShardedAdamW::has_state(const torch::Tensor& param) const {
+  for (const auto& g : groups_)
+    for (const auto& s : g.segments)
+      if (g.params[s.param].param.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return true;
+  return false;
+}
+
+}  // namespace vlm::sharding

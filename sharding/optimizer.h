@@ -1,0 +1,75 @@
+// Sharded AdamW on fp32 masters, with per-parameter lr / weight decay (policy.h groups)
+// and global grad-norm clipping.
+//
+// Each trainable unit's parameters are laid out in one flat index space [P] (registration
+// order). With N ranks, rank r owns the range R_r = [r*S, min((r+1)*S, P)), S = ceil(P/N).
+//   replicated (ddp):        optimizer state for all of [P] on every rank;
+//   ZeRO-1 (shard_optimizer): state only for R_r; after the update, the owned slice is
+//                             all-gathered ([N*S] param dtype, one op per unit) into every
+//                             rank's parameters.
+// State per parameter segment: fp32 master (a view of the parameter itself when the
+// parameter is fp32, else an fp32 copy), m, v (fp32). Frozen units have no state.
+//
+// Update = LibTorch's torch::optim::AdamW (decoupled decay, then Adam with bias correction):
+//   master *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+//   master -= lr / (1-b1^t) * m / (sqrt(v) / sqrt(1-b2^t) + eps);  param = master
+// Clipping = torch::nn::utils::clip_grad_norm_: norm = ||all grads||_2 (every trainable
+// parameter of every unit and policy); if clip / (norm + 1e-6) < 1, grads *= that. The
+// norm costs one all-reduce: each rank sums the squares over its ranges R_r (fp64), so
+// replicated gradients are not counted N times.
+#pragma once
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "sharding/comm.h"
+#include "sharding/policy.h"
+
+namespace vlm::sharding {
+
+class ShardedAdamW {
+ public:
+  // units: the unit table (frozen units are skipped). Parameters must already be equal on
+  // every rank (broadcast first).
+  ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const AdamWOptions& opts);
+
+  // Global L2 norm of the gradients before clipping; clips in place when opts.grad_clip > 0.
+  // Undefined grads count as zero. One all-reduce (none at world size 1).
+  double clip_grad_norm(const std::string& ctx = "grad norm");
+  // One AdamW step with lr = (the parameter's group lr) * lr_scale (schedule factor).
+  void step(double lr_scale = 1.0, const std::string& ctx = "optimizer step");
+  // Drops every trainable gradient (set to undefined).
+  void zero_grad();
+
+  int64_t steps() const { return step_; }
+  // Elements of optimizer state on this rank (m + v + separate masters).
+  int64_t state_numel() const;
+  // Whether this rank holds optimizer state for (part of) `param`.
+  bool has_state(const torch::Tensor& param) const;
+
+ private:
+  struct Segment {
+    int64_t param;          // index into Group::params
+    int64_t param_offset;   // first element inside the flattened parameter
+    int64_t len;
+    int64_t flat_offset;    // position in the unit's flat index space
+    torch::Tensor master;   // [len] fp32 (a view of the parameter when fp32)
+    torch::Tensor m, v;     // [len] fp32
+  };
+  struct Group {  // one trainable unit
+    std::string path;
+    bool zero1 = false;
+    std::vector<UnitParam> params;
+    std::vector<int64_t> offsets;  // flat offset of each parameter
+    int64_t numel = 0, shard = 0;  // P, S
+    int64_t lo = 0, hi = 0;        // owned range R_r
+    std::vector<Segment> segments; // parameters ∩ state range ([0,P) or R_r)
+  };
+  Comm& comm_;
+  AdamWOptions opts_;
+  std::vector<Group> groups_;
+  int64_t step_ = 0;
+};
+
+}  // namespace vlm::sharding

@@ -1,0 +1,230 @@
+// Policy table resolution (see policy.h).
+#include "sharding/policy.h"
+
+#include <map>
+#include <set>
+
+#include "vlm/check.h"
+
+namespace vlm::sharding {
+
+const char* policy_name(Policy p) {
+  switch (p) {
+    case Policy::kFreeze: return "freeze";
+    case Policy::kDdp: return "ddp";
+    case Policy::kFsdp: return "fsdp";
+  }
+  return "?";
+}
+
+const char* strategy_name(Strategy s) {
+  switch (s) {
+    case Strategy::kDefault: return "";
+    case Strategy::kFullShard: return "full_shard";
+    case Strategy::kShardGradOp: return "shard_grad_op";
+    case Strategy::kNoShard: return "no_shard";
+    case Strategy::kShardOptimizer: return "shard_optimizer";
+  }
+  return "?";
+}
+
+const char* sharding_name(Sharding s) {
+  switch (s) {
+    case Sharding::kFrozen: return "frozen";
+    case Sharding::kFrozenSharded: return "frozen, sharded";
+    case Sharding::kReplicated: return "replicated";
+    case Sharding::kShardOptimizer: return "ZeRO-1";
+    case Sharding::kShardGradOp: return "ZeRO-2";
+    case Sharding::kFullShard: return "ZeRO-3";
+  }
+  return "?";
+}
+
+Policy parse_policy(const std::string& s) {
+  if (s == "freeze") return Policy::kFreeze;
+  if (s == "ddp") return Policy::kDdp;
+  if (s == "fsdp") return Policy::kFsdp;
+  throw Error(str("sharding policy: expected one of freeze | ddp | fsdp, got '", s, "'"));
+}
+
+Strategy parse_strategy(const std::string& s) {
+  if (s.empty()) return Strategy::kDefault;
+  if (s == "full_shard") return Strategy::kFullShard;
+  if (s == "shard_grad_op") return Strategy::kShardGradOp;
+  if (s == "no_shard") return Strategy::kNoShard;
+  if (s == "shard_optimizer") return Strategy::kShardOptimizer;
+  throw Error(str("sharding strategy: expected one of \"\" | full_shard | shard_grad_op | no_shard | "
+                  "shard_optimizer, got '", s, "'"));
+}
+
+Sharding sharding_of(Policy p, Strategy s) {
+  switch (p) {
+    case Policy::kFreeze:
+      if (s == Strategy::kDefault || s == Strategy::kNoShard) return Sharding::kFrozen;
+      if (s == Strategy::kFullShard) return Sharding::kFrozenSharded;
+      break;
+    case Policy::kDdp:
+      if (s == Strategy::kDefault || s == Strategy::kNoShard) return Sharding::kReplicated;
+      if (s == Strategy::kShardOptimizer) return Sharding::kShardOptimizer;
+      break;
+    case Policy::kFsdp:
+      if (s == Strategy::kDefault || s == Strategy::kFullShard) return Sharding::kFullShard;
+      if (s == Strategy::kShardGradOp) return Sharding::kShardGradOp;
+      if (s == Strategy::kNoShard) return Sharding::kReplicated;
+      if (s == Strategy::kShardOptimizer) return Sharding::kShardOptimizer;
+      break;
+  }
+  throw Error(str("sharding: policy '", policy_name(p), "' does not take strategy '", strategy_name(s),
+                  "' (hint: ddp takes \"\" or shard_optimizer; fsdp takes full_shard, shard_grad_op, "
+                  "no_shard; freeze takes \"\" or full_shard)"));
+}
+
+namespace {
+
+// '*' = any run of characters; iterative matcher with backtracking on the last star.
+bool glob_one(const std::string& p, const std::string& s) {
+  size_t pi = 0, si = 0, star = std::string::npos, mark = 0;
+  while (si < s.size()) {
+    if (pi < p.size() && p[pi] == '*') {
+      star = pi++;
+      mark = si;
+    } else if (pi < p.size() && p[pi] == s[si]) {
+      ++pi;
+      ++si;
+    } else if (star != std::string::npos) {
+      pi = star + 1;
+      si = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (pi < p.size() && p[pi] == '*') ++pi;
+  return pi == p.size();
+}
+
+// Names a rule or group may match for one parameter: the parameter, its unit, aliases.
+bool matches_any(const std::string& glob, const std::vector<std::string>& names) {
+  for (const auto& n : names)
+    if (glob_match(glob, n)) return true;
+  return false;
+}
+
+}  // namespace
+
+bool glob_match(const std::string& pattern, const std::string& name) {
+  size_t start = 0;
+  while (true) {
+    const size_t bar = pattern.find('|', start);
+    const std::string alt = pattern.substr(start, bar == std::string::npos ? std::string::npos : bar - start);
+    if (!alt.empty() && glob_one(alt, name)) return true;
+    if (bar == std::string::npos) return false;
+    start = bar + 1;
+  }
+}
+
+std::vector<UnitPlan> resolve_units(vlm::Qwen2VLImpl& model, const ShardingOptions& opts) {
+  const auto units = model.units();
+  // Aliases: units that compute with another unit's parameters (tied lm_head).
+  std::map<std::string, std::vector<std::string>> aliases;
+  for (const auto& u : units)
+    if (!u.shares_params_with.empty()) aliases[u.shares_params_with].push_back(u.path);
+
+  const Policy default_policy = parse_policy(opts.default_policy);
+  const Strategy default_strategy = parse_strategy(opts.default_strategy);
+  std::vector<Policy> rule_policy;
+  std::vector<Strategy> rule_strategy;
+  for (size_t i = 0; i < opts.rules.size(); ++i) {
+    const auto& r = opts.rules[i];
+    VLM_CHECK(!r.match.empty(), "sharding rule ", i + 1, ": empty match (hint: e.g. match = \"model.layers.*\")");
+    rule_policy.push_back(parse_policy(r.policy));
+    rule_strategy.push_back(parse_strategy(r.strategy));
+    sharding_of(rule_policy.back(), rule_strategy.back());  // validates the pair early
+  }
+  std::vector<int64_t> rule_hits(opts.rules.size(), 0);
+  auto describe_rule = [&](int i) {
+    return i < 0 ? std::string("default") : str("rule ", i + 1, " (match = \"", opts.rules[i].match, "\")");
+  };
+
+  std::vector<UnitPlan> out;
+  std::set<const void*> seen;  // parameter storage identity: each parameter in one unit
+  for (const auto& u : units) {
+    if (!u.shares_params_with.empty()) continue;
+    UnitPlan plan;
+    plan.path = u.path;
+    std::vector<std::string> unit_names{u.path};
+    for (const auto& a : aliases[u.path]) {
+      unit_names.push_back(a);
+      plan.aliases += (plan.aliases.empty() ? "" : ",") + a;
+    }
+    int unit_rule = -2;  // -2: not decided yet, -1: default
+    std::string first_param;
+    for (const auto& item : u.module->named_parameters(/*recurse=*/true)) {
+      UnitParam p;
+      p.name = u.path + "." + item.key();
+      p.param = item.value();
+      VLM_ASSERT(seen.insert(p.param.unsafeGetTensorImpl()).second, "parameter ", p.name, " in two units");
+      std::vector<std::string> names = unit_names;
+      names.push_back(p.name);
+      for (const auto& a : aliases[u.path]) names.push_back(a + "." + item.key());
+      int rule = -1;
+      for (size_t i = 0; i < opts.rules.size(); ++i)
+        if (matches_any(opts.rules[i].match, names)) {
+          rule = static_cast<int>(i);
+          break;
+        }
+      if (rule >= 0) ++rule_hits[rule];
+      if (unit_rule == -2) {
+        unit_rule = rule;
+        first_param = p.name;
+      }
+      VLM_CHECK(rule == unit_rule, "sharding: unit ", u.path, " is split across rules: ", first_param, " gets ",
+                describe_rule(unit_rule), " but ", p.name, " gets ", describe_rule(rule),
+                " (hint: a unit is indivisible; match whole units, e.g. \"", u.path, "\")");
+      // Optimizer group: lr from the first matching group, no weight decay on no_decay names.
+      p.lr = opts.optim.lr;
+      double wd = opts.optim.weight_decay;
+      for (const auto& g : opts.optim.groups)
+        if (matches_any(g.match, names)) {
+          if (g.lr) p.lr = *g.lr;
+          if (g.weight_decay) wd = *g.weight_decay;
+          break;
+        }
+      p.weight_decay = (!opts.optim.no_decay.empty() && glob_match(opts.optim.no_decay, p.name)) ? 0.0 : wd;
+      plan.numel += p.param.numel();
+      plan.params.push_back(std::move(p));
+    }
+    if (plan.params.empty()) continue;
+    plan.policy = unit_rule >= 0 ? rule_policy[unit_rule] : default_policy;
+    plan.strategy = unit_rule >= 0 ? rule_strategy[unit_rule] : default_strategy;
+    plan.sharding = sharding_of(plan.policy, plan.strategy);
+    plan.rule = describe_rule(unit_rule);
+    plan.checkpointed = !opts.checkpoint_match.empty() && matches_any(opts.checkpoint_match, unit_names);
+    out.push_back(std::move(plan));
+  }
+  for (size_t i = 0; i < opts.rules.size(); ++i)
+    VLM_CHECK(rule_hits[i] > 0, "sharding: ", describe_rule(static_cast<int>(i)),
+              " matches no parameter (hint: globs match unit paths such as visual.blocks.*, "
+              "model.layers.*, model.embed_tokens, or full parameter names; an earlier rule may have "
+              "taken them)");
+  // Every parameter of the model is in exactly one unit.
+  int64_t total = 0, n_model = 0;
+  for (const auto& p : model.parameters()) {
+    ++n_model;
+    VLM_CHECK(seen.count(p.unsafeGetTensorImpl()), "sharding: a parameter of shape ", p.sizes(),
+              " is in no unit (hint: every parameter must live under a module of Qwen2VL::units())");
+  }
+  for (const auto& u : out) total += static_cast<int64_t>(u.params.size());
+  VLM_ASSERT(total == n_model, "units hold ", total, " parameters, model has ", n_model);
+  return out;
+}
+
+std::string unit_table_text(const std::vector<UnitPlan>& units) {
+  std::string out;
+  for (const auto& u : units)
+    out += str(u.path, u.aliases.empty() ? "" : "(" + u.aliases + ")", " ", policy_name(u.policy), " ",
+               u.strategy == Strategy::kDefault ? "-" : strategy_name(u.strategy), " ", sharding_name(u.sharding),
+               " ", u.numel, u.checkpointed ? " ckpt" : "", "\n");
+  return out;
+}
+
+}  // namespace vlm::sharding
