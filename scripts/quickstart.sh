@@ -9,7 +9,7 @@ VLMTRAIN="$BUILD_DIR/vlmtrain"
 # Until the trainer (issue #9) lands, the main job validates the tiny recipe, prints the
 # tiny model's unit table, and renders the synthetic OCR set the recipe trains on.
 "$VLMTRAIN" train recipes/ocr_tiny.toml --dry-run "$@"
-"$VLMTRAIN" plan --preset tiny
+"$VLMTRAIN" plan recipes/ocr_tiny.toml
 if [ ! -f runs/synth_ocr/train.jsonl ]; then
   "$VLMTRAIN" synth-ocr --out runs/synth_ocr --train 4000 --val 200 --seed 1234
 fi
