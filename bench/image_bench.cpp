@@ -50,9 +50,7 @@ int main(int argc, char** argv) {
         cv::Mat rgb = vlm::data::decode_image_rgb(jpg, "bench");
         auto t1 = std::chrono::steady_clock::now();
         vlm::ImageSize target = vlm::smart_resize(rgb.rows, rgb.cols, cfg.effective_limits());
-        cv::Mat resized;
-        cv::resize(rgb, resized, cv::Size(int(target.width), int(target.height)), 0, 0,
-                   cv::INTER_CUBIC);
+        cv::Mat resized = vlm::data::resize_bicubic_aa(rgb, target.height, target.width);
         auto t2 = std::chrono::steady_clock::now();
         torch::Tensor pv = vlm::data::normalize_patchify_rgb(resized, cfg);
         auto t3 = std::chrono::steady_clock::now();

@@ -2,6 +2,8 @@
 
 #include <opencv2/imgproc.hpp>
 
+#include <cstring>
+
 #include "vlm/check.h"
 
 namespace vlm::data {
@@ -74,6 +76,33 @@ torch::Tensor normalize_patchify_rgb(const cv::Mat& rgb, const PixelConfig& cfg)
   return out;
 }
 
+cv::Mat resize_bicubic_aa(const cv::Mat& rgb, int64_t height, int64_t width) {
+  VLM_CHECK(rgb.type() == CV_8UC3, "resize_bicubic_aa: expected an 8-bit RGB image (CV_8UC3), got type ",
+            rgb.type());
+  VLM_CHECK(height > 0 && width > 0, "resize_bicubic_aa: target ", height, "x", width, " is empty");
+  cv::Mat src = rgb.isContinuous() ? rgb : rgb.clone();
+  torch::NoGradGuard no_grad;
+  auto x = torch::from_blob(src.data, {src.rows, src.cols, 3}, torch::kUInt8)
+               .permute({2, 0, 1})
+               .unsqueeze(0)
+               .to(torch::kFloat32);  // [1, 3, H, W]
+  // One axis at a time, rounded to 8 bits in between, as PIL does (the other axis keeps its
+  // size, where the bicubic kernel is the identity).
+  auto pass = [](const torch::Tensor& t, int64_t h, int64_t w) {
+    std::vector<int64_t> size = {h, w};
+    return at::_upsample_bicubic2d_aa(t, at::IntArrayRef(size), /*align_corners=*/false,
+                                      c10::optional<double>(), c10::optional<double>())
+        .round_()
+        .clamp_(0, 255);
+  };
+  if (width != src.cols) x = pass(x, src.rows, width);
+  if (height != src.rows) x = pass(x, height, width);
+  auto bytes = x.to(torch::kUInt8)[0].permute({1, 2, 0}).contiguous();  // [height, width, 3]
+  cv::Mat result(static_cast<int>(height), static_cast<int>(width), CV_8UC3);
+  std::memcpy(result.data, bytes.data_ptr<uint8_t>(), static_cast<size_t>(height * width * 3));
+  return result;
+}
+
 PixelImage process_image_to_size(const cv::Mat& rgb, int64_t target_height,
                                  int64_t target_width, const PixelConfig& cfg) {
   VLM_CHECK(!rgb.empty(), "process_image: empty image");
@@ -86,8 +115,7 @@ PixelImage process_image_to_size(const cv::Mat& rgb, int64_t target_height,
   if (rgb.rows == target_height && rgb.cols == target_width) {
     resized = rgb;
   } else {
-    cv::resize(rgb, resized, cv::Size(int(target_width), int(target_height)), 0, 0,
-               cv::INTER_CUBIC);
+    resized = resize_bicubic_aa(rgb, target_height, target_width);
   }
   PixelImage out;
   out.pixel_values = normalize_patchify_rgb(resized, cfg);

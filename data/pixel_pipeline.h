@@ -38,8 +38,16 @@ struct PixelImage {
 // Duplicates the frame T times and returns [(h/p)*(w/p), C*T*p*p] in merge-block order.
 torch::Tensor patchify(const torch::Tensor& image_hwc, const vlm::VisionPatchGeometry& g = {});
 
-// rgb: CV_8UC3, RGB order. Resized with cv::INTER_CUBIC to target_height x target_width
+// rgb: CV_8UC3, RGB order. Resized with resize_bicubic_aa to target_height x target_width
 // (multiples of 28), then normalised and patchified.
+// Bicubic resize of an 8-bit RGB image as PIL's Image.resize(BICUBIC) computes it (the
+// reference processor's resize): kernel a = -0.5, antialiased when shrinking (the kernel
+// widens by the scale factor), a horizontal pass then a vertical pass, each rounded and
+// clamped to 8 bits. Each pass is LibTorch's _upsample_bicubic2d_aa along one axis.
+// OpenCV's INTER_CUBIC does not antialias and aliases badly on large downscales.
+// rgb: CV_8UC3 [H, W] -> CV_8UC3 [height, width].
+cv::Mat resize_bicubic_aa(const cv::Mat& rgb, int64_t height, int64_t width);
+
 PixelImage process_image_to_size(const cv::Mat& rgb, int64_t target_height,
                                  int64_t target_width, const PixelConfig& cfg = {});
 

@@ -42,6 +42,100 @@ TEST(PixelPipeline, PatchLayoutFollowsSpecIndexFormula) {
   }
 }
 
+// PIL's Image.resize(BICUBIC) written out from its definition (Pillow's Resample.c):
+// separable, horizontal pass then vertical, each rounded and clamped to 8 bits; kernel
+// a = -0.5 with support 2, widened by the scale factor when shrinking (antialiasing);
+// weights normalised per output pixel. Pillow uses fixed-point weights, so +-1 level.
+double pil_bicubic(double x) {
+  const double a = -0.5;
+  x = std::abs(x);
+  if (x < 1) return ((a + 2) * x - (a + 3)) * x * x + 1;
+  if (x < 2) return (((x - 5) * x + 8) * x - 4) * a;
+  return 0;
+}
+
+// One axis: in [n_in][k] -> out [n_out][k] (k interleaved values per position).
+std::vector<double> pil_resample_axis(const std::vector<double>& in, int n_in, int n_out, int k) {
+  if (n_in == n_out) return in;  // Pillow skips an axis whose size does not change
+  const double scale = double(n_in) / n_out, filterscale = std::max(scale, 1.0);
+  const double support = 2.0 * filterscale;
+  std::vector<double> out(size_t(n_out) * k);
+  for (int o = 0; o < n_out; ++o) {
+    const double center = (o + 0.5) * scale;
+    const int lo = std::max(int(center - support + 0.5), 0);
+    const int hi = std::min(int(center + support + 0.5), n_in);
+    std::vector<double> w;
+    double total = 0;
+    for (int j = lo; j < hi; ++j) {
+      w.push_back(pil_bicubic((j - center + 0.5) / filterscale));
+      total += w.back();
+    }
+    for (int c = 0; c < k; ++c) {
+      double acc = 0;
+      for (int j = lo; j < hi; ++j) acc += w[j - lo] / total * in[size_t(j) * k + c];
+      out[size_t(o) * k + c] = std::clamp(std::round(acc), 0.0, 255.0);
+    }
+  }
+  return out;
+}
+
+cv::Mat pil_resize(const cv::Mat& rgb, int h, int w) {
+  const int H = rgb.rows, W = rgb.cols;
+  std::vector<double> rows(size_t(H) * w * 3);
+  for (int y = 0; y < H; ++y) {
+    std::vector<double> line(size_t(W) * 3);
+    for (int x = 0; x < W; ++x)
+      for (int c = 0; c < 3; ++c) line[size_t(x) * 3 + c] = rgb.at<cv::Vec3b>(y, x)[c];
+    auto r = pil_resample_axis(line, W, w, 3);
+    std::copy(r.begin(), r.end(), rows.begin() + size_t(y) * w * 3);
+  }
+  auto cols = pil_resample_axis(rows, H, h, w * 3);  // vertical: k = w * 3 values per row
+  cv::Mat out(h, w, CV_8UC3);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      for (int c = 0; c < 3; ++c) out.at<cv::Vec3b>(y, x)[c] = uint8_t(cols[(size_t(y) * w + x) * 3 + c]);
+  return out;
+}
+
+// Max and mean absolute difference of two 8-bit images, in levels.
+std::pair<double, double> u8_diff(const cv::Mat& a, const cv::Mat& b) {
+  cv::Mat d;
+  cv::absdiff(a, b, d);
+  double mx = 0;
+  cv::minMaxLoc(d.reshape(1), nullptr, &mx);
+  return {mx, cv::mean(d.reshape(1))[0]};
+}
+
+TEST(PixelPipeline, ResizeMatchesPilBicubicAndAntialiases) {
+  cv::RNG rng(7);
+  // Noise and a fine pattern (period 3 px), up and down, one axis or both.
+  cv::Mat noise(300, 420, CV_8UC3);
+  rng.fill(noise, cv::RNG::UNIFORM, 0, 256);
+  cv::Mat pattern(1000, 1260, CV_8UC3);
+  for (int y = 0; y < pattern.rows; ++y)
+    for (int x = 0; x < pattern.cols; ++x) {
+      uint8_t v = ((x + y) % 3 == 0) ? 255 : 0;
+      pattern.at<cv::Vec3b>(y, x) = cv::Vec3b(v, uint8_t(255 - v), uint8_t((x * 7 + y) % 256));
+    }
+  struct Case { const cv::Mat* img; int h, w; };
+  for (Case c : {Case{&noise, 112, 140}, Case{&noise, 588, 840}, Case{&noise, 300, 196},
+                 Case{&noise, 56, 420}, Case{&pattern, 112, 140}, Case{&pattern, 1008, 1260}}) {
+    SCOPED_TRACE(std::to_string(c.img->rows) + "x" + std::to_string(c.img->cols) + " -> " +
+                 std::to_string(c.h) + "x" + std::to_string(c.w));
+    cv::Mat ours = vlm::data::resize_bicubic_aa(*c.img, c.h, c.w);
+    auto [mx, mean] = u8_diff(ours, pil_resize(*c.img, c.h, c.w));
+    // A first-pass value at a rounding tie (float32 here, double in the reference) moves by
+    // one level and the second pass's lobes (sum |w| < 1.3) can carry that to two.
+    EXPECT_LE(mx, 2.0);
+    EXPECT_LT(mean, 0.01);
+  }
+  // The reference tells an antialiased resize from a plain one on a 9x downscale.
+  cv::Mat plain;
+  cv::resize(pattern, plain, cv::Size(140, 112), 0, 0, cv::INTER_CUBIC);
+  auto [mx_plain, mean_plain] = u8_diff(plain, pil_resize(pattern, 112, 140));
+  EXPECT_GT(mean_plain, 5.0);
+}
+
 TEST(PixelPipeline, ProcessImageMatchesPerPixelReference) {
   cv::Mat rgb(100, 150, CV_8UC3);
   cv::RNG rng(42);
@@ -54,8 +148,7 @@ TEST(PixelPipeline, ProcessImageMatchesPerPixelReference) {
   EXPECT_EQ(out.grid_thw, (std::array<int64_t, 3>{1, 8, 10}));
   EXPECT_EQ(out.merged_tokens(), 20);
   ASSERT_EQ(out.pixel_values.sizes(), (std::vector<int64_t>{80, 1176}));
-  cv::Mat ref;
-  cv::resize(rgb, ref, cv::Size(140, 112), 0, 0, cv::INTER_CUBIC);
+  cv::Mat ref = vlm::data::resize_bicubic_aa(rgb, 112, 140);  // checked against PIL above
   const double mean[3] = {0.48145466, 0.4578275, 0.40821073};
   const double stdv[3] = {0.26862954, 0.26130258, 0.27577711};
   auto p = out.pixel_values.accessor<float, 2>();
