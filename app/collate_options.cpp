@@ -1,0 +1,17 @@
+#include "app/collate_options.h"
+
+namespace vlmtrain {
+
+vlm::collate::Budgets collate_budgets(const Recipe& recipe) {
+  vlm::collate::Budgets b;
+  b.pixels.min_pixels = recipe.data.min_pixels;
+  b.pixels.max_pixels = recipe.data.max_pixels;
+  b.max_image_tokens = recipe.data.max_image_tokens;
+  b.max_seq_len = recipe.data.max_seq_len;
+  b.max_tokens = recipe.batch.max_tokens;
+  b.batch_image_tokens = recipe.batch.max_image_tokens;
+  b.max_micro_batches = recipe.batch.max_micro_batches;
+  return b;
+}
+
+}  // namespace vlmtrain

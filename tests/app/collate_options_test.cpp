@@ -1,0 +1,31 @@
+// The recipe's budgets reach the step plan: a recipe-level cap changes the plan.
+#include <gtest/gtest.h>
+
+#include "app/collate_options.h"
+#include "tests/testing.h"
+
+namespace {
+
+TEST(CollateOptions, RecipeBudgetsDriveTheStepPlan) {
+  auto r = vlmtrain::load_recipe(vlmtest::source_dir() + "/recipes/ocr_tiny.toml",
+                                 {"data.max_image_tokens=100", "batch.max_tokens=500",
+                                  "batch.max_image_tokens=300", "data.max_seq_len=400",
+                                  "batch.max_micro_batches=7", "data.min_pixels=1568"});
+  auto b = vlmtrain::collate_budgets(r);
+  EXPECT_EQ(b.max_image_tokens, 100);
+  EXPECT_EQ(b.max_tokens, 500);
+  EXPECT_EQ(b.batch_image_tokens, 300);
+  EXPECT_EQ(b.max_seq_len, 400);
+  EXPECT_EQ(b.max_micro_batches, 7);
+  EXPECT_EQ(b.pixels.min_pixels, 1568);
+  EXPECT_EQ(b.pixels.max_pixels, r.data.max_pixels);
+
+  // A 480x640 image is 391 tokens uncapped; under data.max_image_tokens = 100 it is capped.
+  auto plan = vlm::collate::plan_step({{0, 20, {{480, 640}}}}, 1, b);
+  ASSERT_EQ(plan.ranks[0].micro_batches.size(), 1u);
+  const auto& s = plan.ranks[0].micro_batches[0].samples.at(0);
+  EXPECT_LE(s.image_tokens, 100);
+  EXPECT_GT(s.image_tokens, 80);
+}
+
+}  // namespace
