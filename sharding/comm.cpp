@@ -84,6 +84,19 @@ torch::Tensor as_bits(const torch::Tensor& t) {
 
 using WorkList = std::vector<c10::intrusive_ptr<c10d::Work>>;
 
+// The issue step of an all-reduce of `buf` (in place), for Comm::launch.
+std::function<WorkList()> allreduce_issue(c10::intrusive_ptr<compat::CommBackend> group,
+                                          torch::Tensor buf, ReduceOp op,
+                                          std::chrono::milliseconds timeout) {
+  return [group, buf, op, timeout]() mutable {
+    std::vector<torch::Tensor> v{buf};
+    c10d::AllreduceOptions o;
+    o.reduceOp = to_c10d(op);
+    o.timeout = timeout;
+    return WorkList{group->allreduce(v, o)};
+  };
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------ Work
@@ -239,13 +252,7 @@ Work Comm::all_reduce_async(const torch::Tensor& t, ReduceOp op, const std::stri
   if (world_ == 1) return launch(seq, nullptr, nullptr);
 
   torch::Tensor buf = native ? t : t.to(torch::kFloat);
-  auto issue = [this, buf, op]() mutable {
-    std::vector<torch::Tensor> v{buf};
-    c10d::AllreduceOptions o;
-    o.reduceOp = to_c10d(op);
-    o.timeout = timeout_;
-    return WorkList{group_->allreduce(v, o)};
-  };
+  auto issue = allreduce_issue(group_, buf, op, timeout_);
   std::function<void()> epi;
   const int world = world_;
   if (op == ReduceOp::kAvg || !native) {
@@ -343,13 +350,7 @@ Work Comm::reduce_scatter_async(const torch::Tensor& out, const torch::Tensor& i
     return launch(seq, issue, std::move(epi));
   }
   torch::Tensor buf = keep_dtype ? in.view(-1).clone() : in.view(-1).to(torch::kFloat);
-  auto issue = [this, buf, op]() mutable {
-    std::vector<torch::Tensor> v{buf};
-    c10d::AllreduceOptions o;
-    o.reduceOp = to_c10d(op);
-    o.timeout = timeout_;
-    return WorkList{group_->allreduce(v, o)};
-  };
+  auto issue = allreduce_issue(group_, buf, op, timeout_);
   auto epi = [out, buf, op, world, rank, s]() {
     torch::Tensor mine = buf.narrow(0, rank * s, s);
     if (op == ReduceOp::kAvg) mine.div_(world);
