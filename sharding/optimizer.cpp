@@ -8,6 +8,11 @@
 
 namespace vlm::sharding {
 
+std::pair<int64_t, int64_t> owned_range(int64_t numel, int64_t world, int64_t rank) {
+  const int64_t shard = (numel + world - 1) / world;
+  return {std::min(rank * shard, numel), std::min((rank + 1) * shard, numel)};
+}
+
 ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const AdamWOptions& opts)
     : comm_(comm), opts_(opts) {
   torch::NoGradGuard no_grad;
@@ -116,6 +121,52 @@ void ShardedAdamW::step(double lr_scale, const std::string& ctx) {
 void ShardedAdamW::zero_grad() {
   for (auto& g : groups_)
     for (auto& p : g.params) p.param.mutable_grad() = torch::Tensor();
+}
+
+std::vector<StateSlice> ShardedAdamW::state_slices() const {
+  torch::NoGradGuard no_grad;
+  std::vector<StateSlice> out;
+  for (const auto& g : groups_) {
+    // Every rank holds state for at least [lo, hi) (replicated: all of [0, P)).
+    StateSlice master{g.path + "/master", g.numel, g.lo, g.hi, torch::empty({g.hi - g.lo}, torch::kFloat32)};
+    StateSlice m{g.path + "/exp_avg", g.numel, g.lo, g.hi, torch::empty({g.hi - g.lo}, torch::kFloat32)};
+    StateSlice v{g.path + "/exp_avg_sq", g.numel, g.lo, g.hi, torch::empty({g.hi - g.lo}, torch::kFloat32)};
+    int64_t covered = 0;
+    for (const auto& s : g.segments) {
+      const int64_t a = std::max(g.lo, s.flat_offset), b = std::min(g.hi, s.flat_offset + s.len);
+      if (a >= b) continue;
+      master.data.narrow(0, a - g.lo, b - a).copy_(s.master.narrow(0, a - s.flat_offset, b - a));
+      m.data.narrow(0, a - g.lo, b - a).copy_(s.m.narrow(0, a - s.flat_offset, b - a));
+      v.data.narrow(0, a - g.lo, b - a).copy_(s.v.narrow(0, a - s.flat_offset, b - a));
+      covered += b - a;
+    }
+    VLM_CHECK(covered == g.hi - g.lo, "optimizer state of unit ", g.path, ": segments cover ", covered,
+              " of the owned range's ", g.hi - g.lo, " elements (internal error)");
+    out.push_back(std::move(master));
+    out.push_back(std::move(m));
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+void ShardedAdamW::load_state(const StateReader& read, int64_t steps) {
+  torch::NoGradGuard no_grad;
+  for (auto& g : groups_) {
+    // Parameters: every element, from the fp32 masters.
+    torch::Tensor all = read(g.path + "/master", 0, g.numel).to(torch::kFloat32);
+    VLM_CHECK(all.numel() == g.numel, "checkpoint: ", g.path, "/master has ", all.numel(), " elements, expected ",
+              g.numel);
+    for (size_t k = 0; k < g.params.size(); ++k) {
+      torch::Tensor p = g.params[k].param.detach();
+      p.view({-1}).copy_(all.narrow(0, g.offsets[k], p.numel()));
+    }
+    for (auto& s : g.segments) {
+      s.master.copy_(all.narrow(0, s.flat_offset, s.len));  // a no-op copy onto itself for fp32 views
+      s.m.copy_(read(g.path + "/exp_avg", s.flat_offset, s.flat_offset + s.len));
+      s.v.copy_(read(g.path + "/exp_avg_sq", s.flat_offset, s.flat_offset + s.len));
+    }
+  }
+  step_ = steps;
 }
 
 int64_t ShardedAdamW::state_numel() const {

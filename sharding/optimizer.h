@@ -20,6 +20,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,29 @@
 #include "sharding/policy.h"
 
 namespace vlm::sharding {
+
+// Checkpoint state, independent of the world size that wrote it. Each unit has a flat
+// index space [P] (its parameters in registration order); a piece of state is a vector
+// over that space, named "<unit path>/<kind>":
+//   master      fp32 master weights (trainable units)
+//   exp_avg     AdamW m (fp32)
+//   exp_avg_sq  AdamW v (fp32)
+//   param       the parameters in param dtype (frozen units, which have no master)
+// A slice is the owned range R_r = [r*S, min((r+1)*S, P)), S = ceil(P/N), of one vector:
+// the N ranks' slices cover each vector exactly once, whatever the unit's sharding.
+struct StateSlice {
+  std::string key;     // "model.layers.3/exp_avg"
+  int64_t numel = 0;   // P
+  int64_t lo = 0;      // [lo, hi) inside [0, P)
+  int64_t hi = 0;
+  torch::Tensor data;  // [hi - lo] on CPU (a copy)
+};
+// Returns elements [lo, hi) of the vector `key` (any dtype; the caller converts), reading
+// whatever slices a checkpoint holds. Throws vlm::Error when the range is not covered.
+using StateReader = std::function<torch::Tensor(const std::string& key, int64_t lo, int64_t hi)>;
+
+// R_r of a vector of `numel` elements split over `world` ranks.
+std::pair<int64_t, int64_t> owned_range(int64_t numel, int64_t world, int64_t rank);
 
 class ShardedAdamW {
  public:
@@ -43,6 +67,12 @@ class ShardedAdamW {
   void zero_grad();
 
   int64_t steps() const { return step_; }
+  // This rank's slices of every trainable unit's master / exp_avg / exp_avg_sq.
+  std::vector<StateSlice> state_slices() const;
+  // Restores masters, moments and the step count (bias correction) from `read`, and
+  // writes the masters into the parameters (every element of every trainable parameter,
+  // including those whose state another rank holds). Local: no collective.
+  void load_state(const StateReader& read, int64_t steps);
   // Elements of optimizer state on this rank (m + v + separate masters).
   int64_t state_numel() const;
   // Whether this rank holds optimizer state for (part of) `param`.

@@ -45,10 +45,45 @@ void ShardedModel::finish_backward(const std::string& ctx) {
   if (reducer_) reducer_->finish_backward(ctx);
 }
 
+std::vector<StateSlice> ShardedModel::state_slices() const {
+  torch::NoGradGuard no_grad;
+  std::vector<StateSlice> out = optimizer_->state_slices();
+  for (const auto& u : units_) {
+    if (u.trainable()) continue;
+    const auto [lo, hi] = owned_range(u.numel, world_, rank_);
+    StateSlice s{u.path + "/param", u.numel, lo, hi, torch::empty({hi - lo}, u.params.front().param.options().device(torch::kCPU))};
+    int64_t off = 0;
+    for (const auto& p : u.params) {
+      const int64_t a = std::max(lo, off), b = std::min(hi, off + p.param.numel());
+      if (a < b) s.data.narrow(0, a - lo, b - a).copy_(p.param.detach().reshape({-1}).narrow(0, a - off, b - a));
+      off += p.param.numel();
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+void ShardedModel::load_state(const StateReader& read, int64_t optimizer_steps) {
+  torch::NoGradGuard no_grad;
+  optimizer_->load_state(read, optimizer_steps);
+  for (const auto& u : units_) {
+    if (u.trainable()) continue;
+    torch::Tensor all = read(u.path + "/param", 0, u.numel);
+    int64_t off = 0;
+    for (const auto& p : u.params) {
+      torch::Tensor t = p.param.detach();
+      t.view({-1}).copy_(all.narrow(0, off, t.numel()));
+      off += t.numel();
+    }
+  }
+}
+
 std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl& model, const ShardingOptions& opts,
                                              ParallelDims& dims) {
   std::unique_ptr<ShardedModel> sm(new ShardedModel());
   Comm& comm = dims.comm();
+  sm->rank_ = comm.rank();
+  sm->world_ = comm.world_size();
   // 1. Policy table.
   sm->units_ = resolve_units(model, opts);
   for (const auto& u : sm->units_)

@@ -61,6 +61,11 @@ class ShardedModel {
   void set_sync(bool sync);
   // Waits the gradient reduction of a synced micro-batch; a no-op under no_sync.
   void finish_backward(const std::string& ctx = "backward");
+  // Checkpoint state of this rank (optimizer.h StateSlice): the optimizer's slices plus
+  // "<unit>/param" slices of the frozen units. Local: no collective.
+  std::vector<StateSlice> state_slices() const;
+  // Restores what state_slices() saved (written by any world size). Local: no collective.
+  void load_state(const StateReader& read, int64_t optimizer_steps);
   // Human-readable notes on what runs differently from the plan (fsdp as ddp, ...).
   const std::vector<std::string>& notes() const { return notes_; }
 
@@ -72,6 +77,7 @@ class ShardedModel {
   std::unique_ptr<DdpReducer> reducer_;
   std::unique_ptr<ShardedAdamW> optimizer_;
   std::vector<std::string> notes_;
+  int64_t rank_ = 0, world_ = 1;
 };
 
 // Collective (every rank calls it with the same options). The model must already hold
