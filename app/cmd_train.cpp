@@ -1,10 +1,8 @@
 // `vlmtrain train RECIPE` (also `vlmtrain RECIPE`): the training entry point.
-#include <spdlog/spdlog.h>
-
 #include <cstdio>
 
 #include "app/commands.h"
-#include "app/logging.h"
+#include "app/trainer.h"
 
 namespace vlmtrain {
 
@@ -35,11 +33,8 @@ int cmd_train(Args& args) {
                 recipe_hash(recipe).c_str(), to_toml(recipe).c_str());
     return 0;
   }
-  init_logging(0, 1, recipe.log.level, recipe.log.all_ranks);
-  spdlog::info("recipe {} (hash {}), resolved:\n{}", recipe.source, recipe_hash(recipe), to_toml(recipe));
-  std::string saved = save_resolved_recipe(recipe, recipe.run.output_dir);
-  spdlog::info("resolved recipe saved to {}", saved);
-  not_yet("train", "issue #9");
+  run_training(recipe);
+  return 0;
 }
 
 }  // namespace vlmtrain

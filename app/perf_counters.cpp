@@ -1,0 +1,83 @@
+// FLOPs, peak FLOP/s, memory (see perf_counters.h).
+#include "app/perf_counters.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+
+#include "vlm/check.h"
+
+namespace vlmtrain {
+
+namespace {
+bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
+}  // namespace
+
+FlopModel::FlopModel(const std::vector<vlm::sharding::UnitPlan>& units, const vlm::VlmConfig& cfg) {
+  for (const auto& u : units) {
+    const double f = u.trainable() ? 6.0 : 2.0;
+    const double n = static_cast<double>(u.numel);
+    if (u.path == "visual.merger") {
+      per_merged_patch_ += f * n;
+    } else if (starts_with(u.path, "visual.")) {
+      per_patch_ += f * n;
+    } else if (u.path == "model.embed_tokens") {
+      if (!u.aliases.empty())  // tied head: the embedding matrix is also the head's weight
+        per_token_ += f * static_cast<double>(cfg.text.vocab_size * cfg.text.hidden_size);
+    } else {
+      per_token_ += f * n;
+    }
+  }
+}
+
+double FlopModel::flops(int64_t llm_tokens, int64_t patches) const {
+  return per_token_ * static_cast<double>(llm_tokens) + per_patch_ * static_cast<double>(patches) +
+         per_merged_patch_ * static_cast<double>(patches) / 4.0;
+}
+
+double peak_flops_per_rank(torch::Device device, std::string* how) {
+  if (const char* env = std::getenv("VLMTRAIN_PEAK_TFLOPS"); env != nullptr && *env != '\0') {
+    const double v = std::atof(env);
+    VLM_CHECK(v > 0, "VLMTRAIN_PEAK_TFLOPS: expected a positive number of TFLOP/s, got '", env, "'");
+    if (how) *how = vlm::str("VLMTRAIN_PEAK_TFLOPS = ", v);
+    return v * 1e12;
+  }
+  if (device.is_cuda()) {
+    if (how) *how = "unknown CUDA device peak (set VLMTRAIN_PEAK_TFLOPS)";
+    return 0;
+  }
+  torch::NoGradGuard no_grad;
+  const int64_t n = 256;
+  torch::Tensor a = torch::randn({n, n}), b = torch::randn({n, n}), c = torch::empty({n, n});
+  torch::mm_out(c, a, b);  // warm-up
+  int64_t iters = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  double secs = 0;
+  while (secs < 0.3) {
+    for (int k = 0; k < 8; ++k) torch::mm_out(c, a, b);
+    iters += 8;
+    secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const double peak = 2.0 * n * n * n * static_cast<double>(iters) / secs;
+  if (how) *how = vlm::str("measured fp32 GEMM ", n, "^3 on ", at::get_num_threads(), " thread(s): ",
+                           peak / 1e9, " GFLOP/s");
+  return peak;
+}
+
+int64_t peak_rss_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
+}
+
+int64_t current_rss_bytes() {
+  std::ifstream in("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  in >> size >> resident;
+  return resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace vlmtrain

@@ -1,0 +1,46 @@
+// What the step log reports besides the loss: model FLOPs (for MFU), the device's peak
+// FLOP/s, and memory.
+//
+// FLOP convention (stated in the log header and metrics.jsonl): dense matmul FLOPs only,
+// 2 x parameters per token for a unit's forward and 4 x for its backward (so 6N for a
+// trained unit, 2N for a frozen one, whose backward never runs); attention score/value
+// FLOPs and activation-checkpointing recompute are not counted (both make the reported
+// MFU a lower bound). Tokens per unit: vision blocks and patch_embed see every patch,
+// the merger sees patches / 4, decoder layers, the final norm and the head see every
+// non-pad LLM token; the embedding lookup costs nothing, but a tied head costs V x d per
+// token like an untied one.
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sharding/policy.h"
+#include "vlm/config.h"
+
+namespace vlmtrain {
+
+class FlopModel {
+ public:
+  FlopModel(const std::vector<vlm::sharding::UnitPlan>& units, const vlm::VlmConfig& cfg);
+  // Model FLOPs of one forward + backward over `llm_tokens` non-pad tokens and `patches`
+  // vision patches.
+  double flops(int64_t llm_tokens, int64_t patches) const;
+
+ private:
+  double per_patch_ = 0;        // 2 or 6 x params of units that see every patch
+  double per_merged_patch_ = 0; // merger (patches / 4)
+  double per_token_ = 0;        // decoder layers, norm, head
+};
+
+// Peak dense FLOP/s of one rank's device: VLMTRAIN_PEAK_TFLOPS when set; on CUDA a table
+// by device name (bf16 dense: H100/H200 989, A100 312; else 0 = unknown); on CPU a short
+// fp32 GEMM probe (about 0.3 s) with this process's threads. `how` describes the source.
+double peak_flops_per_rank(torch::Device device, std::string* how);
+
+// Peak resident set size of this process in bytes (getrusage), and the current one.
+int64_t peak_rss_bytes();
+int64_t current_rss_bytes();
+
+}  // namespace vlmtrain

@@ -1,0 +1,368 @@
+// The trainer. Reads top to bottom: processes -> tokenizer + model -> policies -> data ->
+// resume -> the step loop (data, forward/backward per micro-batch, reduce, clip, guard,
+// update, log, eval, checkpoint) -> final checkpoint.
+#include "app/trainer.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "app/checkpoint.h"
+#include "app/logging.h"
+#include "app/lr_schedule.h"
+#include "app/model_builder.h"
+#include "app/perf_counters.h"
+#include "app/sharding_options.h"
+#include "app/train_data.h"
+#include "sharding/comm.h"
+#include "sharding/ddp.h"
+#include "sharding/fingerprint.h"
+#include "sharding/parallel_dims.h"
+#include "sharding/sharded_model.h"
+#include "vlm/check.h"
+
+namespace fs = std::filesystem;
+using vlm::sharding::ReduceOp;
+
+namespace vlmtrain {
+namespace {
+
+// ---------------------------------------------------------------- signals
+std::atomic<int> g_signal{0};
+extern "C" void on_stop_signal(int sig) {
+  g_signal.store(sig);
+  std::signal(sig, SIG_DFL);  // a second signal ends the process the usual way
+}
+
+// ---------------------------------------------------------------- fault injection (tests)
+// VLMTRAIN_FAULT_NONFINITE="STEP[:RANK]": the loss of step STEP (1-based) becomes NaN on
+// RANK (default 0) before backward, so its gradients are NaN.
+bool inject_nonfinite(int64_t step, int rank) {
+  const char* env = std::getenv("VLMTRAIN_FAULT_NONFINITE");
+  if (env == nullptr || *env == '\0') return false;
+  const std::string s = env;
+  const size_t colon = s.find(':');
+  const int64_t at = std::stoll(s.substr(0, colon));
+  const int who = colon == std::string::npos ? 0 : std::stoi(s.substr(colon + 1));
+  return at == step && who == rank;
+}
+
+// ---------------------------------------------------------------- metrics.jsonl
+class MetricsFile {
+ public:
+  MetricsFile(const std::string& dir, bool enabled) {
+    if (!enabled) return;
+    path_ = (fs::path(dir) / "metrics.jsonl").string();
+    out_.open(path_, std::ios::app);
+    VLM_CHECK(out_.good(), "cannot open ", path_, " for appending (hint: check run.output_dir)");
+  }
+  void write(const nlohmann::json& j) {
+    if (!out_.is_open()) return;
+    out_ << j.dump() << "\n";
+    out_.flush();
+  }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "K", "M", "G", "T"};
+  int k = 0;
+  while (b >= 1024 && k < 4) {
+    b /= 1024;
+    ++k;
+  }
+  return fmt::format("{:.1f}{}", b, units[k]);
+}
+
+std::string human_seconds(double s) {
+  const int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return fmt::format("{}h{:02d}m", t / 3600, (t / 60) % 60);
+  if (t >= 60) return fmt::format("{}m{:02d}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+// Progress bar on a terminal (rank 0, stderr a TTY); nothing otherwise.
+void progress(bool tty, int64_t step, int64_t total, double eta_s) {
+  if (!tty) return;
+  const int width = 30;
+  const int filled = static_cast<int>(width * step / std::max<int64_t>(1, total));
+  std::string bar(static_cast<size_t>(filled), '#');
+  bar.resize(width, '.');
+  std::fprintf(stderr, "\r\033[K[%s] %lld/%lld  eta %s", bar.c_str(), static_cast<long long>(step),
+               static_cast<long long>(total), human_seconds(eta_s).c_str());
+  std::fflush(stderr);
+}
+void clear_progress(bool tty) {
+  if (tty) std::fprintf(stderr, "\r\033[K");
+}
+
+int64_t total_steps(const Recipe& r, int64_t steps_per_epoch) {
+  if (r.schedule.steps > 0) return r.schedule.steps;
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(r.schedule.epochs * static_cast<double>(steps_per_epoch))));
+}
+
+}  // namespace
+
+TrainSummary run_training(const Recipe& recipe) {
+  // ---------------------------------------------------------------- processes
+  vlm::sharding::ParallelOptions po;
+  po.timeout = std::chrono::milliseconds(static_cast<int64_t>(recipe.dist.timeout_s * 1000));
+  po.device = recipe.dist.device;
+  const auto env = vlm::sharding::detect_dist_env(vlm::sharding::process_env());
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {  // one share of the cores per local rank
+    const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    at::set_num_threads(std::max(1, hw / std::max(1, env.local_world_size)));
+  }
+  vlm::sharding::ParallelDims dims = vlm::sharding::ParallelDims::init(env, po);
+  const int rank = dims.rank(), world = dims.world_size();
+  init_logging(rank, world, recipe.log.level, recipe.log.all_ranks);
+  try {
+    vlm::sharding::Comm& comm = dims.comm();
+    const bool main = dims.is_main();
+    const bool tty = main && isatty(STDERR_FILENO);
+    const std::string out_dir = recipe.run.output_dir;
+    if (main) {
+      spdlog::info("vlmtrain {} | {} | recipe {} (hash {})", VLMTRAIN_VERSION, env.describe(), recipe.source,
+                   recipe_hash(recipe));
+      spdlog::info("resolved recipe:\n{}", to_toml(recipe));
+      spdlog::info("resolved recipe saved to {}", save_resolved_recipe(recipe, out_dir));
+    }
+    torch::manual_seed(static_cast<uint64_t>(recipe.run.seed) * 7919 + static_cast<uint64_t>(rank));
+
+    // ---------------------------------------------------------------- tokenizer + model
+    auto tok = recipe_tokenizer(recipe);
+    vlm::VlmConfig cfg = recipe_model_config(recipe, *tok);
+    const torch::Dtype param_dtype = recipe_dtype(recipe.precision.param_dtype);
+    std::string model_source;
+    vlm::Qwen2VL model = build_model(recipe, cfg, dims.device(), param_dtype, &model_source);
+    model->train();
+    if (main) spdlog::info("model: {} | {}", vlm::family_name(cfg.family), model_source);
+
+    // ---------------------------------------------------------------- policies
+    auto sm = vlm::sharding::apply_policies(*model, sharding_options(recipe), dims);
+    if (main) {
+      spdlog::info("unit table:\n{}", vlm::sharding::unit_table_text(sm->unit_table()));
+      for (const auto& n : sm->notes()) spdlog::warn("{}", n);
+    }
+
+    // ---------------------------------------------------------------- data
+    auto warn = [](const std::string& m) { spdlog::warn("{}", m); };
+    TrainData data(recipe, *tok, cfg, rank, world, [&] { comm.barrier("dataset index caches"); }, warn);
+    const int64_t steps_total = total_steps(recipe, data.steps_per_epoch());
+    if (main)
+      spdlog::info("data: {} | {} steps per epoch of {} samples ({} per rank) | {} steps", data.dataset().summary(),
+                   data.steps_per_epoch(), recipe.batch.samples_per_rank * world, recipe.batch.samples_per_rank,
+                   steps_total);
+    vlm::sharding::check_fingerprint(
+        comm, vlm::sharding::Fingerprint::standard(recipe_hash(recipe), vlm::to_hf_json(cfg).dump(),
+                                                   vlm::sharding::unit_table_text(sm->unit_table()),
+                                                   data.dataset_size()));
+
+    // ---------------------------------------------------------------- resume
+    TrainerState st;
+    CheckpointFiles files{to_toml(recipe), recipe_hash(recipe), vlm::to_hf_json(cfg).dump(2),
+                          fs::absolute(recipe_tokenizer_path(recipe)).string()};
+    TrainSummary summary;
+    if (auto from = resolve_resume(recipe.checkpoint.resume, out_dir)) {
+      CheckpointReader ck(*from);
+      st = ck.state();
+      sm->load_state(ck.reader(), st.optimizer_steps);
+      if (ck.world_size() == world) {
+        torch::Tensor rng = ck.rng_state(rank);
+        if (rng.defined()) {
+          at::Generator gen = at::detail::getDefaultCPUGenerator();
+          gen.set_state(rng);
+        }
+      }
+      if (main) {
+        spdlog::info("resumed from {} at step {} (written by {} rank(s), now {}), data cursor epoch {} offset {}",
+                     *from, st.step, ck.world_size(), world, st.cursor.epoch, st.cursor.offset);
+        if (ck.recipe_hash() != recipe_hash(recipe))
+          spdlog::warn("the checkpoint was written by a recipe with another hash ({} vs {}): see its recipe.toml",
+                       ck.recipe_hash(), recipe_hash(recipe));
+      }
+    }
+    summary.start_step = summary.end_step = st.step;
+
+    // ---------------------------------------------------------------- loop set-up
+    LrSchedule sched{steps_total, recipe.schedule.warmup_steps, recipe.schedule.decay, recipe.schedule.min_lr_ratio};
+    FlopModel flop_model(sm->unit_table(), cfg);
+    std::string peak_how;
+    const double peak = peak_flops_per_rank(dims.device(), &peak_how);
+    MetricsFile metrics(out_dir, main);
+    if (main)
+      spdlog::info("MFU convention: 6N per token for trained units, 2N for frozen, no attention FLOPs; peak: {}",
+                   peak_how);
+    std::signal(SIGINT, on_stop_signal);
+    std::signal(SIGTERM, on_stop_signal);
+    auto save = [&](const char* why) {
+      const auto t0 = std::chrono::steady_clock::now();
+      summary.last_checkpoint = save_checkpoint(out_dir, st, *sm, comm, files, recipe.checkpoint.keep_last);
+      if (main)
+        spdlog::info("checkpoint ({}) {} in {:.2f} s", why, summary.last_checkpoint,
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    };
+    int64_t last_saved = st.step;
+    double window_seconds = 0, window_wait = 0, window_flops = 0;
+    int64_t window_steps = 0, window_tokens = 0, window_images = 0, window_samples = 0;
+    const auto run_start = std::chrono::steady_clock::now();
+    const int64_t first_step = st.step;
+
+    // ---------------------------------------------------------------- the step loop
+    while (st.step < steps_total) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::string ctx = fmt::format("step {}", st.step + 1);
+
+      // Data: this rank's micro-batches (the same count on every rank).
+      StepData sd = data.next(st.cursor);
+      int64_t local_sup = 0;
+      for (const auto& mb : sd.micro_batches) local_sup += mb.supervised_tokens;
+      const int64_t global_sup = vlm::sharding::global_token_count(comm, local_sup);
+      const double scale = 1.0 / static_cast<double>(std::max<int64_t>(1, global_sup));
+
+      // Forward + backward per micro-batch; gradients reduce on the last one.
+      double loss_sum = 0;
+      int64_t llm_tokens = 0, patches = 0;
+      const size_t k_last = sd.micro_batches.size() - 1;
+      for (size_t k = 0; k < sd.micro_batches.size(); ++k) {
+        const auto& mb = sd.micro_batches[k];
+        sm->set_sync(k == k_last);
+        vlm::ForwardOutput out = model->forward(mb.batch);
+        torch::Tensor loss = out.loss_sum;
+        if (k == k_last && inject_nonfinite(st.step + 1, rank)) loss = loss * std::nan("");
+        (loss * scale).backward();
+        sm->finish_backward(ctx + ", backward");
+        loss_sum += loss.item<double>();
+        if (!mb.filler) {
+          llm_tokens += mb.batch.attention_mask.sum().item<int64_t>();
+          if (mb.batch.pixel_values.defined()) patches += mb.batch.pixel_values.size(0);
+        }
+      }
+
+      // One all-reduce for the step's statistics (and the stop request).
+      const double step_flops = flop_model.flops(llm_tokens, patches);
+      torch::Tensor stats = torch::tensor({loss_sum, static_cast<double>(sd.samples), static_cast<double>(sd.images),
+                                           static_cast<double>(llm_tokens), step_flops,
+                                           static_cast<double>(sd.dropped), g_signal.load() != 0 ? 1.0 : 0.0},
+                                          torch::kFloat64);
+      comm.all_reduce(stats, ReduceOp::kSum, ctx + ", step statistics");
+      auto s = stats.accessor<double, 1>();
+      const double loss = s[0] * scale;
+
+      // Clip, guard against non-finite values (same decision on every rank), update.
+      const double gnorm = sm->optimizer().clip_grad_norm(ctx + ", grad norm");
+      const double lr = recipe.optim.lr * sched.factor(st.step);
+      const bool bad = !std::isfinite(loss) || !std::isfinite(gnorm);
+      if (bad) {
+        ++st.bad_steps;
+        ++st.consecutive_bad;
+        if (main)
+          spdlog::warn("step {}: non-finite {} (loss {}, grad norm {}): update skipped on every rank ({} in a row, "
+                       "limit optim.max_bad_steps = {})",
+                       st.step + 1, !std::isfinite(loss) ? "loss" : "gradient", loss, gnorm, st.consecutive_bad,
+                       recipe.optim.max_bad_steps);
+        VLM_CHECK(st.consecutive_bad < recipe.optim.max_bad_steps, "step ", st.step + 1, ": ", st.consecutive_bad,
+                  " consecutive non-finite steps (optim.max_bad_steps = ", recipe.optim.max_bad_steps,
+                  "); hint: lower optim.lr, raise warmup, or check the data around this step");
+      } else {
+        sm->optimizer().step(lr / recipe.optim.lr, ctx + ", optimizer");
+        ++st.optimizer_steps;
+        st.consecutive_bad = 0;
+      }
+      sm->optimizer().zero_grad();
+      ++st.step;
+      st.cursor = sd.next;
+      st.tokens_seen += global_sup;
+      st.samples_seen += static_cast<int64_t>(s[1]);
+      st.images_seen += static_cast<int64_t>(s[2]);
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      st.train_seconds += dt;
+      summary.end_step = st.step;
+      summary.last_loss = loss;
+
+      // Log (rank 0): one line per log.every steps, every field also in metrics.jsonl.
+      window_seconds += dt;
+      window_wait += sd.wait_seconds;
+      window_flops += s[4];
+      window_steps += 1;
+      window_tokens += static_cast<int64_t>(s[3]);
+      window_images += static_cast<int64_t>(s[2]);
+      window_samples += static_cast<int64_t>(s[1]);
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+      const double eta = elapsed / static_cast<double>(st.step - first_step) * static_cast<double>(steps_total - st.step);
+      if (st.step % recipe.log.every == 0 || st.step == steps_total) {
+        const double mfu = peak > 0 ? window_flops / (window_seconds * peak * world) : 0;
+        const double epoch = static_cast<double>(st.cursor.epoch) +
+                             static_cast<double>(st.cursor.offset) / static_cast<double>(data.dataset_size());
+        nlohmann::json j = {{"step", st.step},
+                            {"epoch", epoch},
+                            {"loss", loss},
+                            {"grad_norm", gnorm},
+                            {"lr", lr},
+                            {"skipped", bad},
+                            {"supervised_tokens", global_sup},
+                            {"tokens_per_s", window_tokens / window_seconds},
+                            {"images_per_s", window_images / window_seconds},
+                            {"samples_per_s", window_samples / window_seconds},
+                            {"mfu", mfu},
+                            {"step_s", window_seconds / window_steps},
+                            {"data_wait_pct", 100.0 * window_wait / window_seconds},
+                            {"micro_batches", sd.micro_batches.size()},
+                            {"peak_rss_bytes", peak_rss_bytes()},
+                            {"dropped_samples", static_cast<int64_t>(s[5])},
+                            {"world_size", world},
+                            {"elapsed_s", st.train_seconds}};
+        clear_progress(tty);
+        if (main)
+          spdlog::info("step {:>5}/{} | ep {:.2f} | loss {:.4f} | gnorm {:.3f} | lr {:.2e} | tok/s {:.0f} | img/s {:.1f} "
+                       "| smp/s {:.1f} | mfu {:.2f}% | mem {} | data {:.0f}%{}",
+                       st.step, steps_total, epoch, loss, gnorm, lr, window_tokens / window_seconds,
+                       window_images / window_seconds, window_samples / window_seconds, 100 * mfu,
+                       human_bytes(static_cast<double>(peak_rss_bytes())), 100.0 * window_wait / window_seconds,
+                       bad ? " | SKIPPED" : "");
+        metrics.write(j);
+        window_seconds = window_wait = window_flops = 0;
+        window_steps = window_tokens = window_images = window_samples = 0;
+      }
+      if (main) progress(tty, st.step, steps_total, eta);
+
+      // Checkpoint: periodic, or on SIGINT/SIGTERM (then stop, exit 0).
+      const bool stop = s[6] > 0;
+      if (stop || (recipe.checkpoint.every > 0 && st.step % recipe.checkpoint.every == 0)) {
+        clear_progress(tty);
+        save(stop ? "stop requested by a signal" : "periodic");
+        last_saved = st.step;
+      }
+      if (stop) {
+        if (main) spdlog::warn("stopping at step {} on a signal; resume with the same command", st.step);
+        summary.stopped_by_signal = true;
+        break;
+      }
+    }
+    clear_progress(tty);
+
+    // ---------------------------------------------------------------- the end
+    if (!summary.stopped_by_signal && recipe.checkpoint.save_final && last_saved != st.step) save("final");
+    comm.barrier("end of training");
+    if (main)
+      spdlog::info("done: step {} | last loss {:.4f} | {} non-finite step(s) skipped | {} in steps", st.step,
+                   summary.last_loss, st.bad_steps, human_seconds(st.train_seconds));
+    return summary;
+  } catch (const std::exception& e) {
+    dims.write_error_file(e.what());
+    throw;
+  }
+}
+
+}  // namespace vlmtrain
