@@ -1,16 +1,110 @@
-// `vlmtrain export`: write a consolidated hf directory from a checkpoint.
+// `vlmtrain export`: a training checkpoint -> a consolidated HF model directory.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "app/checkpoint.h"
 #include "app/commands.h"
+#include "vlm/check.h"
+#include "vlm/hf_checkpoint.h"
+
+namespace fs = std::filesystem;
 
 namespace vlmtrain {
 
 const char* help_export() {
   return R"(usage: vlmtrain export --checkpoint DIR --out HF_DIR [--dtype bf16|fp32]
+                       [--tokenizer PATH] [--overwrite]
+
+Writes a consolidated HF directory from a training checkpoint (step-<N>/ with its
+COMPLETE marker), whatever the world size that wrote it:
+  config.json, model.safetensors (or sharded model-0000K-of-0000N.safetensors +
+  model.safetensors.index.json), and the tokenizer files.
+HF transformers and `vlmtrain eval --model HF_DIR` load it unchanged.
+
+options:
+  --checkpoint DIR   a step-<N> checkpoint directory (or a run directory: its newest
+                     complete checkpoint)
+  --out HF_DIR       output directory (written atomically)
+  --dtype D          bf16 (default, like hub checkpoints) or fp32 (the exact masters)
+  --tokenizer PATH   tokenizer to copy (default: the one the run trained with)
+  --max-shard-gb G   shard size limit (default 5)
+  --overwrite        replace an existing HF_DIR
 )";
 }
 
+namespace {
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  VLM_CHECK(in.good(), "export: cannot read ", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Tokenizer files to copy: a directory's known files, or the single file given.
+std::vector<std::pair<std::string, std::string>> tokenizer_files(const std::string& path) {
+  VLM_CHECK(fs::exists(path), "export: tokenizer ", path,
+            " does not exist (hint: pass --tokenizer PATH when the run's tokenizer moved)");
+  std::vector<std::pair<std::string, std::string>> out;
+  if (fs::is_directory(path)) {
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                             "special_tokens_map.json", "added_tokens.json", "chat_template.json",
+                             "preprocessor_config.json", "generation_config.json", "tokenizer.model"}) {
+      const fs::path f = fs::path(path) / name;
+      if (fs::exists(f)) out.emplace_back(name, slurp(f.string()));
+    }
+    VLM_CHECK(!out.empty(), "export: ", path, " holds no tokenizer file (tokenizer.json / tokenizer.model)");
+  } else {
+    out.emplace_back(fs::path(path).filename().string(), slurp(path));
+  }
+  return out;
+}
+
+}  // namespace
+
 int cmd_export(Args& args) {
-  (void)args;
-  not_yet("export", "issue #9");
+  auto ckpt = args.value("checkpoint");
+  auto out = args.value("out");
+  const std::string dtype = args.value("dtype").value_or("bf16");
+  auto tok_override = args.value("tokenizer");
+  auto shard_gb = args.value("max-shard-gb");
+  const bool overwrite = args.flag("overwrite");
+  VLM_CHECK(args.positionals().empty(), "vlmtrain export: unexpected argument '", args.positionals().front(),
+            "' (hint: --checkpoint DIR --out HF_DIR)");
+  args.finish();
+  VLM_CHECK(ckpt.has_value(), "vlmtrain export: --checkpoint DIR is required");
+  VLM_CHECK(out.has_value(), "vlmtrain export: --out HF_DIR is required");
+  VLM_CHECK(dtype == "bf16" || dtype == "fp32", "vlmtrain export: --dtype must be bf16 or fp32, got '", dtype, "'");
+
+  std::string dir = *ckpt;
+  if (!fs::exists(fs::path(dir) / "trainer.json")) {  // a run directory: its newest checkpoint
+    auto all = complete_checkpoints(dir);
+    VLM_CHECK(!all.empty(), "vlmtrain export: ", dir, " is neither a checkpoint nor a run directory with a "
+              "complete checkpoint (expected step-<N>/ with trainer.json and COMPLETE)");
+    dir = all.back();
+  }
+  CheckpointReader ck(dir);
+  vlm::NamedTensors tensors = ck.consolidated();
+
+  nlohmann::json config = nlohmann::json::parse(ck.config_json());
+  config["torch_dtype"] = dtype == "bf16" ? "bfloat16" : "float32";
+  vlm::SaveHfOptions so;
+  so.dtype = dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  so.overwrite = overwrite;
+  if (shard_gb) so.max_shard_bytes = static_cast<uint64_t>(std::stod(*shard_gb) * 1e9);
+  so.extra_files = tokenizer_files(tok_override.value_or(ck.tokenizer_path()));
+  so.extra_files.emplace_back("config.json", config.dump(2) + "\n");
+  vlm::SaveHfReport rep = vlm::save_hf_checkpoint(*out, tensors, so);
+  std::printf("export: %s (step %lld, %lld rank file(s)) -> %s: %lld tensors, %.1f MB %s in %zu file(s)\n",
+              dir.c_str(), static_cast<long long>(ck.state().step), static_cast<long long>(ck.world_size()),
+              out->c_str(), static_cast<long long>(rep.tensors_written), rep.total_size / 1e6, dtype.c_str(),
+              rep.files.size());
+  return 0;
 }
 
 }  // namespace vlmtrain

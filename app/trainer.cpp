@@ -22,6 +22,7 @@
 #include "app/perf_counters.h"
 #include "app/sharding_options.h"
 #include "app/train_data.h"
+#include "data/synth_ocr.h"
 #include "sharding/comm.h"
 #include "sharding/ddp.h"
 #include "sharding/fingerprint.h"
@@ -139,6 +140,35 @@ TrainSummary run_training(const Recipe& recipe) {
       spdlog::info("resolved recipe saved to {}", save_resolved_recipe(recipe, out_dir));
     }
     torch::manual_seed(static_cast<uint64_t>(recipe.run.seed) * 7919 + static_cast<uint64_t>(rank));
+
+    // ---------------------------------------------------------------- synthetic data
+    // data.synth.generate_if_missing: rank 0 renders the set into data.train[0]'s folder.
+    const auto& syn = recipe.data.synth;
+    if (syn.generate_if_missing && !recipe.data.train.empty() && !fs::exists(recipe.data.train.front())) {
+      std::string error;
+      if (main) {
+        vlm::data::SynthOcrOptions so;
+        so.out_dir = fs::path(recipe.data.train.front()).parent_path().string();
+        so.train = syn.train;
+        so.val = syn.val;
+        so.seed = static_cast<uint64_t>(syn.seed);
+        so.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+        spdlog::info("data.synth: {} is missing: rendering {} + {} synthetic OCR lines into {}",
+                     recipe.data.train.front(), so.train, so.val, so.out_dir);
+        try {
+          vlm::data::SynthOcrResult r = vlm::data::write_synth_ocr(so);
+          spdlog::info("data.synth: done in {:.1f} s", r.seconds);
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+      }
+      torch::Tensor failed = torch::tensor({error.empty() ? 0.0 : 1.0}, torch::kFloat64);
+      comm.all_reduce(failed, ReduceOp::kSum, "synthetic data");
+      if (!error.empty()) throw vlm::Error("data.synth: " + error);
+      VLM_CHECK(failed.item<double>() == 0, "data.synth: rank 0 failed to render the synthetic set (see its log)");
+      VLM_CHECK(fs::exists(recipe.data.train.front()), "data.synth: rendered the set but ", recipe.data.train.front(),
+                " is still missing (hint: data.train[0] must be <folder>/train.jsonl)");
+    }
 
     // ---------------------------------------------------------------- tokenizer + model
     auto tok = recipe_tokenizer(recipe);

@@ -193,4 +193,36 @@ std::vector<WorkerResult> run_workers(const DistRun& run) {
   return ::testing::AssertionFailure() << ss.str();
 }
 
+std::vector<WorkerResult> run_ranks(int world, const std::vector<std::string>& argv,
+                                    std::chrono::seconds timeout, const std::vector<std::string>& extra_env) {
+  for (int attempt = 0;; ++attempt) {
+    const int port = free_port();
+    std::vector<WorkerResult> results(static_cast<size_t>(world));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r)
+      threads.emplace_back([&, r] {
+        std::vector<std::string> env = extra_env;
+        if (world > 1) {
+          for (const std::string& kv :
+               {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world), "LOCAL_RANK=" + std::to_string(r),
+                "LOCAL_WORLD_SIZE=" + std::to_string(world), std::string("MASTER_ADDR=127.0.0.1"),
+                "MASTER_PORT=" + std::to_string(port)})
+            env.push_back(kv);
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        RunResult rr = run(argv, timeout, env);
+        WorkerResult& w = results[static_cast<size_t>(r)];
+        w.rank = r;
+        w.exit_code = rr.exit_code;
+        w.timed_out = rr.timed_out;
+        w.output = std::move(rr.output);
+        w.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      });
+    for (auto& t : threads) t.join();
+    const bool port_taken = world > 1 && results[0].exit_code != 0 &&
+                            results[0].output.find("cannot host the rendezvous store") != std::string::npos;
+    if (!port_taken || attempt >= 3) return results;
+  }
+}
+
 }  // namespace vlmtest

@@ -62,6 +62,14 @@ struct WorkerResult {
 
 std::vector<WorkerResult> run_workers(const DistRun& run);
 
+// Runs `argv` (e.g. the vlmtrain binary and its arguments) as `world` processes with
+// torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR =
+// 127.0.0.1, MASTER_PORT = a free port; nothing set when world is 1), all started at
+// once, each killed after `timeout`. Results by rank. Retries on a taken port.
+std::vector<WorkerResult> run_ranks(int world, const std::vector<std::string>& argv,
+                                    std::chrono::seconds timeout = std::chrono::seconds(180),
+                                    const std::vector<std::string>& extra_env = {});
+
 // Success when every worker exited 0; otherwise the failure lists every worker's exit code
 // and output.
 ::testing::AssertionResult all_ok(const std::vector<WorkerResult>& results);
