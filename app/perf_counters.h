@@ -34,9 +34,10 @@ class FlopModel {
   double per_token_ = 0;        // decoder layers, norm, head
 };
 
-// Peak dense FLOP/s of one rank's device: VLMTRAIN_PEAK_TFLOPS when set; on CUDA a table
-// by device name (bf16 dense: H100/H200 989, A100 312; else 0 = unknown); on CPU a short
-// fp32 GEMM probe (about 0.3 s) with this process's threads. `how` describes the source.
+// Peak dense FLOP/s of one rank's device: VLMTRAIN_PEAK_TFLOPS when set; on CUDA 0
+// (unknown: set the variable, e.g. 989 for H100 bf16 dense); on CPU the theoretical fp32
+// peak of the rank's intra-op threads (cores x clock x FLOPs/cycle from /proc/cpuinfo).
+// `how` describes the source.
 double peak_flops_per_rank(torch::Device device, std::string* how);
 
 // Peak resident set size of this process in bytes (getrusage), and the current one.
