@@ -56,6 +56,25 @@ bool inject_nonfinite(int64_t step, int rank) {
   return at == step && who == rank;
 }
 
+// VLMTRAIN_FAULT_EXIT="STEP[:RANK]": RANK (default 0) dies abruptly (_exit(3), no
+// cleanup) before step STEP, in the launcher's first attempt only
+// (TORCHELASTIC_RESTART_COUNT unset or 0), to test restarts.
+void maybe_fault_exit(int64_t step, int rank) {
+  const char* env = std::getenv("VLMTRAIN_FAULT_EXIT");
+  if (env == nullptr || *env == '\0') return;
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  if (restart != nullptr && std::atoi(restart) != 0) return;
+  const std::string s = env;
+  const size_t colon = s.find(':');
+  const int64_t at = std::stoll(s.substr(0, colon));
+  const int who = colon == std::string::npos ? 0 : std::stoi(s.substr(colon + 1));
+  if (at == step && who == rank) {
+    std::fprintf(stderr, "VLMTRAIN_FAULT_EXIT: rank %d exits before step %lld\n", rank, static_cast<long long>(step));
+    std::fflush(stderr);
+    ::_exit(3);
+  }
+}
+
 // ---------------------------------------------------------------- metrics.jsonl
 class MetricsFile {
  public:
@@ -253,6 +272,8 @@ TrainSummary run_training(const Recipe& recipe) {
     while (st.step < steps_total) {
       const auto t0 = std::chrono::steady_clock::now();
       const std::string ctx = fmt::format("step {}", st.step + 1);
+
+      maybe_fault_exit(st.step + 1, rank);
 
       // Data: this rank's micro-batches (the same count on every rank).
       StepData sd = data.next(st.cursor);
