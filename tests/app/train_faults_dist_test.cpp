@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "tests/dist_testing.h"
+#include "tests/app/train_testing.h"
 #include "tests/testing.h"
 
 namespace fs = std::filesystem;
@@ -29,45 +30,20 @@ class TrainFaults : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     g_data = new TempDir("faults-data");
-    auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "synth-ocr", "--out", g_data->path(), "--train", "48", "--val",
-                           "4", "--seed", "9", "--vocab-size", "400"},
-                          std::chrono::seconds(120));
-    ASSERT_EQ(r.exit_code, 0) << r.output;
+    vlmtest::make_synth_data(g_data->path(), 48, 9);
   }
   static void TearDownTestSuite() {
     delete g_data;
     g_data = nullptr;
   }
   std::vector<std::string> argv(const TempDir& dir, int steps, const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> a = {vlmtest::vlmtrain_bin(),
-                                  "train",
-                                  vlmtest::source_dir() + "/recipes/ocr_tiny.toml",
-                                  "--set", "run.output_dir=" + (dir / "run"),
-                                  "--set", "model.tokenizer=" + (*g_data / "tokenizer.model"),
-                                  "--set", "data.train=" + (*g_data / "train.jsonl"),
-                                  "--set", "data.eval=[]",
-                                  "--set", "data.synth.generate_if_missing=false",
-                                  "--set", "data.num_workers=1",
-                                  "--set", "batch.samples_per_rank=2",
-                                  "--set", "schedule.steps=" + std::to_string(steps),
-                                  "--set", "schedule.warmup_steps=1",
-                                  "--set", "checkpoint.every=0",
-                                  "--set", "eval.every=0",
-                                  "--set", "eval.at_end=false",
-                                  "--set", "log.every=1",
-                                  "--set", "dist.timeout_s=60"};
+    auto a = vlmtest::tiny_train_args(dir / "run", g_data->path(), steps, 0);
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   }
 };
 
-std::vector<nlohmann::json> metrics(const std::string& run_dir) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(run_dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
+std::vector<nlohmann::json> metrics(const std::string& run_dir) { return vlmtest::metrics_lines(run_dir); }
 
 nlohmann::json trainer_json(const std::string& ckpt) {
   std::ifstream in(ckpt + "/trainer.json");

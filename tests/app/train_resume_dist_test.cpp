@@ -14,6 +14,7 @@
 
 #include "app/checkpoint.h"
 #include "tests/dist_testing.h"
+#include "tests/app/train_testing.h"
 #include "tests/testing.h"
 #include "vlm/config.h"
 #include "vlm/hf_checkpoint.h"
@@ -31,10 +32,7 @@ class TrainResume : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     g_data = new TempDir("train-data");
-    auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "synth-ocr", "--out", g_data->path(), "--train", "64", "--val",
-                           "8", "--seed", "5", "--vocab-size", "400"},
-                          std::chrono::seconds(120));
-    ASSERT_EQ(r.exit_code, 0) << r.output;
+    vlmtest::make_synth_data(g_data->path(), 64, 5);
   }
   static void TearDownTestSuite() {
     delete g_data;
@@ -102,17 +100,7 @@ every = 1
   }
 };
 
-// step -> loss from metrics.jsonl (a resumed run appends to the same file: later lines win).
-std::map<int64_t, double> losses(const std::string& run_dir) {
-  std::map<int64_t, double> out;
-  std::ifstream in(run_dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    out[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
-  }
-  return out;
-}
+std::map<int64_t, double> losses(const std::string& run_dir) { return vlmtest::losses_by_step(run_dir); }
 
 // Copies a run directory keeping only metrics of steps <= `upto` and checkpoints <= `upto`.
 void copy_run_until(const std::string& from, const std::string& to, int64_t upto) {

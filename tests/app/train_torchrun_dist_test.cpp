@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/dist_testing.h"
+#include "tests/app/train_testing.h"
 #include "tests/testing.h"
 
 namespace fs = std::filesystem;
@@ -26,10 +27,7 @@ class TrainTorchrun : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     g_data = new TempDir("torchrun-data");
-    auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "synth-ocr", "--out", g_data->path(), "--train", "48", "--val",
-                           "4", "--seed", "11", "--vocab-size", "400"},
-                          std::chrono::seconds(120));
-    ASSERT_EQ(r.exit_code, 0) << r.output;
+    vlmtest::make_synth_data(g_data->path(), 48, 11);
   }
   static void TearDownTestSuite() {
     delete g_data;
@@ -39,23 +37,7 @@ class TrainTorchrun : public ::testing::Test {
     if (!fs::exists("/usr/bin/torchrun")) GTEST_SKIP() << "Debian's torchrun (package python3-torch) is not installed";
   }
   std::vector<std::string> train_args(const TempDir& dir, int steps) {
-    return {vlmtest::vlmtrain_bin(),
-            "train",
-            vlmtest::source_dir() + "/recipes/ocr_tiny.toml",
-            "--set", "run.output_dir=" + (dir / "run"),
-            "--set", "model.tokenizer=" + (*g_data / "tokenizer.model"),
-            "--set", "data.train=" + (*g_data / "train.jsonl"),
-            "--set", "data.eval=[]",
-            "--set", "data.synth.generate_if_missing=false",
-            "--set", "data.num_workers=1",
-            "--set", "batch.samples_per_rank=2",
-            "--set", "schedule.steps=" + std::to_string(steps),
-            "--set", "schedule.warmup_steps=1",
-            "--set", "checkpoint.every=2",
-            "--set", "eval.every=0",
-            "--set", "eval.at_end=false",
-            "--set", "log.every=1",
-            "--set", "dist.timeout_s=60"};
+    return vlmtest::tiny_train_args(dir / "run", g_data->path(), steps, 2);
   }
   vlmtest::RunResult torchrun(const std::vector<std::string>& args, const std::vector<std::string>& extra_flags,
                               const std::vector<std::string>& env = {}) {
@@ -69,16 +51,7 @@ class TrainTorchrun : public ::testing::Test {
   }
 };
 
-std::map<int64_t, double> losses(const std::string& run_dir) {
-  std::map<int64_t, double> out;
-  std::ifstream in(run_dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    out[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
-  }
-  return out;
-}
+std::map<int64_t, double> losses(const std::string& run_dir) { return vlmtest::losses_by_step(run_dir); }
 
 TEST_F(TrainTorchrun, MatchesTheSameJobStartedByHand) {
   TempDir a("torchrun"), b("byhand");
