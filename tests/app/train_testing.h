@@ -53,10 +53,12 @@ inline std::vector<nlohmann::json> metrics_lines(const std::string& run_dir) {
   return out;
 }
 
-// step -> loss (a resumed run appends to the same file: the later line wins).
+// step -> loss of the training lines (eval lines carry no loss; a resumed run appends to
+// the same file: the later line wins).
 inline std::map<int64_t, double> losses_by_step(const std::string& run_dir) {
   std::map<int64_t, double> out;
-  for (const auto& j : metrics_lines(run_dir)) out[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
+  for (const auto& j : metrics_lines(run_dir))
+    if (j.contains("loss")) out[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
   return out;
 }
 
