@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -81,6 +82,21 @@ nlohmann::json unit_layout(const std::vector<vlm::sharding::UnitPlan>& units) {
                    {"params", params}});
   }
   return out;
+}
+
+// Test hook: VLMTRAIN_FAULT_EXIT_IN_SAVE="STEP[:RANK]" kills RANK (default 0) with _exit(3)
+// right after it wrote its state file for step STEP (the checkpoint is then incomplete).
+void maybe_exit_in_save(int64_t step, int64_t rank) {
+  const char* env = std::getenv("VLMTRAIN_FAULT_EXIT_IN_SAVE");
+  if (env == nullptr || *env == '\0') return;
+  const std::string s = env;
+  const size_t colon = s.find(':');
+  if (std::stoll(s.substr(0, colon)) != step) return;
+  if ((colon == std::string::npos ? 0 : std::stoll(s.substr(colon + 1))) != rank) return;
+  std::fprintf(stderr, "VLMTRAIN_FAULT_EXIT_IN_SAVE: rank %lld exits while saving step %lld\n",
+               static_cast<long long>(rank), static_cast<long long>(step));
+  std::fflush(stderr);
+  ::_exit(3);
 }
 
 // Every rank: 1 if `fn` succeeded; throws the same error everywhere when any rank failed.
@@ -163,6 +179,7 @@ std::string save_checkpoint(const std::string& output_dir, const TrainerState& s
     vlm::SafetensorsWriteOptions so;
     so.metadata = {{"slices", meta.dump()}, {"rank", std::to_string(rank)}, {"world_size", std::to_string(world)}};
     vlm::save_safetensors((fs::path(tmp_dir) / rank_file(rank, world)).string(), tensors, so);
+    maybe_exit_in_save(state.step, rank);
   }, "write rank state");
 
   all_ok(comm, [&] {

@@ -124,4 +124,24 @@ TEST_F(TrainFaults, SigtermWritesAResumableCheckpointAndExitsZero) {
   EXPECT_EQ(metrics(dir / "run").back().at("step").get<int64_t>(), stopped_at + 2);
 }
 
+// A rank dies while the step-4 checkpoint is being written: every rank exits non-zero
+// (none hangs), step-2 stays the newest complete checkpoint, and the next run resumes
+// from it and logs exactly the losses of an uninterrupted run.
+TEST_F(TrainFaults, RankKilledDuringCheckpointSaveKeepsThePreviousOne) {
+  TempDir dir("killsave"), ref("killsave-ref");
+  auto args = [&](const TempDir& d) { return vlmtest::tiny_train_args(d / "run", g_data->path(), 6, 2); };
+  auto res = vlmtest::run_ranks(2, args(dir), std::chrono::seconds(180), {"VLMTRAIN_FAULT_EXIT_IN_SAVE=4:1"});
+  for (const auto& r : res) {
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_FALSE(r.timed_out) << r.output;
+  }
+  EXPECT_FALSE(fs::exists(dir / "run/step-00000004/COMPLETE"));
+  ASSERT_TRUE(fs::exists(dir / "run/step-00000002/COMPLETE"));
+  auto again = vlmtest::run_ranks(2, args(dir), std::chrono::seconds(180));
+  ASSERT_TRUE(vlmtest::all_ok(again));
+  EXPECT_NE(again[0].output.find("resumed from " + (dir / "run/step-00000002")), std::string::npos) << again[0].output;
+  ASSERT_TRUE(vlmtest::all_ok(vlmtest::run_ranks(2, args(ref), std::chrono::seconds(180))));
+  EXPECT_EQ(vlmtest::losses_by_step(dir / "run"), vlmtest::losses_by_step(ref / "run"));
+}
+
 }  // namespace
