@@ -600,7 +600,7 @@ int Supervisor::run() {
   for (auto& w : workers_) {
     if (&w == &f) continue;
     msg += str("  rank ", w.rank, ": ", describe_status(w.status), " after ", seconds(w.exit_s),
-               w.stopped_by_us ? " (stopped by the launcher)" : "", "\n");
+               w.stopped_by_us && WIFSIGNALED(w.status) ? " (stopped by the launcher)" : "", "\n");
   }
   msg += "  hint: the first failure is usually the cause; the others were stopped or failed "
          "because of it\n";
