@@ -34,7 +34,8 @@ options (before the worker command):
   --log-dir DIR        keep each rank's output (DIR/rank<R>.log) and error file
                        (DIR/rank<R>.error.json); default: error files in a temporary dir
   --run-id ID          TORCHELASTIC_RUN_ID (default "none")
-  --grace-s S          seconds between SIGTERM and SIGKILL when stopping workers (default 15)
+  --grace-s S          seconds between SIGTERM and SIGKILL when stopping workers
+                       (default 30, as torchrun; the trainer checkpoints on SIGTERM)
 
 examples:
   vlmtrain launch --nproc-per-node 2 recipes/ocr_tiny.toml --set optim.lr=5e-4

@@ -46,7 +46,7 @@ struct LaunchOptions {
                             // else <log_dir>/rank<R>.log (unprefixed output) and
                             // <log_dir>/rank<R>.error.json are kept
   std::string run_id;       // TORCHELASTIC_RUN_ID; "" -> "none" (torchrun's default)
-  std::chrono::milliseconds grace{std::chrono::seconds(15)};  // SIGTERM -> SIGKILL
+  std::chrono::milliseconds grace{std::chrono::seconds(30)};  // SIGTERM -> SIGKILL (torchrun: 30 s)
   std::vector<std::string> worker_argv;  // program and its arguments
 };
 
