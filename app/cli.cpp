@@ -15,7 +15,8 @@ namespace vlmtrain {
 
 // ---------------------------------------------------------------- Args
 
-Args::Args(std::string command, std::vector<std::string> argv) : command_(std::move(command)) {
+Args::Args(std::string command, std::vector<std::string> argv)
+    : command_(std::move(command)), raw_(argv) {
   auto add_positional = [&](size_t pos) {
     positionals_.push_back(argv[pos]);
     positional_pos_.push_back(pos);
@@ -200,7 +201,8 @@ int run_cli(int argc, char** argv) {
       if (std::string(c.name) == "train") cmd = &c;
     cmd_args = rest;
   }
-  for (const auto& a : cmd_args) {
+  // `launch` passes its worker's arguments through (their --help is the worker's).
+  for (const auto& a : std::string(cmd->name) == "launch" ? std::vector<std::string>() : cmd_args) {
     if (is_help(a) && a != "help") {
       std::fputs(cmd->help(), stdout);
       return 0;

@@ -18,6 +18,8 @@ class Args {
   Args(std::string command, std::vector<std::string> argv);
 
   const std::string& command() const { return command_; }
+  // The arguments as given (for commands that pass a tail through, like `launch`).
+  const std::vector<std::string>& raw() const { return raw_; }
   // Positional arguments in order (everything not starting with "--").
   const std::vector<std::string>& positionals() const { return positionals_; }
   std::string positional(size_t i, const std::string& what) const;  // throws if missing
@@ -36,6 +38,7 @@ class Args {
 
  private:
   std::string command_;
+  std::vector<std::string> raw_;
   std::vector<std::string> positionals_;
   std::vector<size_t> positional_pos_;  // argv position of each positional (keeps order)
   struct Opt {

@@ -6,6 +6,9 @@
 #include "vlm/check.h"
 
 int main(int argc, char** argv) {
+  // Line-buffered stdout even into a pipe (launchers, `tee`, log collectors), so a rank's
+  // lines appear as they are printed and interleave with stderr in order.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   try {
     return vlmtrain::run_cli(argc, argv);
   } catch (const vlm::Error& e) {

@@ -1,6 +1,7 @@
 #include "sharding/comm.h"
 
 #include <sstream>
+#include <thread>
 
 #include "vlm/check.h"
 
@@ -195,7 +196,60 @@ void Comm::fail(uint64_t seq, const std::string& head, const std::string& reason
                   ", timeout ", timeout_.count() / 1000.0, " s): ", reason,
                   "\n  hint: ", hint_for(reason),
                   "\n  last ops on this rank, oldest first:\n",
-                  flight_record()));
+                  flight_record(), peer_report(seq)));
+}
+
+std::string Comm::peer_report(uint64_t failed_seq) {
+  if (!store_ || world_ == 1) return "";
+  auto key = [](int r) { return str("vlm_comm/last_op/", r); };
+  std::string mine;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& e : flight_)
+      if (e.seq == failed_seq) mine = e.to_string();
+    if (!flight_.empty() && flight_.back().seq != failed_seq)
+      mine += " (last entered: " + flight_.back().to_string() + ")";
+  }
+  std::vector<std::string> got(world_);
+  std::vector<bool> have(world_, false);
+  got[rank_] = mine;
+  have[rank_] = true;
+  std::string store_error;
+  try {
+    store_->set(key(rank_), std::vector<uint8_t>(mine.begin(), mine.end()));
+    const auto deadline = std::chrono::steady_clock::now() + peer_report_wait_;
+    for (;;) {
+      bool all = true;
+      for (int r = 0; r < world_; ++r) {
+        if (have[r]) continue;
+        if (store_->check({key(r)})) {
+          std::vector<uint8_t> v = store_->get(key(r));
+          got[r].assign(v.begin(), v.end());
+          have[r] = true;
+        } else {
+          all = false;
+        }
+      }
+      if (all || std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  } catch (const std::exception& e) {
+    store_error = e.what();
+    store_error = store_error.substr(0, store_error.find('\n'));
+  }
+  std::ostringstream ss;
+  ss << "  last op each rank entered (reported through the rendezvous store after the failure):\n";
+  for (int r = 0; r < world_; ++r) {
+    ss << "    rank " << r << ": "
+       << (have[r] ? got[r]
+                   : str("no report within ", peer_report_wait_.count() / 1000.0,
+                         " s (dead, stuck outside the comm layer, or still waiting in an op)"))
+       << "\n";
+  }
+  if (!store_error.empty())
+    ss << "    (the store stopped answering: " << store_error
+       << "; rank 0 hosts it, so rank 0 may be dead)\n";
+  return ss.str();
 }
 
 std::string Comm::flight_record() const {

@@ -34,6 +34,11 @@
 // sequence number, tensor shape/dtype, the caller's context string (e.g.
 // "step 12, unit model.layers.3"), the underlying reason, and the flight recorder (the
 // last ops this rank entered and completed). The Comm must outlive its Work handles.
+// With a store (ParallelDims sets the rendezvous store), a failing rank also publishes the
+// last op it entered under "vlm_comm/last_op/<rank>" and waits up to peer_report_wait (5 s)
+// for the other ranks' reports, so each error ends with what every rank last entered
+// (a rank that is dead or stuck outside the comm layer shows as "no report"). The extra
+// wait keeps a failing rank's exit within the collective timeout + 30 s.
 #pragma once
 #include <torch/torch.h>
 
@@ -145,6 +150,14 @@ class Comm {
   }
   void barrier(const std::string& ctx);
 
+  // The store used to exchange last-op reports on failure (see the header comment);
+  // null disables the exchange.
+  void set_store(c10::intrusive_ptr<c10d::Store> store,
+                 std::chrono::milliseconds peer_report_wait = std::chrono::seconds(5)) {
+    store_ = std::move(store);
+    peer_report_wait_ = peer_report_wait;
+  }
+
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats{}; }
   // The last ops (oldest first), one per line.
@@ -156,11 +169,15 @@ class Comm {
   void complete(uint64_t seq);
   [[noreturn]] void fail(uint64_t seq, const std::string& head, const std::string& reason);
   void count(OpKind op, double logical, double wire);
+  // Publishes this rank's last op to the store and collects the others' (best effort).
+  std::string peer_report(uint64_t failed_seq);
   // Runs `issue` (which returns the c10d works) and wraps its exceptions.
   Work launch(uint64_t seq, const std::function<std::vector<c10::intrusive_ptr<c10d::Work>>()>& issue,
               std::function<void()> epilogue);
 
   c10::intrusive_ptr<compat::CommBackend> group_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::chrono::milliseconds peer_report_wait_{0};
   int rank_ = 0;
   int world_ = 1;
   Backend backend_ = Backend::kNone;

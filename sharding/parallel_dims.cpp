@@ -10,6 +10,11 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -251,6 +256,35 @@ bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
 }
 
+// The local address this host would use to reach host:port (a UDP connect() sends no
+// packet, it only picks the route), e.g. "10.0.0.5"; "" when the host does not resolve or
+// there is no route. On the master's own node it is the master address itself.
+std::string local_address_towards(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return "";
+  std::string found;
+  for (addrinfo* a = res; a != nullptr && found.empty(); a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char buf[INET6_ADDRSTRLEN] = {0};
+      const void* src = local.ss_family == AF_INET
+                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+      if (::inet_ntop(local.ss_family, src, buf, sizeof buf) != nullptr) found = buf;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return found;
+}
+
 // Runs `f`, turning c10 / system errors into a vlm::Error with our context and hint.
 template <typename F>
 auto wrap(const std::string& what, const std::string& hint, F&& f) -> decltype(f()) {
@@ -330,7 +364,14 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
     } else if (is_loopback(env.master_addr)) {
       o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
     } else {
-      o->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      // Gloo's default device binds to the address this host's name resolves to, which is
+      // a loopback address on many machines (Debian maps the hostname to 127.0.1.1): peers on
+      // other nodes could not connect. Bind where the route to the master leaves instead.
+      const std::string local = local_address_towards(env.master_addr, env.master_port);
+      if (!local.empty())
+        o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(local));
+      else
+        o->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
     }
     o->threads = 2;
     p.group_ = wrap(str(who, ": Gloo rendezvous through ", where, " did not complete within ",
@@ -343,6 +384,7 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
     p.backend_ = Backend::kGloo;
   }
   p.comm_ = std::make_shared<Comm>(p.group_, env.rank, env.world_size, p.backend_, opts.timeout);
+  p.comm_->set_store(store);
   return p;
 }
 

@@ -20,7 +20,9 @@
 //
 // Backend: NCCL when the device is CUDA (device index = LOCAL_RANK; needs a LibTorch 2.x
 // build with VLMTRAIN_WITH_NCCL defined), Gloo on CPU. Gloo binds to GLOO_SOCKET_IFNAME
-// when set, to 127.0.0.1 when the master is a loopback address, else to this host's name.
+// when set, to 127.0.0.1 when the master is a loopback address, else to the local address
+// of the route to the master (so a hostname that resolves to 127.0.1.1 cannot strand it).
+// The rendezvous TCPStore (rank 0) listens on all interfaces.
 #pragma once
 #include <torch/torch.h>
 
