@@ -37,8 +37,9 @@ SKIP = set(filter(None, os.environ.get("BENCH_SKIP", "").split(",")))
 TORCH_PY = os.environ.get("TORCH_PYTHON", "/usr/bin/python3")
 
 # Per-rank batch of every step_bench / PyTorch run (same shapes on both sides).
-SHAPES = {"tiny": ["--samples", "4", "--text", "96", "--image-tokens", "64"],
+SHAPES = {"tiny": ["--samples", "2", "--text", "64", "--image-tokens", "32"],
           "small": ["--samples", "2", "--text", "64", "--image-tokens", "32"]}
+MATRIX_STEPS = int(os.environ.get("BENCH_MATRIX_STEPS", "2"))
 MIXES = [("ddp", False), ("frozen", False), ("full_shard", False), ("full_shard", True)]
 MIX_NAMES = {"ddp": "all ddp", "frozen": "frozen vision + ddp merger + fsdp LLM",
              "full_shard": "full_shard everything"}
@@ -86,6 +87,16 @@ def pytorch_ddp(preset, world, threads=1, steps=STEPS, warmup=1):
     return run_json(cmd, f"pytorch {preset} ddp w{world} t{threads}")
 
 
+def group_notes(notes):
+    """'unit A: msg' notes -> 'msg: A, B, ...' (one line per distinct message)."""
+    by_msg = {}
+    for n in notes:
+        m = re.match(r"unit (\S+): (.*)", n)
+        unit, msg = (m.group(1), m.group(2)) if m else ("", n)
+        by_msg.setdefault(msg, set()).add(unit)
+    return [f"{msg}: {', '.join(sorted(u for u in units if u))}" for msg, units in sorted(by_msg.items())]
+
+
 def mb(x):
     return f"{x / 1e6:.1f}"
 
@@ -97,11 +108,13 @@ def fmt_ratio(a, b):
 # ---------------------------------------------------------------- sections
 def matrix(md):
     md.append("## 2. Training step matrix (bench/step_bench, fixed synthetic batch, no data pipeline)\n")
-    md.append("Per-rank batch: tiny 4 samples x 162 tokens (64 image tokens = 256 patches each); small 2 samples "
-              "x 98 tokens (32 image tokens = 128 patches each). fp32, intra-op threads = cores / world. "
-              f"Median of {STEPS} steps after 1 warm-up step; one run per row (not interleaved: read it for "
-              "shape, not for small differences). tokens/s and images/s are global (all ranks). Peak RSS: the "
-              "largest rank.\n")
+    md.append("Per-rank batch (both presets): 2 samples x 98 tokens (32 image tokens = 128 patches each). fp32, "
+              "one intra-op thread per rank (on this loaded machine two OpenMP threads per process spent most "
+              "of their CPU time waiting for each other: a first attempt with cores / world threads measured "
+              "36 s per tiny step, 6.7 CPU s, and was stopped). "
+              f"Median of {MATRIX_STEPS} steps after 1 warm-up step; one run per row (not interleaved: read it "
+              "for shape, not for small differences). World 4 puts 4 ranks on 2 cores. tokens/s and images/s "
+              "are global (all ranks). Peak RSS: the largest rank.\n")
     md.append("| preset | policy mix | act. ckpt | world | step s | CPU s/rank | tokens/s | images/s | peak RSS MB |")
     md.append("|---|---|---|---|---|---|---|---|---|")
     rows = []
@@ -110,7 +123,7 @@ def matrix(md):
             for mix, ckpt in MIXES:
                 if preset == "small" and world == 4 and (mix, ckpt) != ("ddp", False):
                     continue  # 4 ranks of the small model on 2 shared cores: one mix only (time)
-                j = step_bench(preset, mix, ckpt, world)
+                j = step_bench(preset, mix, ckpt, world, threads=1, steps=MATRIX_STEPS)
                 if not j:
                     md.append(f"| {preset} | {MIX_NAMES[mix]} | {'on' if ckpt else 'off'} | {world} | failed | | | | |")
                     continue
@@ -120,9 +133,9 @@ def matrix(md):
                           f"{mb(j['peak_rss_bytes'])} |")
     md.append("\nSkipped: small at world 4 for every mix but all-ddp (4 ranks of a 41M-parameter model on 2 shared "
               "cores would take most of the run's time budget).\n")
-    notes = sorted({n for j in rows for n in j.get("notes", [])})
+    notes = group_notes(n for j in rows for n in j.get("notes", []))
     if notes:
-        md.append("Notes the sharding engine printed (what ran differently from the plan):\n")
+        md.append("Notes the sharding engine printed (what ran differently from the plan), units of both presets:\n")
         md += [f"- {n}" for n in notes]
         md.append("")
     return rows
@@ -209,7 +222,7 @@ def launch_train(world, args, timeout=1800):
         port = s.getsockname()[1]
     procs = []
     for r in range(world):
-        env = dict(os.environ)
+        env = dict(os.environ, OMP_NUM_THREADS="1")  # one intra-op thread per rank, as section 2
         if world > 1:
             env.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
                        GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -221,16 +234,17 @@ def launch_train(world, args, timeout=1800):
 def train_section(md):
     md.append("## 4. Trainer end to end (`vlmtrain train`, synthetic OCR data, data pipeline included)\n")
     md.append("recipes/ocr_tiny.toml (its policy mix: vision full_shard, merger ddp, LLM full_shard, rest ddp) "
-              "with the overrides in the commands below: 8 steps, log every step, the first 3 steps discarded, "
-              "medians of the rest from RUN/metrics.jsonl (rank 0's view; tokens/s and images/s are global).\n")
+              "with the overrides in the commands below: 6 steps, log every step, the first 2 steps discarded, "
+              "medians of the rest from RUN/metrics.jsonl (rank 0's view; tokens/s and images/s are global). "
+              "OMP_NUM_THREADS=1 per rank; the loader's worker threads come on top.\n")
     md.append("| preset | samples/rank | world | step s | tokens/s | images/s | data wait % | peak RSS MB (rank 0) |")
     md.append("|---|---|---|---|---|---|---|---|")
-    for preset, samples in (("tiny", 8), ("small", 4)):
+    for preset, samples in (("tiny", 4), ("small", 2)):
         for world in (1, 2):
             run = os.path.join(OUT, f"train_{preset}_w{world}")
             subprocess.run(["rm", "-rf", run])
             args = ["recipes/ocr_tiny.toml", "--set", f"model.preset={preset}", "--set", f"run.output_dir={run}",
-                    "--set", "schedule.steps=8", "--set", "schedule.warmup_steps=1", "--set", "log.every=1",
+                    "--set", "schedule.steps=6", "--set", "schedule.warmup_steps=1", "--set", "log.every=1",
                     "--set", f"batch.samples_per_rank={samples}", "--set", "checkpoint.every=0",
                     "--set", "checkpoint.save_final=false", "--set", "eval.every=0",
                     "--set", f"data.train=[\"{os.path.join(OUT, 'synth', 'train.jsonl')}\"]",
@@ -242,7 +256,7 @@ def train_section(md):
             if not ok or not os.path.exists(path):
                 md.append(f"| {preset} | {samples} | {world} | failed (see {OUT}/train_w{world}_rank0.log) | | | | |")
                 continue
-            m = [json.loads(l) for l in open(path)][3:]
+            m = [json.loads(l) for l in open(path)][2:]
             med = lambda k: statistics.median(x[k] for x in m)
             md.append(f"| {preset} | {samples} | {world} | {med('step_s'):.3f} | {med('tokens_per_s'):.0f} | "
                       f"{med('images_per_s'):.1f} | {med('data_wait_pct'):.0f} | {mb(max(x['peak_rss_bytes'] for x in m))} |")
@@ -291,9 +305,11 @@ def main():
     h = header()
     log(f"start: {h}")
     md = ["# vlmtrain benchmark results (CPU)\n",
-          f"Measured {h['date']} at commit {h['rev']} by `scripts/bench.sh`.\n",
+          f"Report assembled {h['date']} at commit {h['rev']} by `scripts/bench.sh`; each section gives the "
+          "time it ran (sections skipped with BENCH_SKIP keep their result from an earlier run).\n",
           f"**Machine: a shared, loaded {h['nproc']}-core machine** ({h['cpu']}, Linux {h['kernel']}), load "
-          f"average at start {h['load']} (other engineers were building and testing on the same cores). "
+          f"average {h['load']} when this report was assembled, 15-20 while it was measured, each section "
+          "gives its own (other engineers were building and testing on the same cores). "
           "Absolute times below are therefore slow and noisy; read the ratios of section 1, measured "
           "interleaved in one run, and the byte counts of section 3, which do not depend on load.\n",
           "GPU part (qwen2-vl-2b on CUDA vs HF transformers): scripts/gpu/run_bench.sh on a CUDA machine, not "
@@ -330,8 +346,13 @@ def main():
     md.append(f"Load average at the end: {h2['load']} ({h2['date']}).\n")
     md.append("## Commands\n")
     md.append("```")
-    md.append("scripts/bench.sh      # builds, then runs everything below")
-    md += all_cmds
+    md.append("scripts/bench.sh      # builds, then runs everything below (each once per repeat)")
+    seen = set()
+    for c in all_cmds:
+        c = c.replace(ROOT + "/", "")
+        if c and c not in seen:
+            seen.add(c)
+            md.append(c)
     md.append("```")
     text = "\n".join(md) + "\n"
     dest = os.environ.get("BENCH_RESULTS", os.path.join(ROOT, "bench", "RESULTS.md"))
