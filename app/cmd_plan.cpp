@@ -30,7 +30,7 @@ const char* help_plan() {
 Builds the model on the meta device and prints every module with its parameter count,
 policy and bytes per rank, plus totals.
 
-  --preset NAME   model preset: tiny, tiny-qwen2.5, qwen2-vl-2b, qwen2-vl-7b,
+  --preset NAME   model preset: tiny, tiny-qwen2.5, small, qwen2-vl-2b, qwen2-vl-7b,
                   qwen2.5-vl-3b, qwen2.5-vl-7b
   --world-size N  ranks to plan for (default 1)
   --json          one JSON object: preset, total_params, vision_params (incl. merger),

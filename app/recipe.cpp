@@ -463,7 +463,7 @@ std::string save_resolved_recipe(const Recipe& recipe, const std::string& dir) {
 }
 
 std::vector<std::string> known_presets() {
-  return {"tiny", "tiny-qwen2.5", "qwen2-vl-2b", "qwen2-vl-7b", "qwen2.5-vl-3b", "qwen2.5-vl-7b"};
+  return {"tiny", "tiny-qwen2.5", "small", "qwen2-vl-2b", "qwen2-vl-7b", "qwen2.5-vl-3b", "qwen2.5-vl-7b"};
 }
 
 std::string Recipe::location(const std::string& key) const {

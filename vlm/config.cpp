@@ -324,10 +324,34 @@ VlmConfig tiny(Family family) {
   return c;
 }
 
+// ~8x tiny (41.0M parameters: vision 14.2M incl. merger 3.1M, LLM 26.8M): the benchmark
+// size (bench/, scripts/bench.sh), about a second per CPU step at a few samples per rank.
+VlmConfig small() {
+  VlmConfig c = tiny(Family::qwen2_vl);
+  c.vision.depth = 6;
+  c.vision.embed_dim = 384;
+  c.vision.num_heads = 6;  // head_dim 64
+  c.vision.intermediate_size = 1536;
+  c.vision.out_hidden_size = 512;
+  c.text.vocab_size = 8192;
+  c.text.hidden_size = 512;
+  c.text.intermediate_size = 1408;
+  c.text.num_hidden_layers = 8;
+  c.text.num_attention_heads = 8;  // head_dim 64
+  c.text.num_key_value_heads = 2;
+  c.bos_token_id = 8185;
+  c.eos_token_id = 8187;
+  c.vision_start_token_id = 8188;
+  c.vision_end_token_id = 8189;
+  c.image_token_id = 8190;
+  c.video_token_id = 8191;
+  return c;
+}
+
 }  // namespace
 
 std::vector<std::string> preset_names() {
-  return {"tiny", "tiny-qwen2.5", "qwen2-vl-2b", "qwen2-vl-7b", "qwen2.5-vl-3b", "qwen2.5-vl-7b"};
+  return {"tiny", "tiny-qwen2.5", "small", "qwen2-vl-2b", "qwen2-vl-7b", "qwen2.5-vl-3b", "qwen2.5-vl-7b"};
 }
 
 VlmConfig preset(const std::string& name) {
@@ -336,6 +360,8 @@ VlmConfig preset(const std::string& name) {
     c = tiny(Family::qwen2_vl);
   } else if (name == "tiny-qwen2.5") {
     c = tiny(Family::qwen2_5_vl);
+  } else if (name == "small") {
+    c = small();
   } else if (name == "qwen2-vl-2b") {
     c = real_qwen2_vl(1536, 8960, 28, 12, 2, 151936, true);
   } else if (name == "qwen2-vl-7b") {

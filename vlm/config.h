@@ -79,7 +79,7 @@ VlmConfig load_hf_config(const std::string& dir_or_file);
 // An HF config.json (legacy layout: text fields top-level) that transformers loads.
 nlohmann::json to_hf_json(const VlmConfig& cfg);
 
-// Built-in presets: tiny, tiny-qwen2.5, qwen2-vl-2b, qwen2-vl-7b, qwen2.5-vl-3b, qwen2.5-vl-7b.
+// Built-in presets: tiny, tiny-qwen2.5, small, qwen2-vl-2b, qwen2-vl-7b, qwen2.5-vl-3b, qwen2.5-vl-7b.
 VlmConfig preset(const std::string& name);
 std::vector<std::string> preset_names();
 

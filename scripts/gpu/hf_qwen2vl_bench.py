@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""HF transformers' Qwen2-VL, random init from the same config as vlmtrain's preset, timed
+on the same batch as bench/step_bench (GPU side of issue #12). One JSON line on stdout.
+
+    build-gpu/build/bench/step_bench --preset qwen2-vl-2b --dump-config /tmp/q2b.json
+    python3 scripts/gpu/hf_qwen2vl_bench.py --config /tmp/q2b.json --text 1790 --image-tokens 256
+
+Training step: forward with labels, backward, global grad-norm clip 1.0, AdamW (fused when
+available), zero_grad. Precision, to match vlmtrain's bf16 run in bytes per parameter
+(bf16 compute, fp32 master + Adam state): fp32 parameters with torch.autocast(bfloat16)
+(what HF Trainer's bf16=True does); attention via SDPA (attn_implementation="sdpa"); use
+--pure-bf16 for bf16 parameters and optimizer state instead (less memory, not the same
+numerics). Batch: --samples B rows of [T/2 prompt] <vision_start> [K image tokens]
+<vision_end> [T - T/2 answer, supervised], one image of grid (1, 2, 2K) patches per row.
+
+MFU (PaLM convention, as step_bench): per LLM token 6 x P_LLM + 12 x layers x L x hidden,
+per patch 6 x P_vision_blocks + 12 x depth x patches_per_image x embed, merger per 4
+patches; recompute not counted; peak --peak-tflops (dense bf16 per GPU, H100/H200 SXM: 989).
+Peak memory: torch.cuda.max_memory_allocated (same counter as step_bench's allocator stat).
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", required=True, help="HF config.json (step_bench --dump-config)")
+    ap.add_argument("--samples", type=int, default=1)
+    ap.add_argument("--text", type=int, default=1790)
+    ap.add_argument("--image-tokens", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--peak-tflops", type=float, default=989.0)
+    ap.add_argument("--pure-bf16", action="store_true")
+    a = ap.parse_args()
+
+    import transformers
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    cfg_dict = json.load(open(a.config))
+    cfg = Qwen2VLConfig(**cfg_dict)
+    for c in (cfg, getattr(cfg, "vision_config", None), getattr(cfg, "text_config", None)):
+        if c is not None:
+            c._attn_implementation = "sdpa"
+    cfg.use_cache = False
+    dev = torch.device("cuda")
+    torch.manual_seed(7)
+    model = Qwen2VLForConditionalGeneration(cfg).to(dev, torch.bfloat16 if a.pure_bf16 else torch.float32)
+    model.train()
+    n_params = sum(p.numel() for p in model.parameters())
+    try:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
+    except (TypeError, RuntimeError):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+
+    # The batch (same layout as bench/step_bench make_batch).
+    b, k, t = a.samples, a.image_tokens, a.text
+    p, seq = t // 2, t + k + 2
+    img, vs, ve = cfg_dict["image_token_id"], cfg_dict["vision_start_token_id"], cfg_dict["vision_end_token_id"]
+    g = torch.Generator().manual_seed(1234)
+    ids = torch.randint(10, min(cfg_dict["bos_token_id"], cfg_dict["vocab_size"]) - 1, (b, seq), generator=g)
+    ids[:, p] = vs
+    ids[:, p + 1:p + 1 + k] = img
+    ids[:, p + 1 + k] = ve
+    labels = torch.full((b, seq), -100, dtype=torch.long)
+    labels[:, p + k + 2:] = ids[:, p + k + 2:]
+    vis = cfg_dict["vision_config"]
+    patch_dim = vis.get("in_chans", 3) * vis.get("temporal_patch_size", 2) * vis.get("patch_size", 14) ** 2
+    pixels = torch.randn(b * 4 * k, patch_dim, generator=g)
+    grid = torch.tensor([[1, 2, 2 * k]] * b)
+    batch = dict(input_ids=ids.to(dev), attention_mask=torch.ones_like(ids).to(dev), labels=labels.to(dev),
+                 pixel_values=pixels.to(dev, torch.bfloat16 if a.pure_bf16 else torch.float32),
+                 image_grid_thw=grid.to(dev))
+
+    times = []
+    torch.cuda.reset_peak_memory_stats(dev)
+    for s in range(a.warmup + a.steps):
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=not a.pure_bf16):
+            loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize(dev)
+        if s >= a.warmup:
+            times.append(time.perf_counter() - t0)
+    step_s = statistics.median(times)
+
+    # FLOPs (convention in the docstring).
+    visual = model.visual if hasattr(model, "visual") else model.model.visual
+    p_merger = sum(x.numel() for x in visual.merger.parameters())
+    p_vis = sum(x.numel() for x in visual.parameters()) - p_merger
+    p_llm = n_params - p_vis - p_merger
+    if cfg_dict.get("tie_word_embeddings"):
+        p_llm += cfg_dict["vocab_size"] * cfg_dict["hidden_size"]  # the head's matmul costs like an untied one
+    p_llm -= cfg_dict["vocab_size"] * cfg_dict["hidden_size"]  # the embedding lookup costs nothing
+    tokens, patches, per_image = b * seq, b * 4 * k, 4 * k
+    embed = vis.get("embed_dim", vis.get("hidden_size"))
+    flops = (6 * p_llm * tokens + 12 * cfg_dict["num_hidden_layers"] * seq * cfg_dict["hidden_size"] * tokens
+             + 6 * p_vis * patches + 12 * vis["depth"] * per_image * embed * patches + 6 * p_merger * patches / 4)
+    print(json.dumps({"impl": "hf-transformers", "transformers": transformers.__version__, "torch": torch.__version__,
+                      "gpu": torch.cuda.get_device_name(dev), "precision": "pure bf16" if a.pure_bf16 else
+                      "fp32 params + autocast bf16", "attn": "sdpa", "params": n_params, "samples": b, "seq_len": seq,
+                      "image_tokens": k, "steps": a.steps, "warmup": a.warmup, "step_s": step_s, "step_s_all": times,
+                      "tokens_per_s": tokens / step_s, "images_per_s": b / step_s, "flops_per_step": flops,
+                      "mfu": flops / step_s / (a.peak_tflops * 1e12), "peak_tflops": a.peak_tflops,
+                      "peak_device_bytes": torch.cuda.max_memory_allocated(dev)}), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
