@@ -260,6 +260,7 @@ RunResult sharded_run(ParallelDims& dims, const Config& c) {
   EXPECT_TRUE(sm->notes().empty()) << sm->notes().front();
   const auto initial = snapshot(*sm, *model);
   if (!c.load_dir.empty()) sm->load_state(slice_reader(c.load_dir), c.begin);
+  sm->reset_gather_peak();  // the snapshot gathered everything
   Comm& comm = dims.comm();
   RunResult r;
   for (int step = c.begin; step < c.end; ++step) {
