@@ -44,8 +44,22 @@
 // Traffic per micro-batch and unit (M = N*S elements x dtype bytes, Comm's logical ring
 // volume): full_shard 2 all-gathers + 1 reduce-scatter = 3(N-1)/N M; shard_grad_op 1 + 1 =
 // 2(N-1)/N M; frozen sharded 1 all-gather (2 when its backward is needed). A unit called
-// twice (tied lm_head = model.embed_tokens) is gathered for each call it is not already
-// gathered for.
+// twice (tied lm_head = model.embed_tokens) under full_shard is gathered for each call, in
+// forward and in backward: 4 all-gathers + 1 reduce-scatter (measured at world 4 on the
+// tiny model: 3.21 x (N-1)/N M in all instead of 3).
+// Peak: under full_shard at most two units are gathered at once (the running unit and the
+// prefetched one; tested), shard_grad_op keeps every unit gathered from its forward to its
+// reduce-scatter. The backward pre-hook of a unit frees the other full_shard / frozen
+// units except the one it prefetches: this assumes a unit's backward is over when
+// backward reaches an earlier unit, which holds for Qwen2-VL's chain of units (the CPU
+// autograd engine runs ready nodes latest-created first, AccumulateGrad first; the vision
+// and text branches meet at the image-token splice, after which model.embed_tokens'
+// backward needs no weights). A model whose unit outputs feed several later units would
+// need a per-unit "backward done" signal instead.
+//
+// Eval / generation: under NoGradGuard each call gathers and frees its unit (every rank
+// must make the same calls, e.g. the same number of decoding steps); gather_all() keeps
+// everything gathered instead.
 //
 // Hang safety: every decision that issues a collective (gather, prefetch, reduce-scatter
 // order) depends only on the call order and on whether outputs need gradients, which are

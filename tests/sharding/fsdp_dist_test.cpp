@@ -126,6 +126,7 @@ struct Config {
   bool ckpt = false;
   int accum = 1;
   torch::Dtype dtype = torch::kFloat32;
+  torch::Dtype reduce = torch::kFloat32;
   bool tied = true;
   double lr = kLr;
   bool fixed_data = false;  // every step uses step 0's samples (for "loss falls")
@@ -134,7 +135,8 @@ struct Config {
   bool text_only_rank1 = false;    // rank 1's samples have no image
   std::string tag() const {
     return vlm::str(frozen_vision ? "frozen-vision" : "all-fsdp", " ", strategy, ckpt ? " +ckpt" : "",
-                    " accum ", accum, dtype == torch::kBFloat16 ? " bf16" : "");
+                    " accum ", accum, dtype == torch::kBFloat16 ? " bf16" : "",
+                    reduce == torch::kBFloat16 ? " bf16-reduce" : "");
   }
 };
 
@@ -193,6 +195,7 @@ ShardingOptions options(const Config& c) {
     if (c.ckpt) o.checkpoint_match = "model.layers.*|model.embed_tokens|visual.merger|visual.blocks.*";
   }
   o.param_dtype = c.dtype;
+  o.reduce_dtype = c.reduce;
   o.ddp_bucket_mb = 0.05;
   o.optim.lr = c.lr;
   o.optim.weight_decay = kWd;
@@ -366,7 +369,9 @@ std::vector<vlmtest::WorkerResult> launch(int world, const std::string& worker, 
 
 // ---------------------------------------------------------------- parity
 
-// World 2: every strategy x checkpointing x accumulation; other worlds: a subset.
+// World 2: full_shard with and without checkpointing, accumulation 1 and 3; shard_grad_op
+// and no_shard without checkpointing at accumulation 1 and with it at 3. Other worlds: a
+// subset (full_shard +ckpt accum 3, shard_grad_op accum 1).
 TEST(FsdpDist, DISABLED_ParityWorker) {
   VLM_DIST_WORKER_ONLY();
   torch::set_num_threads(1);
@@ -382,7 +387,8 @@ TEST(FsdpDist, DISABLED_ParityWorker) {
         c.accum = accum;
         const bool subset = (c.strategy == "full_shard" && ckpt && accum == 3) ||
                             (c.strategy == "shard_grad_op" && !ckpt && accum == 1);
-        if (dims.world_size() == 2 || subset) cases.push_back(c);
+        const bool world2 = c.strategy == "full_shard" || ckpt == (accum == 3);
+        if (dims.world_size() == 2 ? world2 : subset) cases.push_back(c);
       }
   for (const auto& c : cases) compare(sharded_run(dims, c), ref, rank_tag(dims, c));
   dims.comm().barrier("end");
@@ -552,7 +558,8 @@ TEST(FsdpDist, TrafficMemoryWorld4) {
 // ---------------------------------------------------------------- mixed precision
 
 // World 2, frozen-vision full_shard, lr 1e-3 on fixed data: bf16 parameters (fp32 masters,
-// fp32 reduction) stay within 2e-2 relative of the fp32 run's losses, and the loss falls.
+// fp32 reduction) stay within 2e-2 relative of the fp32 run's losses, and the loss falls;
+// the same with bf16 gradient reduction (reduce_dtype bf16).
 TEST(FsdpDist, DISABLED_Bf16Worker) {
   VLM_DIST_WORKER_ONLY();
   torch::set_num_threads(1);
@@ -566,6 +573,10 @@ TEST(FsdpDist, DISABLED_Bf16Worker) {
   compare(bf16, fp32, rank_tag(dims, c) + " vs fp32", 2e-2, /*param_tol=*/0);
   EXPECT_LT(bf16.losses.back(), bf16.losses.front() - 0.05) << "bf16 run does not train";
   EXPECT_LT(fp32.losses.back(), fp32.losses.front() - 0.05);
+  c.reduce = torch::kBFloat16;
+  const RunResult bf16_reduce = sharded_run(dims, c);
+  compare(bf16_reduce, fp32, rank_tag(dims, c) + " vs fp32", 2e-2, /*param_tol=*/0);
+  EXPECT_LT(bf16_reduce.losses.back(), bf16_reduce.losses.front() - 0.05);
   dims.comm().barrier("end");
 }
 
