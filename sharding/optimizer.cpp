@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "sharding/fsdp.h"
 #include "vlm/check.h"
 
 namespace vlm::sharding {
@@ -13,8 +14,9 @@ std::pair<int64_t, int64_t> owned_range(int64_t numel, int64_t world, int64_t ra
   return {std::min(rank * shard, numel), std::min((rank + 1) * shard, numel)};
 }
 
-ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const AdamWOptions& opts)
-    : comm_(comm), opts_(opts) {
+ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const AdamWOptions& opts,
+                           FsdpEngine* fsdp)
+    : comm_(comm), opts_(opts), fsdp_(fsdp) {
   torch::NoGradGuard no_grad;
   const int64_t n = comm.world_size(), r = comm.rank();
   for (const auto& u : units) {
@@ -22,9 +24,14 @@ ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const
     Group g;
     g.path = u.path;
     g.zero1 = u.sharding == Sharding::kShardOptimizer;
-    VLM_CHECK(g.zero1 || u.sharding == Sharding::kReplicated,
+    if (u.sharding == Sharding::kFullShard || u.sharding == Sharding::kShardGradOp) {
+      g.fsdp = fsdp != nullptr ? fsdp->find_unit(u.path) : nullptr;
+      VLM_CHECK(g.fsdp != nullptr, "optimizer: unit ", u.path, " has sharding ", sharding_name(u.sharding),
+                " but no FSDP unit (hint: build it through apply_policies, which creates the FsdpEngine)");
+    }
+    VLM_CHECK(g.zero1 || g.fsdp != nullptr || u.sharding == Sharding::kReplicated,
               "optimizer: unit ", u.path, " has sharding ", sharding_name(u.sharding),
-              "; the runtime handles replicated and ZeRO-1 units only (FSDP: issue #8)");
+              "; expected replicated, ZeRO-1 or an FSDP unit");
     g.params = u.params;
     for (const auto& p : g.params) {
       g.offsets.push_back(g.numel);
@@ -33,7 +40,8 @@ ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const
     g.shard = (g.numel + n - 1) / n;
     g.lo = std::min(r * g.shard, g.numel);
     g.hi = std::min((r + 1) * g.shard, g.numel);
-    const int64_t state_lo = g.zero1 ? g.lo : 0, state_hi = g.zero1 ? g.hi : g.numel;
+    const bool sharded = g.zero1 || g.fsdp != nullptr;
+    const int64_t state_lo = sharded ? g.lo : 0, state_hi = sharded ? g.hi : g.numel;
     for (size_t k = 0; k < g.params.size(); ++k) {
       const torch::Tensor& p = g.params[k].param;
       const int64_t a = std::max(state_lo, g.offsets[k]), b = std::min(state_hi, g.offsets[k] + p.numel());
@@ -43,7 +51,9 @@ ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const
       s.param_offset = a - g.offsets[k];
       s.len = b - a;
       s.flat_offset = a;
-      torch::Tensor view = p.detach().view({-1}).narrow(0, s.param_offset, s.len);
+      torch::Tensor view = g.fsdp != nullptr ? g.fsdp->shard_param().narrow(0, a - g.lo, s.len)
+                                             : p.detach().view({-1}).narrow(0, s.param_offset, s.len);
+      s.target = view;
       s.master = p.scalar_type() == torch::kFloat32 ? view : view.to(torch::kFloat32).clone();
       s.m = torch::zeros({s.len}, view.options().dtype(torch::kFloat32));
       s.v = torch::zeros({s.len}, view.options().dtype(torch::kFloat32));
@@ -56,7 +66,12 @@ ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const
 double ShardedAdamW::clip_grad_norm(const std::string& ctx) {
   torch::NoGradGuard no_grad;
   double sumsq = 0;
-  for (const auto& g : groups_)
+  for (const auto& g : groups_) {
+    if (g.fsdp != nullptr) {  // the reduced shard grad covers exactly R_r
+      torch::Tensor part = g.fsdp->shard_grad().to(torch::kDouble);
+      sumsq += part.dot(part).item<double>();
+      continue;
+    }
     for (size_t k = 0; k < g.params.size(); ++k) {
       const torch::Tensor& grad = g.params[k].param.grad();
       if (!grad.defined()) continue;
@@ -65,6 +80,7 @@ double ShardedAdamW::clip_grad_norm(const std::string& ctx) {
       torch::Tensor part = grad.reshape({-1}).narrow(0, a - g.offsets[k], b - a).to(torch::kDouble);
       sumsq += part.dot(part).item<double>();
     }
+  }
   if (comm_.world_size() > 1) {
     torch::Tensor t = torch::tensor({sumsq}, torch::kDouble);
     comm_.all_reduce(t, ReduceOp::kSum, ctx);
@@ -74,9 +90,11 @@ double ShardedAdamW::clip_grad_norm(const std::string& ctx) {
   if (opts_.grad_clip > 0) {
     const double coef = opts_.grad_clip / (norm + 1e-6);
     if (coef < 1)
-      for (auto& g : groups_)
+      for (auto& g : groups_) {
+        if (g.fsdp != nullptr) g.fsdp->shard_grad().mul_(coef);
         for (auto& p : g.params)
           if (p.param.grad().defined()) p.param.mutable_grad().mul_(coef);
+      }
   }
   return norm;
 }
@@ -91,9 +109,11 @@ void ShardedAdamW::step(double lr_scale, const std::string& ctx) {
     for (auto& s : g.segments) {
       const UnitParam& up = g.params[s.param];
       const double lr = up.lr * lr_scale;
-      torch::Tensor grad = up.param.grad();
-      if (grad.defined())
-        grad = grad.reshape({-1}).narrow(0, s.param_offset, s.len).to(torch::kFloat32);
+      torch::Tensor grad;  // [len] fp32
+      if (g.fsdp != nullptr)
+        grad = g.fsdp->shard_grad().narrow(0, s.flat_offset - g.lo, s.len);
+      else if (up.param.grad().defined())
+        grad = up.param.grad().reshape({-1}).narrow(0, s.param_offset, s.len).to(torch::kFloat32);
       else
         grad = torch::zeros_like(s.m);
       if (up.weight_decay != 0) s.master.mul_(1 - lr * up.weight_decay);
@@ -102,7 +122,7 @@ void ShardedAdamW::step(double lr_scale, const std::string& ctx) {
       torch::Tensor denom = (s.v.sqrt() / std::sqrt(bc2)).add_(opts_.eps);
       s.master.addcdiv_(s.m, denom, -lr / bc1);
       if (up.param.scalar_type() != torch::kFloat32)  // write back into the low-precision param
-        up.param.detach().view({-1}).narrow(0, s.param_offset, s.len).copy_(s.master);
+        s.target.copy_(s.master);
     }
     if (!g.zero1 || comm_.world_size() == 1) continue;
     // ZeRO-1: every rank's updated slice -> every rank's parameters.
@@ -119,8 +139,11 @@ void ShardedAdamW::step(double lr_scale, const std::string& ctx) {
 }
 
 void ShardedAdamW::zero_grad() {
-  for (auto& g : groups_)
+  torch::NoGradGuard no_grad;
+  for (auto& g : groups_) {
     for (auto& p : g.params) p.param.mutable_grad() = torch::Tensor();
+    if (g.fsdp != nullptr) g.fsdp->shard_grad().zero_();
+  }
 }
 
 std::vector<StateSlice> ShardedAdamW::state_slices() const {
@@ -156,9 +179,13 @@ void ShardedAdamW::load_state(const StateReader& read, int64_t steps) {
     torch::Tensor all = read(g.path + "/master", 0, g.numel).to(torch::kFloat32);
     VLM_CHECK(all.numel() == g.numel, "checkpoint: ", g.path, "/master has ", all.numel(), " elements, expected ",
               g.numel);
-    for (size_t k = 0; k < g.params.size(); ++k) {
-      torch::Tensor p = g.params[k].param.detach();
-      p.view({-1}).copy_(all.narrow(0, g.offsets[k], p.numel()));
+    if (g.fsdp != nullptr) {
+      fsdp_->load_params(*g.fsdp, all);  // local shard only; the parameters are gathered on use
+    } else {
+      for (size_t k = 0; k < g.params.size(); ++k) {
+        torch::Tensor p = g.params[k].param.detach();
+        p.view({-1}).copy_(all.narrow(0, g.offsets[k], p.numel()));
+      }
     }
     for (auto& s : g.segments) {
       s.master.copy_(all.narrow(0, s.flat_offset, s.len));  // a no-op copy onto itself for fp32 views

@@ -7,6 +7,11 @@
 //   ZeRO-1 (shard_optimizer): state only for R_r; after the update, the owned slice is
 //                             all-gathered ([N*S] param dtype, one op per unit) into every
 //                             rank's parameters.
+//   FSDP (ZeRO-2 / ZeRO-3):   state only for R_r; the gradient is the unit's reduced shard
+//                             grad (fsdp.h, fp32 [S]), the update is written into the unit's
+//                             local parameter shard, which the next forward all-gathers.
+//                             Per-parameter lr / weight decay hold inside the flat unit: the
+//                             owned range is cut into one segment per parameter it touches.
 // State per parameter segment: fp32 master (a view of the parameter itself when the
 // parameter is fp32, else an fp32 copy), m, v (fp32). Frozen units have no state.
 //
@@ -28,6 +33,9 @@
 #include "sharding/policy.h"
 
 namespace vlm::sharding {
+
+class FsdpEngine;
+class FsdpUnit;
 
 // Checkpoint state, independent of the world size that wrote it. Each unit has a flat
 // index space [P] (its parameters in registration order); a piece of state is a vector
@@ -55,15 +63,17 @@ std::pair<int64_t, int64_t> owned_range(int64_t numel, int64_t world, int64_t ra
 class ShardedAdamW {
  public:
   // units: the unit table (frozen units are skipped). Parameters must already be equal on
-  // every rank (broadcast first).
-  ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const AdamWOptions& opts);
+  // every rank (broadcast first). fsdp: the engine holding the units with sharding
+  // kFullShard / kShardGradOp (required when there are any).
+  ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const AdamWOptions& opts,
+               FsdpEngine* fsdp = nullptr);
 
   // Global L2 norm of the gradients before clipping; clips in place when opts.grad_clip > 0.
   // Undefined grads count as zero. One all-reduce (none at world size 1).
   double clip_grad_norm(const std::string& ctx = "grad norm");
   // One AdamW step with lr = (the parameter's group lr) * lr_scale (schedule factor).
   void step(double lr_scale = 1.0, const std::string& ctx = "optimizer step");
-  // Drops every trainable gradient (set to undefined).
+  // Drops every trainable gradient (set to undefined) and zeros the FSDP shard grads.
   void zero_grad();
 
   int64_t steps() const { return step_; }
@@ -84,12 +94,15 @@ class ShardedAdamW {
     int64_t param_offset;   // first element inside the flattened parameter
     int64_t len;
     int64_t flat_offset;    // position in the unit's flat index space
-    torch::Tensor master;   // [len] fp32 (a view of the parameter when fp32)
+    torch::Tensor target;   // [len] where the parameter's values live: a view of the
+                            // parameter, or of the FSDP unit's local shard
+    torch::Tensor master;   // [len] fp32 (= target when the parameter is fp32)
     torch::Tensor m, v;     // [len] fp32
   };
   struct Group {  // one trainable unit
     std::string path;
     bool zero1 = false;
+    FsdpUnit* fsdp = nullptr;      // FSDP unit (ZeRO-2 / ZeRO-3): state and grads on R_r
     std::vector<UnitParam> params;
     std::vector<int64_t> offsets;  // flat offset of each parameter
     int64_t numel = 0, shard = 0;  // P, S
@@ -98,6 +111,7 @@ class ShardedAdamW {
   };
   Comm& comm_;
   AdamWOptions opts_;
+  FsdpEngine* fsdp_ = nullptr;
   std::vector<Group> groups_;
   int64_t step_ = 0;
 };

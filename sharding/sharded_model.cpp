@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "sharding/activation_checkpoint.h"
+#include "sharding/fsdp.h"
 #include "vlm/check.h"
 
 namespace vlm::sharding {
@@ -17,24 +19,56 @@ void apply_freeze(const std::vector<UnitPlan>& units) {
       }
 }
 
-PolicyRunner::PolicyRunner(const std::vector<UnitPlan>& units) {
-  for (const auto& u : units)
-    if (!u.trainable()) {
-      frozen_.push_back(u.path);
-      if (!u.aliases.empty()) frozen_.push_back(u.aliases);
-    }
+namespace {
+void add_names(std::vector<std::string>& out, const UnitPlan& u) {
+  out.push_back(u.path);
+  size_t start = 0;  // aliases: comma-separated
+  while (start < u.aliases.size()) {
+    const size_t comma = u.aliases.find(',', start);
+    out.push_back(u.aliases.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+}
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+}  // namespace
+
+PolicyRunner::PolicyRunner(const std::vector<UnitPlan>& units, FsdpEngine* fsdp) : fsdp_(fsdp) {
+  for (const auto& u : units) {
+    if (!u.trainable()) add_names(frozen_, u);
+    if (u.checkpointed) add_names(checkpointed_, u);
+  }
 }
 
-torch::Tensor PolicyRunner::run(const std::string& path, torch::nn::Module& /*unit*/, const torch::Tensor& x,
+torch::Tensor PolicyRunner::run(const std::string& path, torch::nn::Module& unit, const torch::Tensor& x,
                                 const std::function<torch::Tensor(const torch::Tensor&)>& fn) {
-  const bool frozen = std::find(frozen_.begin(), frozen_.end(), path) != frozen_.end();
-  if (frozen && !(x.defined() && x.requires_grad())) {
+  FsdpEngine* fsdp = fsdp_;
+  if (fsdp != nullptr) fsdp->pre_forward(path);  // gather (no-op for other units)
+  torch::Tensor out;
+  if (contains(frozen_, path) && !(x.defined() && x.requires_grad())) {
     // Nothing below this unit needs a gradient and its own parameters take none.
     torch::NoGradGuard no_grad;
     ++no_grad_calls_;
-    return fn(x);
+    out = fn(x);
+  } else if (torch::GradMode::is_enabled() && contains(checkpointed_, path)) {
+    std::function<void()> before_recompute;
+    if (fsdp != nullptr && fsdp->find(path) != nullptr) {
+      const int64_t pos = fsdp->position(path);
+      before_recompute = [fsdp, pos] { fsdp->pre_backward(pos); };
+    }
+    ++checkpointed_calls_;
+    out = checkpoint_unit(x, unit.parameters(), fn, std::move(before_recompute));
+  } else {
+    out = fn(x);
   }
-  return fn(x);
+  if (fsdp != nullptr) out = fsdp->post_forward(path, out);  // free / pre-backward hook
+  return out;
+}
+
+ShardedModel::~ShardedModel() {
+  if (runner_) runner_->detach_fsdp();
 }
 
 void ShardedModel::set_sync(bool sync) {
@@ -43,6 +77,36 @@ void ShardedModel::set_sync(bool sync) {
 
 void ShardedModel::finish_backward(const std::string& ctx) {
   if (reducer_) reducer_->finish_backward(ctx);
+  if (fsdp_) fsdp_->finish_backward(ctx);
+}
+
+MemoryReport ShardedModel::memory() const {
+  MemoryReport m;
+  for (const auto& u : units_) {
+    FsdpUnit* f = fsdp_ ? fsdp_->find_unit(u.path) : nullptr;
+    if (f != nullptr) {
+      m.param_bytes += f->shard_param_bytes();
+      m.grad_bytes += f->shard_grad_bytes();
+      continue;
+    }
+    for (const auto& p : u.params) {
+      const double bytes = static_cast<double>(p.param.numel()) * static_cast<double>(p.param.element_size());
+      m.param_bytes += bytes;
+      if (u.trainable()) m.grad_bytes += bytes;
+    }
+  }
+  m.optim_bytes = 4.0 * static_cast<double>(optimizer_->state_numel());
+  if (fsdp_) {
+    const GatherStats& g = fsdp_->gather_stats();
+    m.gathered_bytes = g.bytes;
+    m.gathered_peak_bytes = g.peak_bytes;
+    m.gathered_peak_units = g.peak_units;
+  }
+  return m;
+}
+
+void ShardedModel::reset_gather_peak() {
+  if (fsdp_) fsdp_->reset_peak();
 }
 
 std::vector<StateSlice> ShardedModel::state_slices() const {
@@ -51,6 +115,10 @@ std::vector<StateSlice> ShardedModel::state_slices() const {
   for (const auto& u : units_) {
     if (u.trainable()) continue;
     const auto [lo, hi] = owned_range(u.numel, world_, rank_);
+    if (FsdpUnit* f = fsdp_ ? fsdp_->find_unit(u.path) : nullptr) {  // sharded: R_r is the local shard
+      out.push_back({u.path + "/param", u.numel, lo, hi, f->shard_param().to(torch::kCPU).clone()});
+      continue;
+    }
     StateSlice s{u.path + "/param", u.numel, lo, hi, torch::empty({hi - lo}, u.params.front().param.options().device(torch::kCPU))};
     int64_t off = 0;
     for (const auto& p : u.params) {
@@ -69,6 +137,10 @@ void ShardedModel::load_state(const StateReader& read, int64_t optimizer_steps) 
   for (const auto& u : units_) {
     if (u.trainable()) continue;
     torch::Tensor all = read(u.path + "/param", 0, u.numel);
+    if (FsdpUnit* f = fsdp_ ? fsdp_->find_unit(u.path) : nullptr) {
+      fsdp_->load_params(*f, all);
+      continue;
+    }
     int64_t off = 0;
     for (const auto& p : u.params) {
       torch::Tensor t = p.param.detach();
@@ -95,16 +167,6 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl& model, const Shar
                 p.param.device(), " but this rank computes on ", dims.device(),
                 " (hint: materialise the model on ParallelDims::device())");
     }
-  for (auto& u : sm->units_) {
-    if (u.policy == Policy::kFsdp) {
-      sm->notes_.push_back(str("unit ", u.path, ": fsdp ", strategy_name(u.strategy),
-                               " has no runtime yet (issue #8); it runs as ddp no_shard (replicated)"));
-      u.sharding = u.sharding == Sharding::kShardOptimizer ? Sharding::kShardOptimizer : Sharding::kReplicated;
-    }
-    if (u.sharding == Sharding::kFrozenSharded) u.sharding = Sharding::kFrozen;
-    if (u.checkpointed)
-      sm->notes_.push_back(str("unit ", u.path, ": activation checkpointing is planned but not applied yet"));
-  }
   // 2. Freeze.
   apply_freeze(sm->units_);
   // 3. Same starting point on every rank.
@@ -112,11 +174,17 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl& model, const Shar
   for (const auto& u : sm->units_)
     for (const auto& p : u.params) all.push_back(p.param.detach());
   broadcast_from_rank0(comm, all, "broadcast parameters from rank 0");
-  // 4. DDP buckets over the trainable units (forward registration order).
+  // 4. FSDP units (flat buffers, local shards, gradient hooks).
+  std::vector<std::pair<std::string, std::string>> call_order;
+  for (const auto& u : model.units())
+    call_order.emplace_back(u.path, u.shares_params_with.empty() ? u.path : u.shares_params_with);
+  auto fsdp = std::make_unique<FsdpEngine>(comm, sm->units_, call_order, opts.reduce_dtype);
+  if (!fsdp->units().empty()) sm->fsdp_ = std::move(fsdp);
+  // 5. DDP buckets over the trainable replicated / ZeRO-1 units (forward registration order).
   std::vector<torch::Tensor> params;
   std::vector<std::string> names;
   for (const auto& u : sm->units_)
-    if (u.trainable())
+    if (u.trainable() && (u.sharding == Sharding::kReplicated || u.sharding == Sharding::kShardOptimizer))
       for (const auto& p : u.params) {
         params.push_back(p.param);
         names.push_back(p.name);
@@ -125,11 +193,11 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl& model, const Shar
     const double bucket_bytes = opts.ddp_bucket_mb * 1024.0 * 1024.0;
     sm->reducer_ = std::make_unique<DdpReducer>(comm, params, names, bucket_bytes, opts.reduce_dtype);
   }
-  // 5. Runner.
-  sm->runner_ = std::make_shared<PolicyRunner>(sm->units_);
+  // 6. Runner.
+  sm->runner_ = std::make_shared<PolicyRunner>(sm->units_, sm->fsdp_.get());
   model.set_runner(sm->runner_);
-  // 6. Optimizer.
-  sm->optimizer_ = std::make_unique<ShardedAdamW>(comm, sm->units_, opts.optim);
+  // 7. Optimizer.
+  sm->optimizer_ = std::make_unique<ShardedAdamW>(comm, sm->units_, opts.optim, sm->fsdp_.get());
   return sm;
 }
 

@@ -6,22 +6,37 @@
 //     sm->set_sync(k == K - 1);                       // no_sync during accumulation
 //     auto out = model->forward(batch_k);
 //     (out.loss_sum / tokens).backward();
-//     sm->finish_backward(ctx);                       // waits the bucket all-reduces
+//     sm->finish_backward(ctx);                       // waits the gradient reductions
 //   }
-//   double norm = sm->optimizer().clip_grad_norm();
-//   sm->optimizer().step(lr_scale);  sm->optimizer().zero_grad();
+//   double norm = sm->optimizer().clip_grad_norm();   // NaN/inf when any gradient is
+//   sm->optimizer().step(lr_scale);  sm->optimizer().zero_grad();  // zero_grad: FSDP shards too
+//   MemoryReport mem = sm->memory();                  // bytes per rank (metrics, plan)
 //
 // Order in which the techniques are applied (each step a free function below):
 //   1. resolve_units      policy table + optimizer groups -> unit table (policy.h)
 //   2. apply_freeze       frozen units: requires_grad = false (no grads, no state, no traffic)
 //   3. broadcast          every parameter from rank 0 (frozen ones included)
-//   4. DdpReducer         gradient buckets over the trainable replicated / ZeRO-1 units
-//   5. runner             installed on the model: frozen units whose input needs no grad run
-//                         under NoGradGuard (so the frozen vision tower builds no graph)
-//   6. ShardedAdamW       fp32 masters (ZeRO-1 units: sharded state)
-// FSDP units (issue #8) have no runtime yet: they run as ddp no_shard (replicated) and
-// notes() says so; the memory plan still shows their FSDP layout. Activation
-// checkpointing is planned (flag in the unit table) but has no runtime yet (a note too).
+//   4. FsdpEngine         fsdp full_shard / shard_grad_op units and frozen full_shard units:
+//                         flat parameters, 1/N shard per rank (fsdp.h)
+//   5. DdpReducer         gradient buckets over the trainable replicated / ZeRO-1 units
+//                         (ddp, ddp shard_optimizer, fsdp no_shard)
+//   6. runner             installed on the model, per unit call: FSDP gather (+ prefetch of
+//                         the next unit); frozen units whose input needs no grad run under
+//                         NoGradGuard (the frozen vision tower builds no graph); activation
+//                         checkpointing of the units opts.checkpoint_match names
+//                         (activation_checkpoint.h, recompute after the FSDP re-gather); FSDP
+//                         free / pre-backward hook.
+//   7. ShardedAdamW       fp32 masters; ZeRO-1 and FSDP units: state for R_r only
+//
+// Gradient accumulation: set_sync(false) keeps DDP gradients local (no_sync); FSDP units
+// reduce-scatter every micro-batch into their fp32 shard grad (accumulated there), so
+// finish_backward() must be called after every micro-batch's backward. Every rank must run
+// the same units, forward and backward, in every micro-batch (the dummy image does that
+// for text-only batches): FSDP re-gathers in backward are collectives.
+// Mixed precision: the model is built in opts.param_dtype (compute dtype; FSDP flat buffers
+// and gathers in it); gradients are reduced in opts.reduce_dtype; masters are fp32.
+// The model's FSDP parameters are views of buffers the ShardedModel owns: use the model
+// only while its ShardedModel lives.
 #pragma once
 #include <memory>
 #include <string>
@@ -38,17 +53,37 @@ namespace vlm::sharding {
 // Step 2: requires_grad = false on every parameter of the frozen units.
 void apply_freeze(const std::vector<UnitPlan>& units);
 
-// Step 5: runs frozen units under NoGradGuard when their input needs no gradient.
+class FsdpEngine;
+
+// Step 6: the runner (see above). fsdp may be null (no FSDP unit).
 class PolicyRunner : public vlm::UnitRunner {
  public:
-  explicit PolicyRunner(const std::vector<UnitPlan>& units);
+  explicit PolicyRunner(const std::vector<UnitPlan>& units, FsdpEngine* fsdp = nullptr);
   torch::Tensor run(const std::string& path, torch::nn::Module& unit, const torch::Tensor& x,
                     const std::function<torch::Tensor(const torch::Tensor&)>& fn) override;
   int64_t no_grad_calls() const { return no_grad_calls_; }  // frozen unit calls without graph
+  int64_t checkpointed_calls() const { return checkpointed_calls_; }  // calls run under checkpointing
+  void detach_fsdp() { fsdp_ = nullptr; }
 
  private:
-  std::vector<std::string> frozen_;  // paths and aliases of frozen units
+  std::vector<std::string> frozen_;        // paths and aliases of frozen units
+  std::vector<std::string> checkpointed_;  // paths and aliases of checkpointed units
+  FsdpEngine* fsdp_ = nullptr;
   int64_t no_grad_calls_ = 0;
+  int64_t checkpointed_calls_ = 0;
+};
+
+// Bytes per rank, measured from the tensors this rank holds (cf. the plan: memory_plan.h).
+struct MemoryReport {
+  double param_bytes = 0;   // persistent parameters: whole for replicated / ZeRO-1 / frozen
+                            // units, the [S] local shard for FSDP units
+  double grad_bytes = 0;    // gradients: P x param dtype per trainable replicated / ZeRO-1
+                            // unit (its .grad), [S] fp32 shard grads of FSDP units
+  double optim_bytes = 0;   // AdamW m + v and the separate fp32 masters
+  double persistent() const { return param_bytes + grad_bytes + optim_bytes; }
+  double gathered_bytes = 0;       // FSDP flat buffers gathered now (transient)
+  double gathered_peak_bytes = 0;  // their peak since apply_policies / reset_gather_peak()
+  int64_t gathered_peak_units = 0; // most units gathered at once since then
 };
 
 class ShardedModel {
@@ -66,14 +101,20 @@ class ShardedModel {
   std::vector<StateSlice> state_slices() const;
   // Restores what state_slices() saved (written by any world size). Local: no collective.
   void load_state(const StateReader& read, int64_t optimizer_steps);
-  // Human-readable notes on what runs differently from the plan (fsdp as ddp, ...).
+  // Human-readable notes on what runs differently from the plan.
   const std::vector<std::string>& notes() const { return notes_; }
+  // Memory on this rank (local, no collective).
+  MemoryReport memory() const;
+  void reset_gather_peak();
+  FsdpEngine* fsdp() { return fsdp_.get(); }  // null when no unit is FSDP-sharded
+  ~ShardedModel();
 
  private:
   friend std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl&, const ShardingOptions&, ParallelDims&);
   ShardedModel() = default;
   std::vector<UnitPlan> units_;
   std::shared_ptr<PolicyRunner> runner_;
+  std::unique_ptr<FsdpEngine> fsdp_;  // before optimizer_: the optimizer points into it
   std::unique_ptr<DdpReducer> reducer_;
   std::unique_ptr<ShardedAdamW> optimizer_;
   std::vector<std::string> notes_;

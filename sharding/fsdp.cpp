@@ -1,0 +1,316 @@
+// FSDP runtime (see fsdp.h).
+#include "sharding/fsdp.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+
+#include "vlm/check.h"
+
+namespace vlm::sharding {
+
+namespace {
+
+class FsdpReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit FsdpReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    fn_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
+
+// Identity on a unit's output; its backward (run before any node of the unit's backward,
+// since they all need this gradient) is the unit's pre-backward hook.
+struct PreBackward : public torch::autograd::Function<PreBackward> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& out, int64_t engine,
+                               int64_t pos) {
+    ctx->saved_data["engine"] = engine;
+    ctx->saved_data["pos"] = pos;
+    return out.view_as(out);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* engine = reinterpret_cast<FsdpEngine*>(ctx->saved_data["engine"].toInt());
+    engine->pre_backward(ctx->saved_data["pos"].toInt());
+    return {grads[0], torch::Tensor(), torch::Tensor()};
+  }
+};
+
+bool frees_after_forward(Sharding s) { return s == Sharding::kFullShard || s == Sharding::kFrozenSharded; }
+
+}  // namespace
+
+double FsdpUnit::gathered_bytes() const { return static_cast<double>(full_nbytes_); }
+double FsdpUnit::shard_param_bytes() const { return static_cast<double>(local_.numel() * local_.element_size()); }
+double FsdpUnit::shard_grad_bytes() const {
+  return grad_.defined() ? static_cast<double>(grad_.numel() * grad_.element_size()) : 0.0;
+}
+
+FsdpEngine::FsdpEngine(Comm& comm, const std::vector<UnitPlan>& units,
+                       const std::vector<std::pair<std::string, std::string>>& call_order, torch::Dtype reduce_dtype)
+    : comm_(comm), reduce_dtype_(reduce_dtype) {
+  torch::NoGradGuard no_grad;
+  const int64_t n = comm.world_size(), r = comm.rank();
+  for (const auto& plan : units) {
+    if (plan.sharding != Sharding::kFullShard && plan.sharding != Sharding::kShardGradOp &&
+        plan.sharding != Sharding::kFrozenSharded)
+      continue;
+    VLM_CHECK(!plan.params.empty(), "fsdp: unit ", plan.path, " has no parameters");
+    auto u = std::make_unique<FsdpUnit>();
+    u->path_ = plan.path;
+    u->sharding_ = plan.sharding;
+    u->trainable_ = plan.trainable();
+    u->params_ = plan.params;
+    const torch::Tensor& p0 = plan.params.front().param;
+    for (const auto& p : plan.params) {
+      VLM_CHECK(p.param.scalar_type() == p0.scalar_type() && p.param.device() == p0.device(),
+                "fsdp: unit ", plan.path, " mixes parameter dtypes/devices: ", p.name, " is ", p.param.scalar_type(),
+                " on ", p.param.device(), ", ", plan.params.front().name, " is ", p0.scalar_type(), " on ",
+                p0.device(), " (hint: one flat buffer per unit needs one dtype and device)");
+      u->offsets_.push_back(u->numel_);
+      u->numel_ += p.param.numel();
+    }
+    u->shard_ = (u->numel_ + n - 1) / n;
+    u->lo_ = std::min(r * u->shard_, u->numel_);
+    u->hi_ = std::min((r + 1) * u->shard_, u->numel_);
+    // Flat buffer [N*S]; the parameters become views of it.
+    u->full_ = torch::zeros({n * u->shard_}, p0.options().requires_grad(false));
+    for (size_t k = 0; k < u->params_.size(); ++k) {
+      torch::Tensor p = u->params_[k].param;
+      torch::Tensor view = u->full_.narrow(0, u->offsets_[k], p.numel()).view(p.sizes());
+      view.copy_(p.detach());
+      p.set_data(view);
+    }
+    u->local_ = u->full_.narrow(0, r * u->shard_, u->shard_).clone();  // [S]
+    if (u->trainable_) u->grad_ = torch::zeros({u->shard_}, p0.options().dtype(torch::kFloat32));
+    u->full_nbytes_ = u->full_.storage().nbytes();
+    u->state_ = FsdpUnit::State::kGathered;  // release() below frees the initial buffer
+    gstats_.bytes += u->gathered_bytes();
+    gstats_.units += 1;
+    release(*u);
+    by_unit_[u->path_] = u.get();
+    units_.push_back(std::move(u));
+  }
+  gstats_ = GatherStats{};
+  for (const auto& [call, owner] : call_order) {
+    auto it = by_unit_.find(owner);
+    call_pos_.emplace(call, static_cast<int64_t>(call_units_.size()));
+    call_units_.push_back(it == by_unit_.end() ? nullptr : it->second);
+  }
+  pos_needs_bwd_.assign(call_units_.size(), 0);
+  // Reduce-scatter order: trainable units, last unit first.
+  for (auto it = units_.rbegin(); it != units_.rend(); ++it)
+    if ((*it)->trainable_) rs_order_.push_back(it->get());
+  // Gradient-ready hooks.
+  for (FsdpUnit* u : rs_order_) {
+    u->fired_.assign(u->params_.size(), 0);
+    u->pending_ = static_cast<int64_t>(u->params_.size());
+    for (size_t k = 0; k < u->params_.size(); ++k) {
+      auto acc = torch::autograd::impl::grad_accumulator(u->params_[k].param);
+      VLM_ASSERT(acc, "no grad accumulator for ", u->params_[k].name);
+      const int64_t idx = static_cast<int64_t>(k);
+      acc->add_post_hook(std::make_unique<FsdpReadyHook>([this, u, idx] { on_grad_ready(*u, idx); }));
+      accumulators_.push_back(std::move(acc));
+    }
+  }
+}
+
+FsdpEngine::~FsdpEngine() {
+  for (auto& acc : accumulators_) {
+    auto& hooks = acc->post_hooks();
+    hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
+                               [](const std::unique_ptr<torch::autograd::FunctionPostHook>& h) {
+                                 return dynamic_cast<FsdpReadyHook*>(h.get()) != nullptr;
+                               }),
+                hooks.end());
+  }
+  for (auto& u : units_) {  // unwaited work must not write into freed buffers
+    try {
+      u->gather_.wait();
+      u->rs_.wait();
+    } catch (...) {
+    }
+  }
+}
+
+FsdpUnit* FsdpEngine::find(const std::string& call_path) {
+  auto it = call_pos_.find(call_path);
+  return it == call_pos_.end() ? nullptr : call_units_[it->second];
+}
+
+FsdpUnit* FsdpEngine::find_unit(const std::string& unit_path) {
+  auto it = by_unit_.find(unit_path);
+  return it == by_unit_.end() ? nullptr : it->second;
+}
+
+int64_t FsdpEngine::position(const std::string& call_path) const {
+  auto it = call_pos_.find(call_path);
+  return it == call_pos_.end() ? -1 : it->second;
+}
+
+void FsdpEngine::gather_async(FsdpUnit& u, const std::string& why) {
+  if (u.state_ != FsdpUnit::State::kFree) return;
+  auto* impl = u.full_.storage().unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(impl->allocator()->allocate(u.full_nbytes_));
+  impl->set_nbytes(u.full_nbytes_);
+  u.state_ = FsdpUnit::State::kGathering;
+  gstats_.bytes += u.gathered_bytes();
+  gstats_.units += 1;
+  gstats_.peak_bytes = std::max(gstats_.peak_bytes, gstats_.bytes);
+  gstats_.peak_units = std::max(gstats_.peak_units, gstats_.units);
+  u.gather_ = comm_.all_gather_async(u.full_, u.local_, str(ctx_, ", fsdp ", why, " all-gather of unit ", u.path_));
+}
+
+void FsdpEngine::wait_gathered(FsdpUnit& u) {
+  if (u.state_ != FsdpUnit::State::kGathering) return;
+  u.gather_.wait();
+  u.state_ = FsdpUnit::State::kGathered;
+}
+
+void FsdpEngine::release(FsdpUnit& u) {
+  if (u.state_ == FsdpUnit::State::kFree || pinned_) return;
+  wait_gathered(u);
+  // Keep the tensors (parameters and autograd's saved views), drop the memory.
+  auto* impl = u.full_.storage().unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(c10::DataPtr(nullptr, u.full_.device()));
+  impl->set_nbytes(0);
+  u.state_ = FsdpUnit::State::kFree;
+  gstats_.bytes -= u.gathered_bytes();
+  gstats_.units -= 1;
+}
+
+void FsdpEngine::pre_forward(const std::string& call_path) {
+  const int64_t pos = position(call_path);
+  if (pos < 0 || call_units_[pos] == nullptr) return;
+  FsdpUnit& u = *call_units_[pos];
+  gather_async(u, "forward");
+  wait_gathered(u);
+  // Prefetch the next FSDP unit in call order.
+  for (size_t p = pos + 1; p < call_units_.size(); ++p)
+    if (call_units_[p] != nullptr) {
+      if (call_units_[p] != &u) gather_async(*call_units_[p], "forward prefetch");
+      break;
+    }
+}
+
+torch::Tensor FsdpEngine::post_forward(const std::string& call_path, const torch::Tensor& out) {
+  const int64_t pos = position(call_path);
+  if (pos < 0 || call_units_[pos] == nullptr) return out;
+  FsdpUnit& u = *call_units_[pos];
+  const bool needs = out.defined() && out.requires_grad() && torch::GradMode::is_enabled();
+  if (needs) {
+    u.needs_backward_ = true;
+    pos_needs_bwd_[pos] = 1;
+  }
+  if (!(needs && u.sharding_ == Sharding::kShardGradOp)) release(u);
+  if (!needs) return out;
+  return PreBackward::apply(out, reinterpret_cast<int64_t>(this), pos);
+}
+
+void FsdpEngine::pre_backward(int64_t pos) {
+  VLM_ASSERT(pos >= 0 && pos < static_cast<int64_t>(call_units_.size()), "fsdp: bad call position ", pos);
+  FsdpUnit* u = call_units_[pos];
+  if (u == nullptr) return;
+  // The previous FSDP unit in call order whose output needs a gradient: backward's next.
+  FsdpUnit* next = nullptr;
+  for (int64_t p = pos - 1; p >= 0; --p)
+    if (call_units_[p] != nullptr && pos_needs_bwd_[p]) {
+      next = call_units_[p];
+      break;
+    }
+  // Units whose backward is over (every later call position is done): free the ones that
+  // re-gather (full_shard, frozen); shard_grad_op units are freed by their reduce-scatter.
+  for (auto& v : units_)
+    if (v.get() != u && v.get() != next && frees_after_forward(v->sharding_)) release(*v);
+  gather_async(*u, "backward");
+  wait_gathered(*u);
+  if (next != nullptr && next != u) gather_async(*next, "backward prefetch");
+}
+
+void FsdpEngine::on_grad_ready(FsdpUnit& u, int64_t param) {
+  VLM_CHECK(!u.fired_[param], "fsdp: parameter ", u.params_[param].name,
+            " got a second gradient before finish_backward (hint: call finish_backward() after every "
+            "micro-batch's backward, including gradient-accumulation micro-batches)");
+  u.fired_[param] = 1;
+  if (--u.pending_ == 0) launch_ready(/*force=*/false);
+}
+
+void FsdpEngine::launch_ready(bool force) {
+  while (next_rs_ < rs_order_.size()) {
+    FsdpUnit& u = *rs_order_[next_rs_];
+    if (!force && u.pending_ > 0) break;
+    launch_rs(u);
+    ++next_rs_;
+  }
+}
+
+void FsdpEngine::launch_rs(FsdpUnit& u) {
+  torch::NoGradGuard no_grad;
+  const int64_t n = comm_.world_size();
+  torch::Tensor flat = torch::zeros({n * u.shard_}, u.local_.options().dtype(reduce_dtype_));  // [N*S]
+  for (size_t k = 0; k < u.params_.size(); ++k) {
+    torch::Tensor p = u.params_[k].param;
+    const torch::Tensor& g = p.grad();
+    if (g.defined()) flat.narrow(0, u.offsets_[k], p.numel()).copy_(g.reshape({-1}));
+    p.mutable_grad() = torch::Tensor();  // the unsharded gradient is not kept
+  }
+  u.rs_out_ = torch::empty({u.shard_}, flat.options());  // [S]
+  u.rs_ = comm_.reduce_scatter_async(u.rs_out_, flat, ReduceOp::kSum,
+                                     str(ctx_, ", fsdp reduce-scatter of unit ", u.path_));
+  u.rs_launched_ = true;
+  release(u);  // its backward is over (every parameter has its gradient)
+}
+
+void FsdpEngine::finish_backward(const std::string& ctx) {
+  launch_ready(/*force=*/true);
+  torch::NoGradGuard no_grad;
+  for (FsdpUnit* u : rs_order_) {
+    u->rs_.wait();
+    u->grad_.add_(u->rs_out_.to(torch::kFloat32));
+    u->rs_out_ = torch::Tensor();
+    u->rs_launched_ = false;
+    std::fill(u->fired_.begin(), u->fired_.end(), 0);
+    u->pending_ = static_cast<int64_t>(u->params_.size());
+  }
+  next_rs_ = 0;
+  for (auto& u : units_) {
+    release(*u);
+    u->needs_backward_ = false;
+  }
+  std::fill(pos_needs_bwd_.begin(), pos_needs_bwd_.end(), 0);
+  ctx_ = ctx;
+}
+
+void FsdpEngine::gather_all(const std::string& ctx) {
+  for (auto& u : units_) gather_async(*u, str("gather_all (", ctx, ")"));
+  for (auto& u : units_) wait_gathered(*u);
+  pinned_ = true;
+}
+
+void FsdpEngine::release_all() {
+  pinned_ = false;
+  for (auto& u : units_) release(*u);
+}
+
+void FsdpEngine::zero_grad() {
+  torch::NoGradGuard no_grad;
+  for (auto& u : units_)
+    if (u->grad_.defined()) u->grad_.zero_();
+}
+
+void FsdpEngine::load_params(FsdpUnit& u, const torch::Tensor& flat) {
+  torch::NoGradGuard no_grad;
+  VLM_CHECK(!pinned_, "fsdp: load_params during gather_all (hint: release_all() first)");
+  VLM_CHECK(flat.numel() == u.numel_, "fsdp: unit ", u.path_, " has ", u.numel_, " elements, got ", flat.numel());
+  release(u);
+  u.shard_param().copy_(flat.reshape({-1}).narrow(0, u.lo_, u.hi_ - u.lo_));
+}
+
+}  // namespace vlm::sharding

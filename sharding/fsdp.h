@@ -1,0 +1,202 @@
+// FSDP runtime: flat parameters, sharded over the ranks, gathered around each unit's
+// forward and backward, gradients reduce-scattered into the local shard.
+//
+// Names: N world size, r this rank, P a unit's parameter elements (registration order),
+// S = ceil(P / N) shard elements, R_r = [r*S, min((r+1)*S, P)) the owned range (the same
+// ceil split as optimizer.h's owned_range, padding only at the end of the last shards).
+//
+// One FsdpUnit per unit with sharding kFullShard, kShardGradOp or kFrozenSharded:
+//   full    [N*S]  param dtype  the gathered flat parameter; every parameter of the unit
+//                               is set_data() to a view of it. Its storage is released
+//                               (StorageImpl data pointer emptied, nbytes 0) while the unit
+//                               is not gathered and reallocated with the storage's own
+//                               allocator before the next all-gather, so the parameter
+//                               tensors, and the tensors autograd saved from them, stay
+//                               valid and are refilled in place.
+//   local  [S]     param dtype  this rank's shard of the parameters (persistent; the
+//                               optimizer writes its update here; zeros in the padding).
+//   grad   [S]     fp32         this rank's reduced gradient, accumulated over the
+//                               micro-batches of a step (trainable units only).
+//
+// Life of a unit in one micro-batch (the runner calls pre_forward / post_forward):
+//   pre_forward    gather (or wait the prefetch), then prefetch the next FSDP unit in
+//                  call order (async all-gather: at most this unit and the next gathered)
+//   post_forward   full_shard / frozen: free. shard_grad_op: keep gathered for backward
+//                  (free at once when the output needs no gradient). If the output needs a
+//                  gradient, wrap it in an identity autograd node whose backward is the
+//                  unit's pre-backward hook.
+//   pre_backward   gather again if freed (or wait the prefetch), free frozen units whose
+//                  backward is over, prefetch the previous FSDP unit in call order that
+//                  takes part in backward.
+//   grads ready    a post-hook on each parameter's AccumulateGrad node counts the unit's
+//                  parameters; when all have their gradient, the unit's reduce-scatter
+//                  (SUM, reduce dtype) of [N*S] into [S] is launched, the parameters' .grad
+//                  are dropped and the unit is freed. Launches are strictly in reverse unit
+//                  order (a ready unit waits for the ones after it), so every rank issues
+//                  the same collectives in the same order.
+//   finish_backward (the trainer's call after every micro-batch's backward, which plays the
+//                  end-of-backward callback): launches the reduce-scatters of the units that
+//                  got no gradient (zeros), waits all of them, adds each result into `grad`
+//                  (fp32), and frees every unit still gathered.
+// FSDP units reduce on every micro-batch (set_sync(false) does not apply to them: the
+// accumulation lives in the shard grad, not in an unsharded .grad).
+//
+// Traffic per micro-batch and unit (M = N*S elements x dtype bytes, Comm's logical ring
+// volume): full_shard 2 all-gathers + 1 reduce-scatter = 3(N-1)/N M; shard_grad_op 1 + 1 =
+// 2(N-1)/N M; frozen sharded 1 all-gather (2 when its backward is needed). A unit called
+// twice (tied lm_head = model.embed_tokens) under full_shard is gathered for each call, in
+// forward and in backward: 4 all-gathers + 1 reduce-scatter (measured at world 4 on the
+// tiny model: 3.21 x (N-1)/N M in all instead of 3).
+// Peak: under full_shard at most two units are gathered at once (the running unit and the
+// prefetched one; tested), shard_grad_op keeps every unit gathered from its forward to its
+// reduce-scatter. The backward pre-hook of a unit frees the other full_shard / frozen
+// units except the one it prefetches: this assumes a unit's backward is over when
+// backward reaches an earlier unit, which holds for Qwen2-VL's chain of units (the CPU
+// autograd engine runs ready nodes latest-created first, AccumulateGrad first; the vision
+// and text branches meet at the image-token splice, after which model.embed_tokens'
+// backward needs no weights). A model whose unit outputs feed several later units would
+// need a per-unit "backward done" signal instead.
+//
+// Eval / generation: under NoGradGuard each call gathers and frees its unit (every rank
+// must make the same calls, e.g. the same number of decoding steps); gather_all() keeps
+// everything gathered instead.
+//
+// Hang safety: every decision that issues a collective (gather, prefetch, reduce-scatter
+// order) depends only on the call order and on whether outputs need gradients, which are
+// the same on every rank when every rank runs every unit (DESIGN.md invariant 2).
+#pragma once
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sharding/comm.h"
+#include "sharding/policy.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace vlm::sharding {
+
+class FsdpUnit {
+ public:
+  const std::string& path() const { return path_; }
+  bool trainable() const { return trainable_; }
+  Sharding sharding() const { return sharding_; }
+  int64_t numel() const { return numel_; }  // P
+  int64_t shard() const { return shard_; }  // S
+  int64_t lo() const { return lo_; }        // R_r
+  int64_t hi() const { return hi_; }
+  const std::vector<UnitParam>& params() const { return params_; }
+  const std::vector<int64_t>& offsets() const { return offsets_; }  // flat offset of each param
+  // [hi - lo] param dtype: view of this rank's owned parameter elements.
+  torch::Tensor shard_param() const { return local_.narrow(0, 0, hi_ - lo_); }
+  // [hi - lo] fp32: view of this rank's reduced gradient (zeros before any backward).
+  torch::Tensor shard_grad() const { return grad_.defined() ? grad_.narrow(0, 0, hi_ - lo_) : torch::Tensor(); }
+  bool gathered() const { return state_ != State::kFree; }
+  // Bytes of the gathered flat buffer (N*S x param dtype).
+  double gathered_bytes() const;
+  // Persistent bytes on this rank: local shard, shard grad.
+  double shard_param_bytes() const;
+  double shard_grad_bytes() const;
+
+ private:
+  friend class FsdpEngine;
+  enum class State { kFree, kGathering, kGathered };
+  std::string path_;
+  Sharding sharding_ = Sharding::kFullShard;
+  bool trainable_ = false;
+  std::vector<UnitParam> params_;
+  std::vector<int64_t> offsets_;
+  int64_t numel_ = 0, shard_ = 0, lo_ = 0, hi_ = 0;
+  torch::Tensor full_;   // [N*S] param dtype (storage released while free)
+  torch::Tensor local_;  // [S] param dtype
+  torch::Tensor grad_;   // [S] fp32 (trainable)
+  size_t full_nbytes_ = 0;
+  State state_ = State::kFree;
+  Work gather_;
+  bool needs_backward_ = false;  // an output of this micro-batch needs a gradient
+  // Backward bookkeeping (trainable units).
+  std::vector<char> fired_;  // per parameter: gradient complete in this micro-batch
+  int64_t pending_ = 0;      // parameters not fired yet
+  bool rs_launched_ = false;
+  Work rs_;
+  torch::Tensor rs_out_;     // [S] reduce dtype
+};
+
+// Gathered-buffer accounting (FsdpEngine::gather_stats).
+struct GatherStats {
+  double bytes = 0;       // gathered now (incl. in-flight prefetches)
+  int64_t units = 0;
+  double peak_bytes = 0;  // since the last reset_peak()
+  int64_t peak_units = 0;
+};
+
+class FsdpEngine {
+ public:
+  // units: the unit table (units with sharding kFullShard, kShardGradOp, kFrozenSharded
+  // become FSDP units; apply_freeze and the rank-0 broadcast must have run). call_order:
+  // the model's unit paths in call order (Qwen2VLImpl::units(), aliases included), each
+  // mapped to its owning unit path. Collective-free; frees every flat buffer at the end.
+  FsdpEngine(Comm& comm, const std::vector<UnitPlan>& units,
+             const std::vector<std::pair<std::string, std::string>>& call_order, torch::Dtype reduce_dtype);
+  ~FsdpEngine();
+  FsdpEngine(const FsdpEngine&) = delete;
+  FsdpEngine& operator=(const FsdpEngine&) = delete;
+
+  // The FSDP unit a call path runs on (alias-aware), or null.
+  FsdpUnit* find(const std::string& call_path);
+  FsdpUnit* find_unit(const std::string& unit_path);  // by owning unit path
+  const std::vector<std::unique_ptr<FsdpUnit>>& units() const { return units_; }
+
+  // Runner hooks (see the header comment). Calls with a path that is no FSDP unit are no-ops
+  // and post_forward returns `out` unchanged.
+  void pre_forward(const std::string& call_path);
+  torch::Tensor post_forward(const std::string& call_path, const torch::Tensor& out);
+  // Gathers the unit of call position `pos` for its backward (idempotent) and prefetches.
+  void pre_backward(int64_t pos);
+  int64_t position(const std::string& call_path) const;  // -1 if unknown
+  // End of a micro-batch's backward (see the header comment).
+  void finish_backward(const std::string& ctx);
+  // Zeros every shard grad (the optimizer's zero_grad).
+  void zero_grad();
+  // Writes `flat` [P] (registration order, any dtype) into the unit's local shard (R_r part).
+  void load_params(FsdpUnit& u, const torch::Tensor& flat);
+
+  // Collective: gathers every unit and keeps them gathered (the parameters are then
+  // readable and writable as in an unsharded model: tests, export, generation on every
+  // rank) until release_all(), which frees them (local). Writes to gathered parameters
+  // are lost: the local shard is the source of truth.
+  void gather_all(const std::string& ctx);
+  void release_all();
+
+  const GatherStats& gather_stats() const { return gstats_; }
+  void reset_peak() { gstats_.peak_bytes = gstats_.bytes; gstats_.peak_units = gstats_.units; }
+
+ private:
+  void gather_async(FsdpUnit& u, const std::string& why);
+  void wait_gathered(FsdpUnit& u);
+  void release(FsdpUnit& u);
+  void on_grad_ready(FsdpUnit& u, int64_t param);
+  void launch_ready(bool force);
+  void launch_rs(FsdpUnit& u);
+
+  Comm& comm_;
+  torch::Dtype reduce_dtype_;
+  std::vector<std::unique_ptr<FsdpUnit>> units_;
+  std::map<std::string, FsdpUnit*> by_unit_;
+  std::vector<FsdpUnit*> call_units_;    // per call position: its FSDP unit or null
+  std::map<std::string, int64_t> call_pos_;
+  std::vector<char> pos_needs_bwd_;      // per call position: its output needs a gradient
+  std::vector<FsdpUnit*> rs_order_;      // trainable units, reverse unit order
+  size_t next_rs_ = 0;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  GatherStats gstats_;
+  std::string ctx_ = "step";
+  bool pinned_ = false;  // gather_all() in effect: release() does nothing  // context of the micro-batch in flight (last finish_backward's)
+};
+
+}  // namespace vlm::sharding
