@@ -1,20 +1,160 @@
-// `vlmtrain eval`: evaluate a checkpoint or hf model on ocr sets.
+// `vlmtrain eval`: evaluate an HF model (or the recipe's model) on OCR sets.
+//
+// Builds the model on every rank (no sharding: each rank holds the whole model and
+// generates its share of the samples; see app/evaluator.h), then rank 0 writes
+// predictions.jsonl and eval_summary.json.
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
 #include "app/commands.h"
+#include "app/evaluator.h"
+#include "app/logging.h"
+#include "app/model_source.h"
+#include "app/sharding_options.h"
+#include "sharding/comm.h"
+#include "sharding/parallel_dims.h"
+#include "vlm/check.h"
 
 namespace vlmtrain {
 
 const char* help_eval() {
-  return R"(usage: vlmtrain eval RECIPE [--checkpoint DIR | --model HF_DIR] [--data FILE.jsonl]...
-                     [--max-new-tokens N] [--batch-size B] [--set KEY=VALUE]...
+  return R"(usage: vlmtrain eval RECIPE [--model HF_DIR | --checkpoint DIR] [--data FILE.jsonl]...
+                     [--max-new-tokens N] [--batch-size B] [--max-samples N] [--out DIR]
+                     [--set KEY=VALUE]...
 
-Generates answers greedily for every sample and writes predictions.jsonl and
-eval_summary.json (CER, WER, NED, exact match, ANLS, OCRBench-style accuracy).
+Generates an answer greedily (KV cache; stops at <|im_end|> / <|endoftext|>) for every
+sample of the eval sets and scores it: CER, WER, NED, exact match, ANLS, OCRBench-style
+accuracy, per set and overall (metrics and normalisation from the recipe's [eval] section,
+e.g. --set eval.case_sensitive=false --set 'eval.metrics=["cer","wer"]').
+
+model (default: the recipe's [model] section, a preset or model.path):
+  --model HF_DIR        an HF directory: config.json, safetensors, and tokenizer files
+                        (tokenizer.json / tokenizer.model; else model.tokenizer is used)
+  --checkpoint DIR      a training checkpoint (not available yet in this build)
+data (default: data.eval of the recipe; one set per file, named after the file stem):
+  --data FILE.jsonl     an eval set (repeatable); replaces data.eval
+  --max-samples N       only the first N records of each set (default 0 = all)
+generation:
+  --max-new-tokens N    default eval.max_new_tokens
+  --batch-size B        prompts per batch on each process (default eval.batch_size)
+output (written by rank 0):
+  --out DIR             default <run.output_dir>/eval
+  DIR/predictions.jsonl one line per sample: id (file:line), dataset, index, prompt,
+                        prediction, answers (the references), generated_tokens, scores;
+                        `vlmtrain score --pred DIR/predictions.jsonl` gives the same numbers
+  DIR/eval_summary.json metrics per set and overall, normalisation, skipped samples,
+                        model, seconds, samples/s
+
+Runs under torchrun / srun / `vlmtrain launch`: every process loads the model and
+generates a strided share of the samples; results are gathered on rank 0. A progress bar
+is drawn on a terminal, plain lines otherwise. Records whose image cannot be decoded are
+reported (file:line and reason) and skipped, up to data.max_bad_fraction of a set.
 )";
 }
 
 int cmd_eval(Args& args) {
-  (void)args;
-  not_yet("eval", "issue #10");
+  Recipe recipe = recipe_from_args(args);
+  const auto model_dir = args.value("model");
+  const auto checkpoint = args.value("checkpoint");
+  const std::vector<std::string> data = args.values("data");
+  const auto max_new = args.integer("max-new-tokens");
+  const auto batch = args.integer("batch-size");
+  const auto max_samples = args.integer("max-samples");
+  const auto out_dir = args.value("out");
+  VLM_CHECK(args.positionals().size() == 1, "vlmtrain eval: expected one RECIPE, got ",
+            args.positionals().size(), " positional arguments (see `vlmtrain eval --help`)");
+  args.finish();
+  VLM_CHECK(!(model_dir && checkpoint), "vlmtrain eval: give --model or --checkpoint, not both");
+  if (checkpoint) {
+    // The lead engineer wires training checkpoints here (app/checkpoint.h).
+    throw vlm::Error(vlm::str("vlmtrain eval: --checkpoint ", *checkpoint,
+                              " is not available yet in this build (hint: `vlmtrain export` "
+                              "the checkpoint and pass --model HF_DIR)"));
+  }
+  if (model_dir) {
+    namespace fs = std::filesystem;
+    VLM_CHECK(fs::is_directory(*model_dir), "vlmtrain eval: --model '", *model_dir,
+              "' is not a directory (expected an HF model directory with config.json)");
+    recipe.model.preset.clear();
+    recipe.model.path = *model_dir;
+    const bool has_tokenizer = fs::exists(fs::path(*model_dir) / "tokenizer.json") ||
+                               fs::exists(fs::path(*model_dir) / "tokenizer.model");
+    if (has_tokenizer) recipe.model.tokenizer.clear();  // the model's own tokenizer
+  }
+  if (!data.empty()) recipe.data.eval = data;
+  recipe.validate(Purpose::eval);
+
+  EvalOptions opts = eval_options(recipe);
+  if (max_new) {
+    VLM_CHECK(*max_new >= 1, "vlmtrain eval: --max-new-tokens must be >= 1, got ", *max_new);
+    opts.max_new_tokens = *max_new;
+  }
+  if (batch) {
+    VLM_CHECK(*batch >= 1, "vlmtrain eval: --batch-size must be >= 1, got ", *batch);
+    opts.batch_size = *batch;
+  }
+  if (max_samples) {
+    VLM_CHECK(*max_samples >= 0, "vlmtrain eval: --max-samples must be >= 0, got ", *max_samples);
+    opts.max_samples = *max_samples;
+  }
+  opts.output_dir = out_dir ? *out_dir : recipe.run.output_dir + "/eval";
+
+  namespace sh = vlm::sharding;
+  sh::ParallelOptions popts;
+  popts.timeout = std::chrono::milliseconds(static_cast<int64_t>(recipe.dist.timeout_s * 1000));
+  popts.device = recipe.dist.device;
+  sh::ParallelDims dims = sh::ParallelDims::from_environment(popts);
+  init_logging(dims.rank(), dims.world_size(), recipe.log.level, recipe.log.all_ranks);
+  if (dims.distributed()) spdlog::info("{}", dims.env().describe());
+
+  LoadModelOptions lopts;
+  lopts.seed = static_cast<uint64_t>(recipe.run.seed);
+  lopts.device = dims.device();
+  lopts.dtype = recipe_dtype(recipe.precision.param_dtype);
+  LoadedModel lm = load_model(recipe.model, lopts, recipe.source);
+  spdlog::info("model: {}", lm.description);
+  if (lm.random_init)
+    spdlog::warn("model.preset {} has random weights: the scores measure an untrained model "
+                 "(hint: --model HF_DIR)", recipe.model.preset);
+  opts.model_source = lm.description;
+
+  std::vector<EvalDataset> sets = load_eval_datasets(recipe, recipe.data.eval);
+  for (const EvalDataset& s : sets)
+    spdlog::info("eval set {}: {} records ({} bad at load)", s.name, s.records.size(), s.bad_at_load);
+  // Each process holds the whole model: forward calls issue no collectives, so ranks need
+  // not run in lockstep.
+  opts.lockstep = false;
+  opts.progress = dims.is_main();
+
+  EvalSummary sum = evaluate(*lm.model, *lm.tokenizer, recipe, sets, opts,
+                             dims.distributed() ? &dims.comm() : nullptr);
+  if (dims.is_main()) {
+    std::printf("%-24s %8s %8s", "dataset", "n", "skipped");
+    for (const std::string& m : opts.score.metrics) std::printf(" %9s", m.c_str());
+    std::printf("\n");
+    auto row = [&](const std::string& name, const nlohmann::json& j) {
+      std::printf("%-24s %8lld %8lld", name.c_str(), j["n"].get<long long>(),
+                  j["skipped"].get<long long>());
+      for (const std::string& m : opts.score.metrics) {
+        if (j["n"].get<long long>() == 0 || j[m].is_null()) std::printf(" %9s", "n/a");
+        else std::printf(" %9.4f", j[m].get<double>());
+      }
+      std::printf("\n");
+    };
+    for (const auto& [name, j] : sum.json["datasets"].items()) row(name, j);
+    row("overall", sum.json["overall"]);
+    std::printf("%lld samples in %.1f s (%.2f samples/s, %d process%s)\nwrote %s/predictions.jsonl "
+                "and %s/eval_summary.json\n",
+                static_cast<long long>(sum.json["samples"].get<int64_t>()), sum.seconds,
+                sum.json["samples_per_s"].get<double>(), dims.world_size(),
+                dims.world_size() == 1 ? "" : "es", opts.output_dir.c_str(), opts.output_dir.c_str());
+  }
+  if (dims.distributed()) dims.comm().barrier("eval: done");  // rank 0 may host the store
+  return 0;
 }
 
 }  // namespace vlmtrain

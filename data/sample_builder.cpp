@@ -147,12 +147,18 @@ GenerationPrompt build_generation_prompt(const vlm::Tokenizer& tok, const Record
   g.sample.input_ids = std::move(rc.input_ids);
   g.sample.labels.assign(g.sample.input_ids.size(), vlm::kIgnoreIndex);
   attach_images(g.sample, images, n_images);
-  for (const std::string& a : record.answers)  // plain records may repeat "text" in "answers"
-    if (std::find(g.references.begin(), g.references.end(), a) == g.references.end())
-      g.references.push_back(a);
-  if (g.references.empty() && n_turns < int64_t(record.turns.size()))
-    g.references.push_back(record.turns[size_t(n_turns)].content);
+  g.references = generation_references(record);
   return g;
+}
+
+std::vector<std::string> generation_references(const Record& record) {
+  std::vector<std::string> refs;
+  for (const std::string& a : record.answers)  // plain records may repeat "text" in "answers"
+    if (std::find(refs.begin(), refs.end(), a) == refs.end()) refs.push_back(a);
+  const int64_t n_turns = generation_prompt_turns(record);
+  if (refs.empty() && n_turns < int64_t(record.turns.size()))
+    refs.push_back(record.turns[size_t(n_turns)].content);
+  return refs;
 }
 
 }  // namespace vlm::data

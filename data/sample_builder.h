@@ -83,4 +83,8 @@ GenerationPrompt build_generation_prompt(const vlm::Tokenizer& tok, const Record
 // Turns that make up the generation prompt of `record` (see above).
 int64_t generation_prompt_turns(const Record& record);
 
+// The references build_generation_prompt returns: record.answers without repeats, else the
+// assistant turn after the prompt (empty when there is none).
+std::vector<std::string> generation_references(const Record& record);
+
 }  // namespace vlm::data

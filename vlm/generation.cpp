@@ -88,7 +88,8 @@ GenerationOutput generate(Qwen2VLImpl& model, const Batch& prompt, const Generat
     }
     ids = torch::cat({ids, next.to(dev).view({b, 1})}, 1);
     mask = torch::cat({mask, torch::ones({b, 1}, mask.options())}, 1);
-    if (!o.run_to_max && std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
+    const bool all_done = std::all_of(done.begin(), done.end(), [](bool d) { return d; });
+    if (o.stop_together ? o.stop_together(all_done) : (!o.run_to_max && all_done)) break;
   }
   if (o.keep_logits && !step_logits.empty()) out.logits = torch::stack(step_logits, 1);
   return out;

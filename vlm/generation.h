@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "vlm/qwen2_vl.h"
@@ -25,6 +26,13 @@ struct GenerationOptions {
   bool run_to_max = false;
   // Run a dummy image through the vision tower when the prompt has none (sharded eval).
   bool dummy_vision = false;
+  // Lockstep early stop for sharded eval: when set, it is called once after every step with
+  // whether every sequence of THIS call has stopped, and generation ends as soon as it
+  // returns true (run_to_max is then ignored). Sharded eval passes an all-reduce over ranks
+  // ("have all ranks stopped?"), so every rank makes the same number of steps (the same unit
+  // calls) and they all stop at the first step where every rank is done. It must give
+  // the same answer on every rank.
+  std::function<bool(bool all_stopped_here)> stop_together;
 };
 
 struct GenerationOutput {

@@ -111,6 +111,36 @@ TEST(Generation, StopsOnStopTokenAndPadsAfter) {
   for (int64_t t : g.tokens[0]) EXPECT_NE(t, m->cfg.image_token_id);
 }
 
+// stop_together decides when to stop (lockstep eval): called once per step with the local
+// "all stopped" state, and generation ends exactly when it first returns true.
+TEST(Generation, StopTogetherCallbackDecidesTheStep) {
+  auto m = make_model("tiny");
+  auto b = prompts(m->cfg);
+  vlm::GenerationOptions o;
+  o.max_new_tokens = 8;
+  auto free_run = vlm::generate(*m, b, o);
+  o.stop_tokens = {free_run.tokens[0][1], free_run.tokens[1][1]};  // both stop at step 2
+  std::vector<bool> seen;
+  o.stop_together = [&](bool here) {
+    seen.push_back(here);
+    return seen.size() == 5;  // another rank is still busy until step 5
+  };
+  auto g = vlm::generate(*m, b, o);
+  // Step k (0-based) has everything stopped once both rows emitted a stop token (at <= 1).
+  size_t last_stop = 0;
+  for (int i = 0; i < 2; ++i) {
+    size_t p = 0;
+    while (std::find(o.stop_tokens.begin(), o.stop_tokens.end(), free_run.tokens[i][p]) == o.stop_tokens.end()) ++p;
+    EXPECT_EQ(g.tokens[i].size(), p + 1);  // nothing recorded after the stop token
+    last_stop = std::max(last_stop, p);
+  }
+  ASSERT_EQ(seen.size(), 5u);
+  for (size_t k = 0; k < 5; ++k) EXPECT_EQ(seen[k], k >= last_stop) << k;
+  o.stop_together = [&](bool) { return false; };  // never: runs to max_new_tokens
+  o.keep_logits = true;
+  EXPECT_EQ(vlm::generate(*m, b, o).logits.size(1), 8);
+}
+
 TEST(Generation, SamplingIsSeededAndTopPOfZeroIsGreedy) {
   auto m = make_model("tiny");
   auto b = prompts(m->cfg);
