@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "app/checkpoint.h"
 #include "app/commands.h"
 #include "app/evaluator.h"
 #include "app/logging.h"
@@ -18,6 +19,7 @@
 #include "sharding/comm.h"
 #include "sharding/parallel_dims.h"
 #include "vlm/check.h"
+#include "vlm/meta_init.h"
 
 namespace vlmtrain {
 
@@ -34,7 +36,7 @@ e.g. --set eval.case_sensitive=false --set 'eval.metrics=["cer","wer"]').
 model (default: the recipe's [model] section, a preset or model.path):
   --model HF_DIR        an HF directory: config.json, safetensors, and tokenizer files
                         (tokenizer.json / tokenizer.model; else model.tokenizer is used)
-  --checkpoint DIR      a training checkpoint (not available yet in this build)
+  --checkpoint DIR      a training checkpoint step-<N>/ (or a run directory: its newest)
 data (default: data.eval of the recipe; one set per file, named after the file stem):
   --data FILE.jsonl     an eval set (repeatable); replaces data.eval
   --max-samples N       only the first N records of each set (default 0 = all)
@@ -56,6 +58,46 @@ reported (file:line and reason) and skipped, up to data.max_bad_fraction of a se
 )";
 }
 
+namespace {
+
+// A training checkpoint (step-<N>/, or a run directory: its newest complete one) as a
+// model: config.json of the checkpoint, the consolidated parameters, and the tokenizer the
+// run trained with (model.tokenizer of the recipe when set).
+LoadedModel load_checkpoint_model(const std::string& path, const Recipe& recipe, const LoadModelOptions& opts) {
+  namespace fs = std::filesystem;
+  std::string dir = path;
+  if (!fs::exists(fs::path(dir) / "trainer.json")) {
+    auto all = complete_checkpoints(dir);
+    VLM_CHECK(!all.empty(), "vlmtrain eval: --checkpoint ", dir, " is neither a checkpoint nor a run directory "
+              "with a complete checkpoint (expected step-<N>/ with trainer.json and COMPLETE)");
+    dir = all.back();
+  }
+  CheckpointReader ck(dir);
+  LoadedModel lm;
+  const std::string tok = !recipe.model.tokenizer.empty() ? recipe.model.tokenizer : ck.tokenizer_path();
+  lm.tokenizer = vlm::load_tokenizer(tok);
+  vlm::VlmConfig cfg = vlm::parse_hf_config(ck.config_json(), dir + "/config.json");
+  check_tokenizer_special_ids(cfg, *lm.tokenizer, dir + "/config.json");
+  lm.model = vlm::Qwen2VL(cfg, torch::TensorOptions().device(torch::kMeta));
+  vlm::materialize(*lm.model, {opts.device, opts.dtype, opts.seed, 0.02, /*init=*/false});
+  std::map<std::string, torch::Tensor> params;
+  for (const auto& p : lm.model->named_parameters()) params[p.key()] = p.value();
+  torch::NoGradGuard no_grad;
+  int64_t loaded = 0;
+  for (const auto& [name, t] : ck.consolidated()) {
+    auto it = params.find(name);
+    VLM_CHECK(it != params.end(), dir, ": parameter ", name, " is not in the model its config.json builds");
+    it->second.copy_(t);
+    ++loaded;
+  }
+  VLM_CHECK(loaded == static_cast<int64_t>(params.size()), dir, ": holds ", loaded, " of the model's ",
+            params.size(), " parameters");
+  lm.description = vlm::str("checkpoint ", dir, " (step ", ck.state().step, ")");
+  return lm;
+}
+
+}  // namespace
+
 int cmd_eval(Args& args) {
   Recipe recipe = recipe_from_args(args);
   const auto model_dir = args.value("model");
@@ -69,12 +111,6 @@ int cmd_eval(Args& args) {
             args.positionals().size(), " positional arguments (see `vlmtrain eval --help`)");
   args.finish();
   VLM_CHECK(!(model_dir && checkpoint), "vlmtrain eval: give --model or --checkpoint, not both");
-  if (checkpoint) {
-    // The lead engineer wires training checkpoints here (app/checkpoint.h).
-    throw vlm::Error(vlm::str("vlmtrain eval: --checkpoint ", *checkpoint,
-                              " is not available yet in this build (hint: `vlmtrain export` "
-                              "the checkpoint and pass --model HF_DIR)"));
-  }
   if (model_dir) {
     namespace fs = std::filesystem;
     VLM_CHECK(fs::is_directory(*model_dir), "vlmtrain eval: --model '", *model_dir,
@@ -115,7 +151,8 @@ int cmd_eval(Args& args) {
   lopts.seed = static_cast<uint64_t>(recipe.run.seed);
   lopts.device = dims.device();
   lopts.dtype = recipe_dtype(recipe.precision.param_dtype);
-  LoadedModel lm = load_model(recipe.model, lopts, recipe.source);
+  LoadedModel lm = checkpoint ? load_checkpoint_model(*checkpoint, recipe, lopts)
+                              : load_model(recipe.model, lopts, recipe.source);
   spdlog::info("model: {}", lm.description);
   if (lm.random_init)
     spdlog::warn("model.preset {} has random weights: the scores measure an untrained model "

@@ -16,9 +16,10 @@
 #include <thread>
 
 #include "app/checkpoint.h"
+#include "app/evaluator.h"
 #include "app/logging.h"
 #include "app/lr_schedule.h"
-#include "app/model_builder.h"
+#include "app/model_source.h"
 #include "app/perf_counters.h"
 #include "app/sharding_options.h"
 #include "app/train_data.h"
@@ -190,11 +191,13 @@ TrainSummary run_training(const Recipe& recipe) {
     }
 
     // ---------------------------------------------------------------- tokenizer + model
-    auto tok = recipe_tokenizer(recipe);
-    vlm::VlmConfig cfg = recipe_model_config(recipe, *tok);
     const torch::Dtype param_dtype = recipe_dtype(recipe.precision.param_dtype);
-    std::string model_source;
-    vlm::Qwen2VL model = build_model(recipe, cfg, dims.device(), param_dtype, &model_source);
+    LoadedModel lm = load_model(recipe.model, {static_cast<uint64_t>(recipe.run.seed), dims.device(), param_dtype},
+                                recipe.source);
+    vlm::Qwen2VL model = lm.model;
+    const std::unique_ptr<vlm::Tokenizer>& tok = lm.tokenizer;
+    const vlm::VlmConfig cfg = model->cfg;
+    const std::string model_source = lm.description;
     model->train();
     if (main) spdlog::info("model: {} | {}", vlm::family_name(cfg.family), model_source);
 
@@ -221,7 +224,7 @@ TrainSummary run_training(const Recipe& recipe) {
     // ---------------------------------------------------------------- resume
     TrainerState st;
     CheckpointFiles files{to_toml(recipe), recipe_hash(recipe), vlm::to_hf_json(cfg).dump(2),
-                          fs::absolute(recipe_tokenizer_path(recipe)).string()};
+                          fs::absolute(tokenizer_path(recipe.model, recipe.source)).string()};
     TrainSummary summary;
     if (auto from = resolve_resume(recipe.checkpoint.resume, out_dir)) {
       CheckpointReader ck(*from);
@@ -253,6 +256,32 @@ TrainSummary run_training(const Recipe& recipe) {
     if (main)
       spdlog::info("MFU convention: 6N per token for trained units, 2N for frozen, no attention FLOPs; peak: {}",
                    peak_how);
+    // Eval sets (periodic: the first eval.max_samples of each; at the end: all).
+    std::vector<EvalDataset> eval_sets;
+    if (!recipe.data.eval.empty() && (recipe.eval.every > 0 || recipe.eval.at_end))
+      eval_sets = load_eval_datasets(recipe, recipe.data.eval);
+    auto run_eval = [&](bool full) {
+      EvalOptions o = eval_options(recipe);
+      o.max_samples = full ? 0 : recipe.eval.max_samples;
+      o.lockstep = dims.distributed();
+      o.output_dir = full ? (fs::path(out_dir) / "eval").string() : "";
+      o.progress = full && tty;
+      o.model_source = model_source;
+      o.checkpoint = summary.last_checkpoint;
+      o.step = st.step;
+      EvalSummary es = evaluate(*model, *tok, recipe, eval_sets, o, &comm);
+      nlohmann::json j = {{"step", st.step}, {"eval_full", full}};
+      std::string line;
+      for (const auto& [k, v] : es.metrics) {
+        j[k] = v;
+        if (k.rfind("eval/overall/", 0) == 0 && k != "eval/overall/n") line += fmt::format(" | {} {:.4f}", k.substr(13), v);
+      }
+      metrics.write(j);
+      clear_progress(tty);
+      if (main)
+        spdlog::info("eval ({}, step {}): {} samples in {:.1f} s{}{}", full ? "all samples" : "periodic subset",
+                     st.step, es.samples, es.seconds, line, full ? " | wrote " + o.output_dir : "");
+    };
     std::signal(SIGINT, on_stop_signal);
     std::signal(SIGTERM, on_stop_signal);
     auto save = [&](const char* why) {
@@ -388,6 +417,12 @@ TrainSummary run_training(const Recipe& recipe) {
       }
       if (main) progress(tty, st.step, steps_total, eta);
 
+      // Periodic eval on a bounded subset.
+      if (!eval_sets.empty() && recipe.eval.every > 0 && st.step % recipe.eval.every == 0 && st.step < steps_total) {
+        clear_progress(tty);
+        run_eval(false);
+      }
+
       // Checkpoint: periodic, or on SIGINT/SIGTERM (then stop, exit 0).
       const bool stop = s[6] > 0;
       if (stop || (recipe.checkpoint.every > 0 && st.step % recipe.checkpoint.every == 0)) {
@@ -405,6 +440,7 @@ TrainSummary run_training(const Recipe& recipe) {
 
     // ---------------------------------------------------------------- the end
     if (!summary.stopped_by_signal && recipe.checkpoint.save_final && last_saved != st.step) save("final");
+    if (!summary.stopped_by_signal && recipe.eval.at_end && !eval_sets.empty()) run_eval(true);
     comm.barrier("end of training");
     if (main)
       spdlog::info("done: step {} | last loss {:.4f} | {} non-finite step(s) skipped | {} in steps", st.step,

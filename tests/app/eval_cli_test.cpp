@@ -2,7 +2,7 @@
 // safetensors, tokenizer.json): the output files exist and parse, `vlmtrain score` on
 // predictions.jsonl gives the numbers of eval_summary.json, the predictions equal the
 // evaluator library's on the same weights, two processes under a torchrun-like
-// environment write the same predictions as one, and --checkpoint says it is not wired.
+// environment write the same predictions as one, and --checkpoint names a directory that is not a checkpoint.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -113,10 +113,11 @@ TEST_F(EvalCli, TwoProcessesWriteWhatOneWrites) {
   EXPECT_EQ(sum["overall"], json::parse(vlmtest::read_file(*dir_ / "one/eval_summary.json"))["overall"]);
 }
 
-TEST_F(EvalCli, CheckpointIsNotWiredYetAndSaysSo) {
-  auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "eval", *dir_ / "r.toml", "--checkpoint", *dir_ / "ck"});
+// (--checkpoint on a real training checkpoint: tests/app/train_resume_dist_test.cpp.)
+TEST_F(EvalCli, CheckpointThatIsNotOneIsNamed) {
+  auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "eval", *dir_ / "r.toml", "--checkpoint", *dir_ / "hf"});
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("not available yet in this build"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("is neither a checkpoint nor a run directory"), std::string::npos) << r.output;
 }
 
 TEST_F(EvalCli, DefaultOutputIsUnderTheRunDirectory) {

@@ -203,6 +203,21 @@ TEST_F(TrainResume, ExportLoadsBackToTheCheckpointTensors) {
     }
     EXPECT_EQ(params.size(), want.size());
   }
+  // eval --checkpoint scores the checkpoint itself: the same predictions as its fp32 export.
+  const std::string data = *g_data / "val.jsonl";
+  auto e1 = vlmtest::run({vlmtest::vlmtrain_bin(), "eval", recipe(dir, 2, 3), "--checkpoint", ckpt, "--data", data,
+                          "--max-new-tokens", "6", "--out", dir / "eval-ckpt"});
+  ASSERT_EQ(e1.exit_code, 0) << e1.output;
+  auto e2 = vlmtest::run({vlmtest::vlmtrain_bin(), "eval", recipe(dir, 2, 3), "--model", dir / "hf-fp32", "--data",
+                          data, "--max-new-tokens", "6", "--out", dir / "eval-hf"});
+  ASSERT_EQ(e2.exit_code, 0) << e2.output;
+  auto preds = [](const std::string& f) {
+    std::vector<std::string> out;
+    for (const auto& l : vlmtest::metrics_lines(f)) out.push_back(l.at("prediction").get<std::string>());
+    return out;
+  };
+  EXPECT_EQ(preds(dir / "eval-ckpt/predictions.jsonl"), preds(dir / "eval-hf/predictions.jsonl"));
+  EXPECT_EQ(preds(dir / "eval-ckpt/predictions.jsonl").size(), 4u);
   // A second export into the same directory needs --overwrite.
   auto again = vlmtest::run({vlmtest::vlmtrain_bin(), "export", "--checkpoint", ckpt, "--out", dir / "hf-fp32"});
   EXPECT_NE(again.exit_code, 0);

@@ -44,10 +44,11 @@ inline std::vector<std::string> tiny_train_args(const std::string& run_dir, cons
           "--set", "dist.timeout_s=60"};
 }
 
-// The lines of <run_dir>/metrics.jsonl, in order.
+// The lines of <run_dir>/metrics.jsonl (or of a .jsonl file given by path), in order.
 inline std::vector<nlohmann::json> metrics_lines(const std::string& run_dir) {
   std::vector<nlohmann::json> out;
-  std::ifstream in(run_dir + "/metrics.jsonl");
+  const bool file = run_dir.size() > 6 && run_dir.compare(run_dir.size() - 6, 6, ".jsonl") == 0;
+  std::ifstream in(file ? run_dir : run_dir + "/metrics.jsonl");
   std::string line;
   while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
   return out;
