@@ -34,6 +34,9 @@ if [ -z "${FUZZ_SKIP_BUILD:-}" ]; then  # FUZZ_SKIP_BUILD=1: run what is built
   set +e
 fi
 
+# OpenCV's decoder-side pixel cap, read once when libopencv_imgcodecs loads: keeps one
+# image_decode input far below libFuzzer's RSS limit (our own cap, kMaxImagePixels, is higher).
+export OPENCV_IO_MAX_IMAGE_PIXELS=${OPENCV_IO_MAX_IMAGE_PIXELS:-4194304}
 export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:symbolize=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$ROOT/tests/sanitize/ubsan.supp"
 export LSAN_OPTIONS="suppressions=$ROOT/tests/sanitize/lsan.supp:print_suppressions=0"
