@@ -25,7 +25,7 @@ cmake --build "$BUILD_DIR" -j "${JOBS:-2}"
 echo "sanitize: build done in $(( $(date +%s) - start )) s ($BUILD_DIR)"
 
 # Sanitizer settings (docs/hardening.md explains each choice).
-export ASAN_OPTIONS="detect_leaks=1:detect_stack_use_after_return=0:check_initialization_order=1:strict_init_order=1:detect_odr_violation=0:halt_on_error=1:abort_on_error=0:symbolize=1"
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:halt_on_error=1:symbolize=1}"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$ROOT/tests/sanitize/ubsan.supp"
 export LSAN_OPTIONS="suppressions=$ROOT/tests/sanitize/lsan.supp:print_suppressions=0"
 export ASAN_SYMBOLIZER_PATH=${ASAN_SYMBOLIZER_PATH:-$(command -v llvm-symbolizer-14 || command -v llvm-symbolizer || true)}
