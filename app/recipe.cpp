@@ -326,7 +326,56 @@ class Printer {
 
 // ---------------------------------------------------------------- overrides
 
+// toml11 parses arrays and inline tables recursively (deep nesting overflows the stack) and
+// takes quadratic time in the parts of a dotted key, so a recipe's shape is bounded before
+// toml11 sees it. Recipes are small, shallow files; these limits are far above real ones.
+constexpr size_t kMaxRecipeBytes = 1 << 20;
+constexpr int kMaxRecipeNesting = 32;     // [ and { levels
+constexpr int kMaxDottedKeyParts = 32;    // a.b.c = ... / [a.b.c]
+
+void check_toml_shape(const std::string& text, const std::string& source) {
+  VLM_CHECK(text.size() <= kMaxRecipeBytes, source, ": ", text.size(), " bytes; expected a recipe of at most ",
+            kMaxRecipeBytes, " bytes (hint: is this a recipe TOML file?)");
+  int depth = 0, dots = 0;
+  int64_t line = 1;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\n') {
+      ++line;
+      dots = 0;
+    } else if (c == '#') {  // comment to the end of the line
+      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
+    } else if (c == '"' || c == '\'') {  // string: skip it (multi-line when tripled)
+      const bool triple = text.compare(i, 3, std::string(3, c)) == 0;
+      const std::string close = triple ? std::string(3, c) : std::string(1, c);
+      size_t j = i + close.size();
+      while (j < text.size() && text.compare(j, close.size(), close) != 0) {
+        if (text[j] == '\\' && c == '"') ++j;  // escape in a basic string
+        if (j < text.size() && text[j] == '\n') {
+          if (!triple) break;  // unterminated: toml11 reports it
+          ++line;
+        }
+        ++j;
+      }
+      i = std::min(j + close.size(), text.size()) - 1;
+    } else if (c == '[' || c == '{') {
+      dots = 0;
+      VLM_CHECK(++depth <= kMaxRecipeNesting, source, ":", line, ": arrays / inline tables nested deeper than ",
+                kMaxRecipeNesting, " levels (hint: is this a recipe TOML file?)");
+    } else if (c == ']' || c == '}') {
+      dots = 0;
+      depth = std::max(depth - 1, 0);
+    } else if (c == '=' || c == ',') {
+      dots = 0;
+    } else if (c == '.') {
+      VLM_CHECK(++dots < kMaxDottedKeyParts, source, ":", line, ": a dotted key with more than ",
+                kMaxDottedKeyParts, " parts (hint: is this a recipe TOML file?)");
+    }
+  }
+}
+
 toml::value parse_override_value(const std::string& text, const std::string& source) {
+  check_toml_shape(text, source);
   std::istringstream in("v = " + text + "\n");
   try {
     toml::value doc = toml::parse(in, source);
@@ -394,7 +443,9 @@ Recipe from_toml(toml::value root, const std::string& source, const std::vector<
   return r;
 }
 
-toml::value parse_toml(std::istream& in, const std::string& source) {
+toml::value parse_toml(const std::string& text, const std::string& source) {
+  check_toml_shape(text, source);
+  std::istringstream in(text);
   try {
     return toml::parse(in, source);
   } catch (const toml::exception& e) {
@@ -412,14 +463,15 @@ bool matches_any_glob_char(const std::string& s) {
 
 Recipe parse_recipe(const std::string& text, const std::string& source_name,
                     const std::vector<std::string>& overrides) {
-  std::istringstream in(text);
-  return from_toml(parse_toml(in, source_name), source_name, overrides);
+  return from_toml(parse_toml(text, source_name), source_name, overrides);
 }
 
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
   std::ifstream in(path, std::ios::binary);
   VLM_CHECK(in.good(), "cannot open recipe '", path, "' (check the path; recipes live in recipes/)");
-  return from_toml(parse_toml(in, path), path, overrides);
+  std::stringstream text;
+  text << in.rdbuf();
+  return from_toml(parse_toml(text.str(), path), path, overrides);
 }
 
 std::string to_toml(const Recipe& recipe) {

@@ -131,8 +131,13 @@ std::map<std::string, ImageProbe> read_index(const std::string& jsonl, bool veri
         p.error = v["error"];
         p.detail = v.value("detail", "");
       } else {
-        p.width = v.at("w");
-        p.height = v.at("h");
+        // Sizes must be positive integers (a float such as 1e300 would be an undefined cast).
+        const json &w = v.at("w"), &h = v.at("h");
+        if (!w.is_number_integer() || !h.is_number_integer()) return {};
+        p.width = w.get<int64_t>();
+        p.height = h.get<int64_t>();
+        if (p.width <= 0 || p.height <= 0 || p.width > (int64_t(1) << 32) || p.height > (int64_t(1) << 32))
+          return {};
       }
       out[path] = p;
     }
@@ -386,7 +391,7 @@ Dataset load_dataset(const std::vector<std::string>& files, const DatasetOptions
       json j;
       try {
         j = json::parse(text);
-      } catch (const json::parse_error& e) {
+      } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e999-style numbers
         add_bad(file, line_no, "invalid json", e.what());
         continue;
       }

@@ -3,6 +3,7 @@
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -138,6 +139,13 @@ std::optional<ImageInfo> parse_webp(const std::vector<uint8_t>& b) {
   return info;
 }
 
+void check_pixel_count(int64_t width, int64_t height, const std::string& what) {
+  VLM_CHECK(width <= kMaxImagePixels / std::max<int64_t>(height, 1), "image '", what, "' is ", width,
+            "x", height, " = ", static_cast<double>(width) * static_cast<double>(height),
+            " pixels, more than the limit of ", kMaxImagePixels,
+            " (hint: a decompression bomb or a corrupt header; downscale the image if it is real)");
+}
+
 }  // namespace
 
 std::vector<uint8_t> read_file_bytes(const std::string& path) {
@@ -175,6 +183,7 @@ ImageInfo probe_image(const std::string& path) {
   }
   VLM_CHECK(info->width > 0 && info->height > 0, "image '", path, "' has zero size (",
             info->width, "x", info->height, ")");
+  check_pixel_count(info->width, info->height, path);
   return *info;
 }
 
@@ -194,6 +203,8 @@ cv::Mat apply_orientation(const cv::Mat& image, int orientation) {
 
 cv::Mat decode_image_rgb(const std::vector<uint8_t>& bytes, const std::string& what) {
   VLM_CHECK(!bytes.empty(), "image '", what, "' is an empty file");
+  if (std::optional<ImageInfo> info = parse_image_header(bytes))
+    check_pixel_count(info->width, info->height, what);  // before OpenCV allocates anything
   cv::Mat raw;
   try {
     raw = cv::imdecode(bytes, cv::IMREAD_UNCHANGED);
@@ -203,6 +214,7 @@ cv::Mat decode_image_rgb(const std::vector<uint8_t>& bytes, const std::string& w
   VLM_CHECK(!raw.empty() && raw.rows > 0 && raw.cols > 0, "cannot decode image '", what,
             "' (", bytes.size(), " bytes; hint: corrupt file or unsupported format; ",
             "supported: JPEG, PNG, WebP, TIFF, BMP)");
+  check_pixel_count(raw.cols, raw.rows, what);  // formats without a header parser here
   // Depth -> 8 bit.
   cv::Mat m8;
   switch (raw.depth()) {

@@ -14,6 +14,10 @@
 
 namespace vlm::data {
 
+// Largest image accepted, in pixels (PIL's decompression-bomb error threshold, 2 x 89,478,485):
+// a header announcing more is refused before anything is decoded or allocated.
+constexpr int64_t kMaxImagePixels = 178'956'970;
+
 struct ImageInfo {
   int64_t width = 0;        // oriented (as displayed) width in pixels
   int64_t height = 0;       // oriented height
@@ -29,7 +33,8 @@ std::vector<uint8_t> read_file_bytes(const std::string& path);
 std::optional<ImageInfo> parse_image_header(const std::vector<uint8_t>& bytes);
 
 // Size and orientation of an image file: from the header when possible, otherwise by
-// decoding (TIFF, BMP, ...). Throws vlm::Error (missing, unreadable, corrupt, zero-size).
+// decoding (TIFF, BMP, ...). Throws vlm::Error (missing, unreadable, corrupt, zero-size,
+// more than kMaxImagePixels).
 ImageInfo probe_image(const std::string& path);
 
 // EXIF orientation (1..8) of the bytes, 1 when absent or unreadable.
@@ -37,7 +42,8 @@ int exif_orientation(const std::vector<uint8_t>& bytes);
 
 // Decodes to CV_8UC3 in RGB order with EXIF orientation applied. Grayscale is expanded,
 // alpha is composited over white, 16-bit is scaled to 8-bit (x / 257), float to [0,255].
-// Throws vlm::Error naming `what` (usually the path) on failure.
+// Throws vlm::Error naming `what` (usually the path) on failure, and before decoding when
+// the header announces more than kMaxImagePixels.
 cv::Mat decode_image_rgb(const std::vector<uint8_t>& bytes, const std::string& what);
 cv::Mat decode_image_rgb(const std::string& path);
 

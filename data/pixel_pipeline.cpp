@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "data/image.h"
 #include "vlm/check.h"
 
 namespace vlm::data {
@@ -111,6 +112,9 @@ PixelImage process_image_to_size(const cv::Mat& rgb, int64_t target_height,
                 target_width % f == 0,
             "process_image: target size must be positive multiples of ", f, ", got ",
             target_height, "x", target_width);
+  VLM_CHECK(target_width <= kMaxImagePixels / target_height, "process_image: target size ", target_height,
+            "x", target_width, " is more than ", kMaxImagePixels,
+            " pixels (hint: cap the image with data.max_pixels / max_image_tokens)");
   cv::Mat resized;
   if (rgb.rows == target_height && rgb.cols == target_width) {
     resized = rgb;

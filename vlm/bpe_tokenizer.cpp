@@ -325,159 +325,176 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json_text(std::string_view text
   } catch (const json::exception& e) {
     throw Error(str(source, ": not valid JSON: ", e.what()));
   }
-  std::unique_ptr<BpeTokenizer> tok(new BpeTokenizer());
-  Impl& m = *tok->impl_;
-  tok->source_ = source;
-  m.source = source;
+  // Everything below reads the JSON structure with at() / get<T>(); a field of the wrong
+  // type or a missing one throws a json::exception, reported as a vlm::Error naming the file.
+  try {
+    std::unique_ptr<BpeTokenizer> tok(new BpeTokenizer());
+    Impl& m = *tok->impl_;
+    tok->source_ = source;
+    m.source = source;
 
-  // --- model
-  VLM_CHECK(j.contains("model") && j["model"].is_object(), source,
-            ": expected a \"model\" object (is this an HF tokenizer.json?)");
-  const json& model = j["model"];
-  std::string type = model.value("type", std::string("BPE"));
-  VLM_CHECK(type == "BPE", source, ": expected model.type \"BPE\", got \"", type,
-            "\" (hint: sentencepiece models should be loaded from their .model file)");
-  VLM_CHECK(!model.value("byte_fallback", false), source,
-            ": model.byte_fallback = true is not supported (byte-level BPE only)");
-  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    bool set = model.contains(k) && model[k].is_string() && !model[k].get<std::string>().empty();
-    VLM_CHECK(!set, source, ": model.", k, " is not supported (byte-level BPE only)");
-  }
-  m.ignore_merges = model.value("ignore_merges", false);
-  const json& vocab = model.at("vocab");
-  VLM_CHECK(vocab.is_object(), source, ": expected model.vocab to be an object");
-  int64_t max_id = -1;
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) max_id = std::max<int64_t>(max_id, it.value().get<int64_t>());
-  const json& added = j.contains("added_tokens") && j["added_tokens"].is_array() ? j["added_tokens"] : json::array();
-  for (const auto& a : added) max_id = std::max<int64_t>(max_id, a.at("id").get<int64_t>());
-  VLM_CHECK(max_id >= 0 && max_id < INT32_MAX, source, ": bad vocabulary size ", max_id + 1);
-  const size_t n = static_cast<size_t>(max_id + 1);
-  m.id_to_token.assign(n, "");
-  m.is_added.assign(n, 0);
-  m.is_special.assign(n, 0);
-  m.token_bytes.assign(n, 0);
-  m.vocab.reserve(n * 2);
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    int32_t id = it.value().get<int32_t>();
-    m.vocab[it.key()] = id;
-    m.id_to_token[id] = it.key();
-    size_t bytes = 0;
-    const std::string& t = it.key();
-    for (size_t i = 0; i < t.size(); ++bytes) unicode::next_code_point(t, i);
-    m.token_bytes[id] = static_cast<uint16_t>(std::min<size_t>(bytes, 65535));
-  }
-  for (int b = 0; b < 256; ++b) {
-    auto it = m.vocab.find(unicode::byte_to_char()[b]);
-    VLM_CHECK(it != m.vocab.end(), source, ": the vocabulary lacks the byte-level token for byte ",
-              b, " ('", unicode::byte_to_char()[b], "'); only byte-level BPE is supported");
-    m.byte_id[b] = it->second;
-  }
-  const json& merges = model.at("merges");
-  m.merges.reserve(merges.size() * 2);
-  int32_t rank = 0;
-  for (const auto& mg : merges) {
-    std::string a, b;
-    if (mg.is_array() && mg.size() == 2) {
-      a = mg[0].get<std::string>();
-      b = mg[1].get<std::string>();
-    } else if (mg.is_string()) {
-      const std::string s = mg.get<std::string>();
-      size_t sp = s.find(' ', 1);
-      VLM_CHECK(sp != std::string::npos, source, ": merge #", rank, " \"", s,
-                "\" is not \"left right\"");
-      a = s.substr(0, sp);
-      b = s.substr(sp + 1);
-    } else {
-      throw Error(str(source, ": merge #", rank, " has an unknown format: ", mg.dump()));
+    // --- model
+    VLM_CHECK(j.contains("model") && j["model"].is_object(), source,
+              ": expected a \"model\" object (is this an HF tokenizer.json?)");
+    const json& model = j["model"];
+    std::string type = model.value("type", std::string("BPE"));
+    VLM_CHECK(type == "BPE", source, ": expected model.type \"BPE\", got \"", type,
+              "\" (hint: sentencepiece models should be loaded from their .model file)");
+    VLM_CHECK(!model.value("byte_fallback", false), source,
+              ": model.byte_fallback = true is not supported (byte-level BPE only)");
+    for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+      bool set = model.contains(k) && model[k].is_string() && !model[k].get<std::string>().empty();
+      VLM_CHECK(!set, source, ": model.", k, " is not supported (byte-level BPE only)");
     }
-    auto ia = m.vocab.find(a), ib = m.vocab.find(b), iab = m.vocab.find(a + b);
-    VLM_CHECK(ia != m.vocab.end() && ib != m.vocab.end() && iab != m.vocab.end(), source,
-              ": merge #", rank, " (\"", a, "\", \"", b, "\") uses a token missing from the vocab");
-    m.merges.emplace(pair_key(ia->second, ib->second), MergeTarget{rank, iab->second});
-    ++rank;
-  }
-
-  // --- added tokens
-  for (const auto& a : added) {
-    AddedToken t;
-    t.content = a.at("content").get<std::string>();
-    t.id = a.at("id").get<int64_t>();
-    t.special = a.value("special", false);
-    for (const char* k : {"lstrip", "rstrip", "single_word"})
-      VLM_CHECK(!a.value(k, false), source, ": added token \"", t.content, "\" sets ", k,
-                " = true, which is not supported");
-    VLM_CHECK(!t.content.empty(), source, ": added token ", t.id, " has empty content");
-    m.vocab[t.content] = static_cast<int32_t>(t.id);
-    m.id_to_token[t.id] = t.content;
-    m.is_added[t.id] = 1;
-    m.is_special[t.id] = t.special ? 1 : 0;
-    m.added.push_back(t);
-  }
-  std::stable_sort(m.added.begin(), m.added.end(), [](const AddedToken& x, const AddedToken& y) {
-    return x.content.size() > y.content.size();
-  });
-  for (size_t i = 0; i < m.added.size(); ++i)
-    m.added_by_first[static_cast<unsigned char>(m.added[i].content[0])].push_back(static_cast<int>(i));
-
-  // --- normalizer
-  auto parse_norm = [&](const json& nm, auto& self) -> void {
-    if (nm.is_null()) return;
-    std::string t = nm.value("type", std::string());
-    if (t == "NFC") {
-      m.nfc = true;
-    } else if (t == "Sequence") {
-      for (const auto& x : nm.at("normalizers")) self(x, self);
-    } else {
-      throw Error(str(source, ": normalizer \"", t, "\" is not supported (NFC or none)"));
+    m.ignore_merges = model.value("ignore_merges", false);
+    const json& vocab = model.at("vocab");
+    VLM_CHECK(vocab.is_object(), source, ": expected model.vocab to be an object");
+    // Ids index dense per-id tables, so each must be a non-negative integer below
+    // kMaxVocabSize (a bound on what one file may make us allocate).
+    auto checked_id = [&](const json& v, const std::string& token) -> int64_t {
+      VLM_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < kMaxVocabSize,
+                source, ": token \"", token, "\" has id ", v.dump(), ", expected an integer in [0, ",
+                kMaxVocabSize, ") (hint: corrupt tokenizer.json)");
+      return v.get<int64_t>();
+    };
+    int64_t max_id = -1;
+    for (auto it = vocab.begin(); it != vocab.end(); ++it)
+      max_id = std::max<int64_t>(max_id, checked_id(it.value(), it.key()));
+    const json& added = j.contains("added_tokens") && j["added_tokens"].is_array() ? j["added_tokens"] : json::array();
+    for (const auto& a : added)
+      max_id = std::max<int64_t>(max_id, checked_id(a.at("id"), a.value("content", std::string("?"))));
+    VLM_CHECK(max_id >= 0, source, ": the vocabulary is empty");
+    const size_t n = static_cast<size_t>(max_id + 1);
+    m.id_to_token.assign(n, "");
+    m.is_added.assign(n, 0);
+    m.is_special.assign(n, 0);
+    m.token_bytes.assign(n, 0);
+    m.vocab.reserve(n * 2);
+    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+      int32_t id = it.value().get<int32_t>();
+      m.vocab[it.key()] = id;
+      m.id_to_token[id] = it.key();
+      size_t bytes = 0;
+      const std::string& t = it.key();
+      for (size_t i = 0; i < t.size(); ++bytes) unicode::next_code_point(t, i);
+      m.token_bytes[id] = static_cast<uint16_t>(std::min<size_t>(bytes, 65535));
     }
-  };
-  if (j.contains("normalizer")) parse_norm(j["normalizer"], parse_norm);
-
-  // --- pre-tokenizer
-  bool byte_level = false;
-  auto parse_pre = [&](const json& pt, auto& self) -> void {
-    if (pt.is_null()) return;
-    std::string t = pt.value("type", std::string());
-    VLM_CHECK(!byte_level, source, ": pre-tokenizer \"", t,
-              "\" after ByteLevel is not supported (ByteLevel must come last)");
-    if (t == "Sequence") {
-      for (const auto& x : pt.at("pretokenizers")) self(x, self);
-    } else if (t == "Split") {
-      std::string behavior = pt.value("behavior", std::string());
-      VLM_CHECK(behavior == "Isolated" && !pt.value("invert", false), source,
-                ": Split pre-tokenizer with behavior \"", behavior,
-                "\" / invert is not supported (Isolated only)");
-      const json& pat = pt.at("pattern");
-      std::string re;
-      if (pat.contains("Regex")) {
-        re = hf_regex_to_pcre2(pat["Regex"].get<std::string>(), source);
+    for (int b = 0; b < 256; ++b) {
+      auto it = m.vocab.find(unicode::byte_to_char()[b]);
+      VLM_CHECK(it != m.vocab.end(), source, ": the vocabulary lacks the byte-level token for byte ",
+                b, " ('", unicode::byte_to_char()[b], "'); only byte-level BPE is supported");
+      m.byte_id[b] = it->second;
+    }
+    const json& merges = model.at("merges");
+    m.merges.reserve(merges.size() * 2);
+    int32_t rank = 0;
+    for (const auto& mg : merges) {
+      std::string a, b;
+      if (mg.is_array() && mg.size() == 2) {
+        a = mg[0].get<std::string>();
+        b = mg[1].get<std::string>();
+      } else if (mg.is_string()) {
+        const std::string s = mg.get<std::string>();
+        size_t sp = s.find(' ', 1);
+        VLM_CHECK(sp != std::string::npos, source, ": merge #", rank, " \"", s,
+                  "\" is not \"left right\"");
+        a = s.substr(0, sp);
+        b = s.substr(sp + 1);
       } else {
-        // Literal string pattern: quote it.
-        re = "\\Q" + pat.at("String").get<std::string>() + "\\E";
+        throw Error(str(source, ": merge #", rank, " has an unknown format: ", mg.dump()));
       }
-      m.splits.push_back(std::make_unique<Regex>(re, source));
-    } else if (t == "ByteLevel") {
-      VLM_CHECK(!pt.value("add_prefix_space", false), source,
-                ": ByteLevel add_prefix_space = true is not supported");
-      if (pt.value("use_regex", true))
-        m.splits.push_back(std::make_unique<Regex>(hf_regex_to_pcre2(kGpt2Pattern, source), source));
-      byte_level = true;
-    } else {
-      throw Error(str(source, ": pre-tokenizer \"", t, "\" is not supported (Split, ByteLevel)"));
+      auto ia = m.vocab.find(a), ib = m.vocab.find(b), iab = m.vocab.find(a + b);
+      VLM_CHECK(ia != m.vocab.end() && ib != m.vocab.end() && iab != m.vocab.end(), source,
+                ": merge #", rank, " (\"", a, "\", \"", b, "\") uses a token missing from the vocab");
+      m.merges.emplace(pair_key(ia->second, ib->second), MergeTarget{rank, iab->second});
+      ++rank;
     }
-  };
-  if (j.contains("pre_tokenizer")) parse_pre(j["pre_tokenizer"], parse_pre);
-  VLM_CHECK(byte_level, source, ": expected a ByteLevel pre-tokenizer (byte-level BPE only)");
 
-  // --- decoder
-  if (j.contains("decoder") && !j["decoder"].is_null()) {
-    std::string t = j["decoder"].value("type", std::string());
-    VLM_CHECK(t == "ByteLevel", source, ": decoder \"", t, "\" is not supported (ByteLevel)");
+    // --- added tokens
+    for (const auto& a : added) {
+      AddedToken t;
+      t.content = a.at("content").get<std::string>();
+      t.id = a.at("id").get<int64_t>();
+      t.special = a.value("special", false);
+      for (const char* k : {"lstrip", "rstrip", "single_word"})
+        VLM_CHECK(!a.value(k, false), source, ": added token \"", t.content, "\" sets ", k,
+                  " = true, which is not supported");
+      VLM_CHECK(!t.content.empty(), source, ": added token ", t.id, " has empty content");
+      m.vocab[t.content] = static_cast<int32_t>(t.id);
+      m.id_to_token[t.id] = t.content;
+      m.is_added[t.id] = 1;
+      m.is_special[t.id] = t.special ? 1 : 0;
+      m.added.push_back(t);
+    }
+    std::stable_sort(m.added.begin(), m.added.end(), [](const AddedToken& x, const AddedToken& y) {
+      return x.content.size() > y.content.size();
+    });
+    for (size_t i = 0; i < m.added.size(); ++i)
+      m.added_by_first[static_cast<unsigned char>(m.added[i].content[0])].push_back(static_cast<int>(i));
+
+    // --- normalizer
+    auto parse_norm = [&](const json& nm, auto& self) -> void {
+      if (nm.is_null()) return;
+      std::string t = nm.value("type", std::string());
+      if (t == "NFC") {
+        m.nfc = true;
+      } else if (t == "Sequence") {
+        for (const auto& x : nm.at("normalizers")) self(x, self);
+      } else {
+        throw Error(str(source, ": normalizer \"", t, "\" is not supported (NFC or none)"));
+      }
+    };
+    if (j.contains("normalizer")) parse_norm(j["normalizer"], parse_norm);
+
+    // --- pre-tokenizer
+    bool byte_level = false;
+    auto parse_pre = [&](const json& pt, auto& self) -> void {
+      if (pt.is_null()) return;
+      std::string t = pt.value("type", std::string());
+      VLM_CHECK(!byte_level, source, ": pre-tokenizer \"", t,
+                "\" after ByteLevel is not supported (ByteLevel must come last)");
+      if (t == "Sequence") {
+        for (const auto& x : pt.at("pretokenizers")) self(x, self);
+      } else if (t == "Split") {
+        std::string behavior = pt.value("behavior", std::string());
+        VLM_CHECK(behavior == "Isolated" && !pt.value("invert", false), source,
+                  ": Split pre-tokenizer with behavior \"", behavior,
+                  "\" / invert is not supported (Isolated only)");
+        const json& pat = pt.at("pattern");
+        std::string re;
+        if (pat.contains("Regex")) {
+          re = hf_regex_to_pcre2(pat["Regex"].get<std::string>(), source);
+        } else {
+          // Literal string pattern: quote it.
+          re = "\\Q" + pat.at("String").get<std::string>() + "\\E";
+        }
+        m.splits.push_back(std::make_unique<Regex>(re, source));
+      } else if (t == "ByteLevel") {
+        VLM_CHECK(!pt.value("add_prefix_space", false), source,
+                  ": ByteLevel add_prefix_space = true is not supported");
+        if (pt.value("use_regex", true))
+          m.splits.push_back(std::make_unique<Regex>(hf_regex_to_pcre2(kGpt2Pattern, source), source));
+        byte_level = true;
+      } else {
+        throw Error(str(source, ": pre-tokenizer \"", t, "\" is not supported (Split, ByteLevel)"));
+      }
+    };
+    if (j.contains("pre_tokenizer")) parse_pre(j["pre_tokenizer"], parse_pre);
+    VLM_CHECK(byte_level, source, ": expected a ByteLevel pre-tokenizer (byte-level BPE only)");
+
+    // --- decoder
+    if (j.contains("decoder") && !j["decoder"].is_null()) {
+      std::string t = j["decoder"].value("type", std::string());
+      VLM_CHECK(t == "ByteLevel", source, ": decoder \"", t, "\" is not supported (ByteLevel)");
+    }
+    // Defaults until tokenizer_config.json says otherwise (Qwen-Instruct conventions).
+    tok->specials_.eos = tok->token_to_id("<|im_end|>");
+    tok->specials_.pad = tok->token_to_id("<|endoftext|>");
+    return tok;
+  } catch (const json::exception& e) {
+    throw Error(str(source, ": unexpected tokenizer.json structure: ", e.what(),
+                    " (hint: not an HF tokenizer.json, or a corrupt one)"));
   }
-  // Defaults until tokenizer_config.json says otherwise (Qwen-Instruct conventions).
-  tok->specials_.eos = tok->token_to_id("<|im_end|>");
-  tok->specials_.pad = tok->token_to_id("<|endoftext|>");
-  return tok;
 }
 
 // ---------------------------------------------------------------- public API

@@ -23,6 +23,11 @@
 
 namespace vlm {
 
+// Largest token id + 1 a tokenizer.json may use (real vocabularies have ~150k-260k ids).
+// Per-id tables are sized by the largest id, so this bounds what one file can make us
+// allocate; a larger or negative id is rejected at load with the token named.
+constexpr int64_t kMaxVocabSize = int64_t(1) << 22;
+
 class BpeTokenizer : public Tokenizer {
  public:
   // Reads and validates a tokenizer.json file.

@@ -1,9 +1,11 @@
 #include "vlm/config.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <sstream>
+#include <type_traits>
 
 #include "vlm/check.h"
 
@@ -12,17 +14,38 @@ namespace {
 
 using json = nlohmann::json;
 
+// An integer that must be written as one: nlohmann converts floats to integers with a
+// plain cast, which is undefined behaviour out of range (1e300) and silently truncates 2.5.
+int64_t integer_value(const json& v, const std::string& what, const std::string& src) {
+  VLM_CHECK(v.is_number_integer(), src, ": key '", what, "' must be an integer, found ",
+            v.dump().substr(0, 64), " (a JSON ", v.type_name(), ")");
+  VLM_CHECK(!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t(INT64_MAX), src, ": key '",
+            what, "' = ", v.dump(), " does not fit in int64");
+  return v.get<int64_t>();
+}
+
 // Reads `obj[key]` as T; `where` is the dotted path for messages ("vision_config.depth").
 template <typename T>
 T get_req(const json& obj, const std::string& key, const std::string& where, const std::string& src) {
   auto it = obj.find(key);
   VLM_CHECK(it != obj.end() && !it->is_null(), src, ": missing key '", where, key,
             "' (hint: is this a Qwen2-VL / Qwen2.5-VL config.json?)");
-  try {
-    return it->get<T>();
-  } catch (const std::exception& e) {
-    throw Error(str(src, ": key '", where, key, "' has the wrong type (", it->type_name(),
-                    "): ", e.what()));
+  if constexpr (std::is_same_v<T, int64_t>) {
+    return integer_value(*it, where + key, src);
+  } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    VLM_CHECK(it->is_array(), src, ": key '", where, key, "' must be a list of integers, found a JSON ",
+              it->type_name());
+    std::vector<int64_t> out;
+    for (size_t i = 0; i < it->size(); ++i)
+      out.push_back(integer_value((*it)[i], str(where, key, "[", i, "]"), src));
+    return out;
+  } else {
+    try {
+      return it->get<T>();
+    } catch (const std::exception& e) {
+      throw Error(str(src, ": key '", where, key, "' has the wrong type (", it->type_name(),
+                      "): ", e.what()));
+    }
   }
 }
 
@@ -95,7 +118,11 @@ VlmConfig parse_hf_config(const std::string& json_text, const std::string& src) 
     v.embed_dim = get_req<int64_t>(vj, "embed_dim", vw, src);
     v.out_hidden_size = get_req<int64_t>(vj, "hidden_size", vw, src);  // merger output!
     const double ratio = get_opt<double>(vj, "mlp_ratio", 4.0, vw, src);
-    v.intermediate_size = static_cast<int64_t>(static_cast<double>(v.embed_dim) * ratio);
+    const double inter = static_cast<double>(v.embed_dim) * ratio;  // HF: int(embed_dim * mlp_ratio)
+    VLM_CHECK(std::isfinite(inter) && inter >= 1 && inter <= double(kMaxConfigSize), src,
+              ": vision_config.mlp_ratio ", ratio, " x embed_dim ", v.embed_dim,
+              " gives an MLP width outside [1, ", kMaxConfigSize, "]");
+    v.intermediate_size = static_cast<int64_t>(inter);
     v.hidden_act = get_opt<std::string>(vj, "hidden_act", "quick_gelu", vw, src);
   } else {
     v.embed_dim = get_req<int64_t>(vj, "hidden_size", vw, src);  // ViT width
@@ -164,10 +191,36 @@ VlmConfig load_hf_config(const std::string& dir_or_file) {
 void validate(const VlmConfig& c, const std::string& src) {
   const auto& v = c.vision;
   const auto& t = c.text;
-  VLM_CHECK(v.depth > 0 && v.embed_dim > 0 && v.num_heads > 0 && v.intermediate_size > 0 &&
-                v.out_hidden_size > 0,
-            src, ": vision sizes must be positive (depth ", v.depth, ", width ", v.embed_dim,
-            ", heads ", v.num_heads, ", mlp ", v.intermediate_size, ", out ", v.out_hidden_size, ")");
+  // Bounds first, so that no product or sum below (or in the model) can overflow.
+  auto in_range = [&](const char* key, int64_t value, int64_t hi) {
+    VLM_CHECK(value >= 1 && value <= hi, src, ": ", key, " is ", value, ", expected an integer in [1, ",
+              hi, "]");
+  };
+  in_range("vision_config.depth", v.depth, kMaxConfigLayers);
+  in_range("vision_config.num_heads", v.num_heads, kMaxConfigSize);
+  in_range("vision_config.embed_dim (ViT width)", v.embed_dim, kMaxConfigSize);
+  in_range("vision_config.intermediate_size (ViT MLP width)", v.intermediate_size, kMaxConfigSize);
+  in_range("vision merger output width", v.out_hidden_size, kMaxConfigSize);
+  in_range("vision_config.patch_size", v.patch_size, kMaxPatchGeometry);
+  in_range("vision_config.temporal_patch_size", v.temporal_patch_size, kMaxPatchGeometry);
+  in_range("vision_config.spatial_merge_size", v.spatial_merge_size, kMaxPatchGeometry);
+  in_range("vision_config.in_chans", v.in_chans, kMaxPatchGeometry);
+  in_range("vocab_size", t.vocab_size, kMaxConfigSize);
+  in_range("hidden_size", t.hidden_size, kMaxConfigSize);
+  in_range("intermediate_size", t.intermediate_size, kMaxConfigSize);
+  in_range("num_hidden_layers", t.num_hidden_layers, kMaxConfigLayers);
+  in_range("num_attention_heads", t.num_attention_heads, kMaxConfigSize);
+  in_range("num_key_value_heads", t.num_key_value_heads, kMaxConfigSize);
+  in_range("max_position_embeddings", t.max_position_embeddings, int64_t(1) << 40);
+  VLM_CHECK(std::isfinite(t.rope_theta) && t.rope_theta > 0, src, ": rope_theta is ", t.rope_theta,
+            ", expected a positive number");
+  VLM_CHECK(std::isfinite(t.rms_norm_eps) && t.rms_norm_eps > 0, src, ": rms_norm_eps is ",
+            t.rms_norm_eps, ", expected a positive number");
+  VLM_CHECK(std::isfinite(v.tokens_per_second) && v.tokens_per_second > 0, src,
+            ": vision_config.tokens_per_second is ", v.tokens_per_second, ", expected a positive number");
+  for (int64_t s : t.mrope_section)
+    VLM_CHECK(s >= 0 && s <= t.hidden_size, src, ": mrope_section entry ", s, " outside [0, ",
+              t.hidden_size, "]");
   VLM_CHECK(v.embed_dim % v.num_heads == 0 && v.head_dim() % 4 == 0, src,
             ": vision head_dim = ", v.embed_dim, "/", v.num_heads,
             " must be an integer divisible by 4 (2D rotary: row and column halves)");
@@ -186,8 +239,9 @@ void validate(const VlmConfig& c, const std::string& src) {
             " != text hidden_size ", t.hidden_size,
             " (hint: Qwen2-VL's vision_config.hidden_size is the merger output width)");
   if (c.family == Family::qwen2_5_vl) {
-    const int64_t unit = v.spatial_merge_size * v.patch_size;
-    VLM_CHECK(v.window_size >= unit && v.window_size % unit == 0, src, ": vision window_size ",
+    const int64_t unit = v.spatial_merge_size * v.patch_size;  // >= 1: both bounded above
+    VLM_CHECK(v.window_size >= unit && v.window_size <= kMaxConfigSize && v.window_size % unit == 0,
+              src, ": vision window_size ",
               v.window_size, " must be a positive multiple of patch_size*spatial_merge_size = ", unit);
     for (int64_t b : v.fullatt_block_indexes)
       VLM_CHECK(b >= 0 && b < v.depth, src, ": fullatt_block_indexes entry ", b, " outside [0, ",

@@ -72,6 +72,11 @@ struct VlmConfig {
   std::string torch_dtype = "bfloat16";    // dtype of the checkpoint
 };
 
+// Bounds validate() enforces, far above any real model, so that no size product overflows.
+constexpr int64_t kMaxConfigSize = int64_t(1) << 24;   // widths, heads, vocab, window
+constexpr int64_t kMaxConfigLayers = 4096;             // depth, num_hidden_layers
+constexpr int64_t kMaxPatchGeometry = 1024;            // patch, temporal, merge, channels
+
 // Throws vlm::Error naming `source_name` and the key when something is missing or wrong.
 VlmConfig parse_hf_config(const std::string& json_text, const std::string& source_name);
 // `dir_or_file`: an HF model directory (reads config.json) or a config.json path.
@@ -83,7 +88,7 @@ nlohmann::json to_hf_json(const VlmConfig& cfg);
 VlmConfig preset(const std::string& name);
 std::vector<std::string> preset_names();
 
-// Checks internal consistency (divisibility, section sums); throws vlm::Error.
+// Checks bounds and internal consistency (divisibility, section sums); throws vlm::Error.
 void validate(const VlmConfig& cfg, const std::string& source_name);
 
 }  // namespace vlm

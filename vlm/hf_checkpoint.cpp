@@ -160,8 +160,14 @@ HfCheckpoint HfCheckpoint::open(const std::string& dir_or_file) {
             ": expected an object with a \"weight_map\" object {name: file}, found ", index.dump().substr(0, 200));
   if (index.contains("metadata") && index["metadata"].is_object() && index["metadata"].contains("total_size")) {
     const json& ts = index["metadata"]["total_size"];
-    if (ts.is_number_unsigned()) ck.index_total_size_ = ts.get<uint64_t>();
-    else if (ts.is_number_float() && ts.get<double>() >= 0) ck.index_total_size_ = uint64_t(ts.get<double>());
+    if (ts.is_number_unsigned()) {
+      ck.index_total_size_ = ts.get<uint64_t>();
+    } else if (ts.is_number_float()) {  // some writers emit 1234.0
+      const double d = ts.get<double>();
+      VLM_CHECK(d >= 0 && d < 18446744073709551616.0, index_path, ": metadata.total_size ", ts.dump(),
+                " is not a byte count: expected an integer in [0, 2^64)");
+      ck.index_total_size_ = uint64_t(d);
+    }
   }
 
   // weight_map: file -> names the index puts there, in file-name order.

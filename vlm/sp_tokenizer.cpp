@@ -42,7 +42,21 @@ using SetLogLevelFn = void (*)(int level);
 
 constexpr size_t kProcessorBytes = 512;  // >= sizeof(SentencePieceProcessor) (48 in 0.1.97)
 
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAsanBuild = true;  // GCC
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAsanBuild = true;  // clang
+#else
+constexpr bool kAsanBuild = false;
+#endif
+#else
+constexpr bool kAsanBuild = false;
+#endif
+
 void* open_lib(const char* name) {
+  std::string why;
+  VLM_CHECK(sentencepiece_available(&why), why);
   void* h = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
   VLM_CHECK(h != nullptr, "cannot load ", name, ": ", dlerror(),
             " (hint: apt-get install libsentencepiece0 / libsentencepiece-dev)");
@@ -124,6 +138,15 @@ const SpLib& sp_lib() {
 }
 
 }  // namespace
+
+bool sentencepiece_available(std::string* why) {
+  if (!kAsanBuild) return true;
+  if (why)
+    *why = "the sentencepiece backend is unavailable in this AddressSanitizer build: "
+           "libsentencepiece must be dlopen()ed with RTLD_DEEPBIND, which ASan does not support "
+           "(hint: use a normal build for .model tokenizers, or a tokenizer.json)";
+  return false;
+}
 
 struct SentencePieceTokenizer::Impl {
   const SpLib& lib = sp_lib();

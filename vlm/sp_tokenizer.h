@@ -21,6 +21,12 @@
 
 namespace vlm {
 
+// Whether the sentencepiece backend works in this build. It does not under AddressSanitizer:
+// ASan's runtime aborts the process on dlopen(RTLD_DEEPBIND), and without RTLD_DEEPBIND the
+// library's protobuf clashes with LibTorch's (see above). In such a build load() and
+// train_sentencepiece() throw vlm::Error with this reason instead; `why` receives it.
+bool sentencepiece_available(std::string* why = nullptr);
+
 class SentencePieceTokenizer : public Tokenizer {
  public:
   static std::unique_ptr<SentencePieceTokenizer> load(const std::string& model_path);

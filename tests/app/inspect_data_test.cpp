@@ -11,6 +11,7 @@
 #include <map>
 #include <random>
 
+#include "tests/require_sentencepiece.h"
 #include "tests/testing.h"
 #include "vlm/image_geometry.h"
 #include "vlm/sp_tokenizer.h"
@@ -39,6 +40,7 @@ int64_t bucket(int64_t v) {  // smallest power of two >= v (help text's rule)
 }
 
 TEST(InspectData, JsonMatchesIndependentCounts) {
+  VLMTEST_REQUIRE_SENTENCEPIECE();
   vlmtest::TempDir dir("inspect_data");
   const std::string d = dir.path();
   // Tokenizer.

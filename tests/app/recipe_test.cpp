@@ -2,6 +2,8 @@
 // overrides apply; the printed recipe parses back to the same recipe.
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include "app/recipe.h"
 #include "tests/testing.h"
 #include "vlm/check.h"
@@ -134,6 +136,34 @@ TEST(Recipe, SyntaxErrorNamesFile) {
   std::string msg = error_of("[data\n");
   EXPECT_NE(msg.find("bad.toml"), std::string::npos) << msg;
   EXPECT_NE(msg.find("syntax"), std::string::npos) << msg;
+}
+
+// Regression tests from tests/fuzz/recipe_toml_fuzz.cpp: toml11 parses nesting recursively
+// (stack overflow) and dotted keys in quadratic time, so the recipe's shape is bounded first.
+TEST(Recipe, DeeplyNestedTomlIsAnErrorNotAStackOverflow) {
+  for (const std::string open : {"[", "{a="}) {
+    std::string text = "[model]\npreset = \"tiny\"\n";
+    text += "x = ";
+    for (int i = 0; i < 100000; ++i) text += open;
+    const std::string msg = error_of(text);
+    EXPECT_NE(msg.find("bad.toml:3: arrays / inline tables nested deeper than"), std::string::npos) << msg;
+  }
+  // Nesting within the limit is still parsed (and then rejected as an unknown key).
+  const std::string msg = error_of(std::string(kMinimal) + "x = [[[[1]]]]\n");
+  EXPECT_NE(msg.find("unknown key 'schedule.x'"), std::string::npos) << msg;
+}
+
+TEST(Recipe, LongDottedKeyIsRejectedQuickly) {
+  std::string key = "a";
+  for (int i = 0; i < 20000; ++i) key += ".a";  // was: minutes inside toml11
+  for (const std::string& text : {key + " = 1\n", "[" + key + "]\n"}) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::string msg = error_of(std::string(kMinimal) + text);
+    EXPECT_NE(msg.find("a dotted key with more than"), std::string::npos) << msg;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  }
+  // Strings, comments and floats do not count as key parts.
+  EXPECT_EQ(error_of(std::string(kMinimal) + "[run]\nname = \"" + key + "\"  # " + key + "\n"), "");
 }
 
 TEST(Recipe, MissingFileIsAClearError) {

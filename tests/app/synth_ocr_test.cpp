@@ -11,6 +11,7 @@
 
 #include "data/dataset.h"
 #include "data/synth_ocr.h"
+#include "tests/require_sentencepiece.h"
 #include "tests/testing.h"
 #include "vlm/chat_template.h"
 #include "vlm/tokenizer.h"
@@ -34,6 +35,7 @@ vlmtest::RunResult synth(const std::string& out, const std::string& seed, const 
 }
 
 TEST(SynthOcr, DeterministicAndLoadable) {
+  VLMTEST_REQUIRE_SENTENCEPIECE();  // synth-ocr trains a sentencepiece tokenizer
   vlmtest::TempDir dir("synth");
   auto r1 = synth(dir / "a", "3", "1");
   ASSERT_EQ(r1.exit_code, 0) << r1.output;

@@ -201,4 +201,45 @@ TEST(Dataset, IndexCacheIsWrittenAndUsed) {
   EXPECT_EQ(fresh.records[0].images[0].width, 60);
 }
 
+// Regression test from tests/fuzz/jsonl_record_fuzz.cpp: a line with an out-of-range number
+// ("3333333e33333333333") made nlohmann throw out_of_range, not parse_error, which escaped
+// load_dataset and ended the whole run; it is one "invalid json" record like any other.
+TEST(Dataset, JsonlLineWithOverflowingNumberIsAnInvalidRecord) {
+  vlmtest::TempDir dir("ds_overflow");
+  png(dir / "a.png", 20, 30);
+  std::string lines;
+  for (int i = 0; i < 9; ++i) lines += R"({"image":"a.png","text":"t"})" "\n";
+  lines += "3333333e33333333333\n";
+  lines += R"({"image":"a.png","text":1e999})" "\n";
+  vlmtest::write_file(dir / "d.jsonl", lines);
+  DatasetOptions o = quiet();
+  o.max_bad_fraction = 0.5;
+  Dataset ds = load_dataset({dir / "d.jsonl"}, o);
+  EXPECT_EQ(ds.records.size(), 9u);
+  ASSERT_EQ(ds.bad.size(), 2u);
+  EXPECT_EQ(ds.bad[0].reason, "invalid json");
+  EXPECT_EQ(ds.bad[0].line, 10);
+  EXPECT_EQ(ds.bad[1].line, 11);
+}
+
+// A damaged index cache (sizes that are not positive integers) is rebuilt, not trusted:
+// a float such as 1e300 used to be cast to int64 (undefined behaviour).
+TEST(Dataset, IndexCacheWithBadSizesIsRebuilt) {
+  vlmtest::TempDir dir("ds_badindex");
+  png(dir / "a.png", 20, 30);
+  vlmtest::write_file(dir / "d.jsonl", R"({"image":"a.png","text":"t"})" "\n");
+  load_dataset({dir / "d.jsonl"}, quiet());
+  const std::string index = vlmtest::read_file(dir / "d.jsonl.index.json");
+  const size_t at = index.find("\"w\":30");
+  ASSERT_NE(at, std::string::npos) << index;
+  for (const std::string bad : {"\"w\":1e300", "\"w\":-30", "\"w\":0", "\"w\":\"30\""}) {
+    std::string damaged = index;
+    damaged.replace(at, 7, bad);
+    vlmtest::write_file(dir / "d.jsonl.index.json", damaged);
+    Dataset ds = load_dataset({dir / "d.jsonl"}, quiet());
+    EXPECT_EQ(ds.records[0].images[0].width, 30) << bad;
+    EXPECT_EQ(ds.records[0].images[0].height, 20) << bad;
+  }
+}
+
 }  // namespace

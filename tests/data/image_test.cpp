@@ -2,6 +2,8 @@
 // pixel mapping written out independently here), header probing vs decoded size.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
@@ -217,3 +219,41 @@ TEST(Image, ProbeFallsBackToDecodeAndRejectsBadFiles) {
 }
 
 }  // namespace
+
+// Regression test from tests/fuzz/image_decode_fuzz.cpp: a header announcing a huge image is
+// refused with a clear error before decoding (OpenCV would otherwise allocate gigabytes),
+// both when probing for the dataset index and when decoding.
+TEST(Image, RefusesAbsurdDimensionsBeforeDecoding) {
+  cv::Mat small(4, 4, CV_8UC3, cv::Scalar(1, 2, 3));
+  std::vector<uint8_t> png;
+  ASSERT_TRUE(cv::imencode(".png", small, png));
+  auto set_be32 = [&](size_t at, uint32_t v) {
+    for (int k = 0; k < 4; ++k) png[at + k] = uint8_t(v >> (24 - 8 * k));
+  };
+  set_be32(16, 100000);  // IHDR width
+  set_be32(20, 100000);  // IHDR height: 10^10 pixels
+  vlmtest::TempDir dir("bomb");
+  vlmtest::write_file(dir / "bomb.png", std::string(png.begin(), png.end()));
+  for (const auto& attempt : std::vector<std::function<void()>>{
+           [&] { vlm::data::probe_image(dir / "bomb.png"); },
+           [&] { vlm::data::decode_image_rgb(png, "bomb.png"); }}) {
+    try {
+      attempt();
+      FAIL() << "expected a vlm::Error";
+    } catch (const vlm::Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("bomb.png"), std::string::npos) << what;
+      EXPECT_NE(what.find("100000x100000"), std::string::npos) << what;
+      EXPECT_NE(what.find(std::to_string(vlm::data::kMaxImagePixels)), std::string::npos) << what;
+    }
+  }
+  // A JPEG SOF of 65535 x 65535 (4.3e9 pixels) too.
+  std::vector<uint8_t> jpg;
+  ASSERT_TRUE(cv::imencode(".jpg", small, jpg));
+  for (size_t i = 2; i + 8 < jpg.size(); ++i)
+    if (jpg[i] == 0xFF && jpg[i + 1] == 0xC0) {
+      jpg[i + 5] = jpg[i + 6] = jpg[i + 7] = jpg[i + 8] = 0xFF;
+      break;
+    }
+  EXPECT_THROW(vlm::data::decode_image_rgb(jpg, "bomb.jpg"), vlm::Error);
+}

@@ -197,4 +197,15 @@ TEST(PixelPipeline, FusedPathEqualsGenericPatchify) {
   EXPECT_LT((fused - generic).abs().max().item<float>(), 1e-6);
 }
 
+// An absurd explicit target (a corrupt step plan) is refused before allocating anything.
+TEST(PixelPipeline, RefusesAbsurdTargetSize) {
+  cv::Mat rgb(28, 28, CV_8UC3, cv::Scalar(1, 2, 3));
+  try {
+    vlm::data::process_image_to_size(rgb, 28 * 100000, 28 * 100000);
+    FAIL() << "expected a vlm::Error";
+  } catch (const vlm::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("2800000x2800000"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace

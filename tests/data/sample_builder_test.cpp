@@ -19,6 +19,7 @@
 #include "data/image.h"
 #include "data/sample_builder.h"
 #include "data/token_counts.h"
+#include "tests/require_sentencepiece.h"
 #include "tests/testing.h"
 #include "vlm/sp_tokenizer.h"
 
@@ -57,6 +58,7 @@ std::string train_tokenizer(const std::string& dir, int vocab, uint32_t seed) {
 class SampleBuilder : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    if (!vlm::sentencepiece_available()) return;  // every test skips (SetUp)
     dir_ = new vlmtest::TempDir("samples");
     tok_ = vlm::load_tokenizer(train_tokenizer(dir_->path(), 320, 1)).release();
     // 56x84 -> grid (1,4,6), 6 tokens; 112x56 -> (1,8,4), 8 tokens; 60x200 -> 56x196 (1,4,14), 14.
@@ -68,6 +70,7 @@ class SampleBuilder : public ::testing::Test {
     delete tok_;
     delete dir_;
   }
+  void SetUp() override { VLMTEST_REQUIRE_SENTENCEPIECE(); }
   static void write_image(const std::string& name, int h, int w, int seed) {
     cv::Mat m(h, w, CV_8UC3);
     cv::randu(m, cv::Scalar::all(0), cv::Scalar::all(255));

@@ -182,6 +182,64 @@ TEST(Config, ErrorsNameSourceAndKey) {
   EXPECT_THROW(vlm::preset("qwen3"), vlm::Error);
 }
 
+// Regression tests from tests/fuzz/config_json_fuzz.cpp: a config.json from a stranger is
+// rejected with a vlm::Error naming the file and the key, never a crash or undefined behaviour.
+void expect_config_error(const nlohmann::json& j, const std::string& needle) {
+  try {
+    vlm::parse_hf_config(j.dump(), "fuzzed/config.json");
+    FAIL() << "expected a vlm::Error for " << needle;
+  } catch (const vlm::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("fuzzed/config.json"), std::string::npos) << what;
+    EXPECT_NE(what.find(needle), std::string::npos) << what;
+  }
+}
+
+TEST(Config, RejectsZeroOrNegativePatchGeometry) {
+  // Was: window_size % (spatial_merge_size * patch_size) divided by zero (SIGFPE).
+  for (const char* key : {"patch_size", "spatial_merge_size", "temporal_patch_size", "in_chans"}) {
+    for (int64_t bad : {int64_t(0), int64_t(-1), int64_t(1) << 40}) {
+      auto j = nlohmann::json::parse(kQwen25New);
+      j["vision_config"][key] = bad;
+      expect_config_error(j, std::string("vision_config.") + key);
+    }
+  }
+}
+
+TEST(Config, RejectsNonIntegerAndOverflowingNumbers) {
+  // Was: nlohmann's float -> int64 cast of 1e300 (undefined behaviour), 2.5 truncated to 2.
+  auto j = nlohmann::json::parse(kQwen2Vl2b);
+  j["vision_config"]["depth"] = 1e300;
+  expect_config_error(j, "'vision_config.depth' must be an integer");
+  j = nlohmann::json::parse(kQwen2Vl2b);
+  j["num_hidden_layers"] = 2.5;
+  expect_config_error(j, "'num_hidden_layers' must be an integer");
+  j = nlohmann::json::parse(kQwen2Vl2b);
+  j["vocab_size"] = uint64_t(1) << 63;
+  expect_config_error(j, "does not fit in int64");
+  // Was: int64 cast of embed_dim * mlp_ratio = 1280e300 (undefined behaviour).
+  j = nlohmann::json::parse(kQwen2Vl2b);
+  j["vision_config"]["mlp_ratio"] = 1e300;
+  expect_config_error(j, "mlp_ratio");
+  j = nlohmann::json::parse(kQwen2Vl2b);
+  j["vision_config"]["mlp_ratio"] = -4.0;
+  expect_config_error(j, "mlp_ratio");
+  // Was: signed overflow summing the sections.
+  j = nlohmann::json::parse(kQwen2Vl2b);
+  j["rope_scaling"]["mrope_section"] = {INT64_MAX, INT64_MAX, 1};
+  expect_config_error(j, "mrope_section entry");
+  j = nlohmann::json::parse(kQwen2Vl2b);
+  j["rope_scaling"]["mrope_section"] = {16, 24.5, 24};
+  expect_config_error(j, "mrope_section[1]' must be an integer");
+  // Sizes whose products would overflow int64 in the model.
+  j = nlohmann::json::parse(kQwen2Vl2b);
+  j["vocab_size"] = int64_t(1) << 40;
+  expect_config_error(j, "vocab_size");
+  j = nlohmann::json::parse(kQwen2Vl2b);
+  j["rope_theta"] = -1.0;
+  expect_config_error(j, "rope_theta");
+}
+
 TEST(Config, MaterializeIsDeterministicAndInitialises) {
   auto cfg = vlm::preset("tiny");
   vlm::Qwen2VL a(cfg, torch::TensorOptions().device(torch::kMeta));

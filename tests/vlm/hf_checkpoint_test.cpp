@@ -491,6 +491,27 @@ TEST(HfCheckpoint, CorruptIndexErrorsNameTheFile) {
   expect_error([&] { vlm::HfCheckpoint::open(tmp / "absent"); }, {"does not exist"}, "absent dir");
 }
 
+// Regression test from tests/fuzz/hf_index_fuzz.cpp: "total_size": 1e300 was cast to uint64
+// (undefined behaviour, UBSan float-cast-overflow); now a clear error naming the index.
+TEST(HfCheckpoint, IndexTotalSizeOutOfRangeIsAnError) {
+  vlmtest::TempDir tmp("hfidx_total");
+  auto opts = fp32();
+  opts.max_shard_bytes = 64;
+  const std::string dir = tmp / "c";
+  vlm::save_hf_checkpoint(dir, {{"a", torch::ones({16})}, {"b", torch::ones({16})}}, opts);
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  json index = json::parse(vlmtest::read_file(index_path));
+  for (double bad : {1e300, -5.0, 18446744073709551616.0}) {
+    index["metadata"]["total_size"] = bad;
+    vlmtest::write_file(index_path, index.dump());
+    expect_error([&] { vlm::HfCheckpoint::open(dir); }, {index_path, "metadata.total_size"},
+                 "total_size " + std::to_string(bad));
+  }
+  index["metadata"]["total_size"] = 128.0;  // an integral float is still a byte count
+  vlmtest::write_file(index_path, index.dump());
+  EXPECT_EQ(vlm::HfCheckpoint::open(dir).index_total_size(), uint64_t(128));
+}
+
 TEST(HfCheckpoint, SaveIsAtomicAndDoesNotClobber) {
   TinyVlm a(true, 20), b(true, 21);
   vlmtest::TempDir tmp("hfatomic");

@@ -211,6 +211,58 @@ TEST(TokenizerLoad, ConfigSpecialsAndErrors) {
   EXPECT_THROW(vlm::load_tokenizer(dir / "missing"), vlm::Error);
 }
 
+// Regression tests from tests/fuzz/tokenizer_json_fuzz.cpp: a tokenizer.json from a stranger
+// may only be rejected with a vlm::Error naming the file, never crash or leak another
+// exception type.
+void expect_rejected(const json& j, const std::string& needle) {
+  try {
+    vlm::BpeTokenizer::from_json_text(j.dump(), "fuzzed/tokenizer.json");
+    FAIL() << "expected a vlm::Error for " << j.dump().substr(0, 200);
+  } catch (const vlm::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("fuzzed/tokenizer.json"), std::string::npos) << what;
+    EXPECT_NE(what.find(needle), std::string::npos) << what;
+  }
+}
+
+TEST(TokenizerJson, RejectsWrongStructureWithVlmError) {
+  const json good = make_tiny_model(/*with_vision=*/false).j;
+  json bad = good;
+  bad["added_tokens"][0].erase("content");  // was: nlohmann out_of_range escaping the loader
+  expect_rejected(bad, "content");
+  bad = good;
+  bad["model"]["merges"] = json::array({42});
+  expect_rejected(bad, "merge #0");
+  bad = good;
+  bad["model"]["merges"] = json::array({json::array({1, 2})});
+  expect_rejected(bad, "unexpected tokenizer.json structure");
+  bad = good;
+  bad["normalizer"] = {{"type", "Sequence"}, {"normalizers", 7}};
+  expect_rejected(bad, "unexpected tokenizer.json structure");
+  bad = good;
+  bad["pre_tokenizer"]["pretokenizers"][0]["pattern"] = json::object();
+  expect_rejected(bad, "unexpected tokenizer.json structure");
+  bad = good;
+  bad["model"]["vocab"]["a"] = "7";
+  expect_rejected(bad, "\"a\"");
+}
+
+TEST(TokenizerJson, RejectsNegativeAndHugeTokenIds) {
+  const json good = make_tiny_model(/*with_vision=*/false).j;
+  json bad = good;
+  bad["model"]["vocab"]["zz"] = -1;  // was: a write before the start of the id table
+  expect_rejected(bad, "\"zz\" has id -1");
+  bad = good;
+  bad["added_tokens"][0]["id"] = -3;
+  expect_rejected(bad, "has id -3");
+  bad = good;
+  bad["model"]["vocab"]["zz"] = int64_t(2147483646);  // was: tables of 2^31 entries (OOM)
+  expect_rejected(bad, "has id 2147483646");
+  bad = good;
+  bad["added_tokens"][0]["id"] = vlm::kMaxVocabSize;
+  expect_rejected(bad, std::to_string(vlm::kMaxVocabSize));
+}
+
 TEST(TokenizeCommand, IdsTokensAndDecode) {
   vlmtest::TempDir dir("bpe_cli");
   TinyModel m = make_tiny_model();

@@ -5,9 +5,11 @@
 // crashes a process that links it next to LibTorch's libprotobuf).
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <random>
 #include <sstream>
 
+#include "tests/require_sentencepiece.h"
 #include "tests/testing.h"
 #include "vlm/chat_template.h"
 #include "vlm/check.h"
@@ -37,6 +39,7 @@ std::vector<std::string> sample_lines(size_t n, uint32_t seed) {
 class SpModel : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    if (!vlm::sentencepiece_available()) return;  // every test skips (SetUp)
     dir_ = new vlmtest::TempDir("sp_model");
     std::string corpus;
     for (const auto& l : sample_lines(3000, 1)) corpus += l + "\n";
@@ -47,10 +50,32 @@ class SpModel : public ::testing::Test {
     vlm::train_sentencepiece(args);
   }
   static void TearDownTestSuite() { delete dir_; }
+  void SetUp() override { VLMTEST_REQUIRE_SENTENCEPIECE(); }
   static std::string model() { return (*dir_) / "tiny.model"; }
   static vlmtest::TempDir* dir_;
 };
 vlmtest::TempDir* SpModel::dir_ = nullptr;
+
+// Where the backend cannot run (ASan builds), loading or training says so clearly instead
+// of letting ASan abort the process on dlopen(RTLD_DEEPBIND).
+TEST(SentencePiece, UnavailableBackendIsAClearError) {
+  std::string why;
+  if (vlm::sentencepiece_available(&why)) GTEST_SKIP() << "the backend is available in this build";
+  EXPECT_NE(why.find("AddressSanitizer"), std::string::npos) << why;
+  vlmtest::TempDir dir("sp_unavailable");
+  vlmtest::write_file(dir / "x.model", "not a model");
+  for (const auto& attempt : std::vector<std::function<void()>>{
+           [&] { vlm::SentencePieceTokenizer::load(dir / "x.model"); },
+           [&] { vlm::load_tokenizer(dir / "x.model"); },
+           [&] { vlm::train_sentencepiece("--input=" + dir / "x.model"); }}) {
+    try {
+      attempt();
+      FAIL() << "expected a vlm::Error";
+    } catch (const vlm::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("RTLD_DEEPBIND"), std::string::npos) << e.what();
+    }
+  }
+}
 
 TEST_F(SpModel, IdsMatchSpmEncode) {
   auto tok = vlm::load_tokenizer(model());
