@@ -204,7 +204,10 @@ TrainSummary run_training(const Recipe& recipe) {
     // ---------------------------------------------------------------- policies
     auto sm = vlm::sharding::apply_policies(*model, sharding_options(recipe), dims);
     if (main) {
-      spdlog::info("unit table:\n{}", vlm::sharding::unit_table_text(sm->unit_table()));
+      const vlm::sharding::MemoryReport m0 = sm->memory();
+      spdlog::info("unit table:\n{}memory per rank: params {} + grads {} + optimizer {} (persistent)",
+                   vlm::sharding::unit_table_text(sm->unit_table()), human_bytes(m0.param_bytes),
+                   human_bytes(m0.grad_bytes), human_bytes(m0.optim_bytes));
       for (const auto& n : sm->notes()) spdlog::warn("{}", n);
     }
 
@@ -383,6 +386,7 @@ TrainSummary run_training(const Recipe& recipe) {
       const double eta = elapsed / static_cast<double>(st.step - first_step) * static_cast<double>(steps_total - st.step);
       if (st.step % recipe.log.every == 0 || st.step == steps_total) {
         const double mfu = peak > 0 ? window_flops / (window_seconds * peak * world) : 0;
+        const vlm::sharding::MemoryReport mem = sm->memory();  // this rank's bytes (rank 0 logs)
         const double epoch = static_cast<double>(st.cursor.epoch) +
                              static_cast<double>(st.cursor.offset) / static_cast<double>(data.dataset_size());
         nlohmann::json j = {{"step", st.step},
@@ -400,6 +404,10 @@ TrainSummary run_training(const Recipe& recipe) {
                             {"data_wait_pct", 100.0 * window_wait / window_seconds},
                             {"micro_batches", sd.micro_batches.size()},
                             {"peak_rss_bytes", peak_rss_bytes()},
+                            {"mem_params_bytes", mem.param_bytes},
+                            {"mem_grads_bytes", mem.grad_bytes},
+                            {"mem_optim_bytes", mem.optim_bytes},
+                            {"mem_gathered_peak_bytes", mem.gathered_peak_bytes},
                             {"dropped_samples", static_cast<int64_t>(s[5])},
                             {"world_size", world},
                             {"elapsed_s", st.train_seconds}};
