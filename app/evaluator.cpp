@@ -1,5 +1,7 @@
 #include "app/evaluator.h"
 
+#include "app/data_options.h"
+
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -29,12 +31,7 @@ std::vector<EvalDataset> load_eval_datasets(const Recipe& recipe,
                                             const std::vector<std::string>& jsonl_files) {
   VLM_CHECK(!jsonl_files.empty(), recipe.location("data.eval"),
             ": no evaluation data (expected one or more JSONL files in data.eval, or --data)");
-  const DataSection& d = recipe.data;
-  vlm::data::DatasetOptions dopt;
-  dopt.format = vlm::data::parse_dataset_format(d.format);
-  dopt.image_root = d.image_root;
-  dopt.ocr_prompt = d.prompt;
-  dopt.max_bad_fraction = d.max_bad_fraction;
+  vlm::data::DatasetOptions dopt = dataset_options(recipe);
   dopt.warn = [](const std::string& m) { spdlog::warn("{}", m); };
   std::vector<EvalDataset> out;
   for (const std::string& file : jsonl_files) {

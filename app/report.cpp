@@ -120,8 +120,8 @@ ReportResult write_report(const std::string& run_dir) {
   std::map<std::string, Series> all = read_metrics(metrics);
   std::vector<Series> panels;
   std::vector<std::string> order = {"loss", "lr", "grad_norm", "tokens_per_s", "images_per_s", "mfu", "data_wait_pct"};
-  for (const auto& [k, s] : all)  // periodic eval fields ("eval/<set>/cer", ...)
-    if (k.rfind("eval/", 0) == 0) order.push_back(k);
+  for (const auto& [k, s] : all)  // eval scores over all sets ("eval/overall/cer", ...)
+    if (k.rfind("eval/overall/", 0) == 0 && k != "eval/overall/n") order.push_back(k);
   for (const auto& k : order)
     if (all.count(k)) panels.push_back(all[k]);
   ReportResult res;

@@ -1,6 +1,6 @@
 // vlmtrain under Debian's real torchrun (python3-torch 1.13), unchanged:
 //  - 2 workers train the tiny recipe and log exactly the losses of the same job started
-//    without torchrun (the same environment variables set by hand, tests/dist_testing.h);
+//    by `vlmtrain launch --nproc-per-node 2`;
 //  - --max_restarts 1 with one rank dying abruptly once: torchrun restarts the workers,
 //    they resume from the last complete checkpoint and finish the job.
 // Debian's torchrun needs non-zero --redirects / --tee (REFERENCE.md); 2 / 2
@@ -53,11 +53,16 @@ class TrainTorchrun : public ::testing::Test {
 
 std::map<int64_t, double> losses(const std::string& run_dir) { return vlmtest::losses_by_step(run_dir); }
 
-TEST_F(TrainTorchrun, MatchesTheSameJobStartedByHand) {
-  TempDir a("torchrun"), b("byhand");
+TEST_F(TrainTorchrun, MatchesTheSameJobUnderVlmtrainLaunch) {
+  TempDir a("torchrun"), b("launch");
   auto r = torchrun(train_args(a, 4), {});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  ASSERT_TRUE(vlmtest::all_ok(vlmtest::run_ranks(2, train_args(b, 4), std::chrono::seconds(240), {"OMP_NUM_THREADS=1"})));
+  // `vlmtrain launch --nproc-per-node 2 train RECIPE --set ...` (OMP_NUM_THREADS=1 like torchrun).
+  std::vector<std::string> launch = {vlmtest::vlmtrain_bin(), "launch", "--nproc-per-node", "2"};
+  const auto args = train_args(b, 4);
+  launch.insert(launch.end(), args.begin() + 1, args.end());
+  auto l = vlmtest::run(launch, std::chrono::seconds(240));
+  ASSERT_EQ(l.exit_code, 0) << l.output;
   const auto la = losses(a / "run"), lb = losses(b / "run");
   ASSERT_EQ(la.size(), 4u) << r.output;
   EXPECT_EQ(la, lb);  // same world, same data, same reductions: bit for bit
