@@ -10,6 +10,8 @@ namespace vlmtrain {
 const char* help_synth_ocr() {
   return R"(usage: vlmtrain synth-ocr --out DIR [--train N] [--val M] [--seed S]
                           [--threads T] [--vocab-size V] [--no-tokenizer]
+                          [--min-height H] [--max-height H] [--layout proportional|grid]
+                          [--cell-width PX] [--tokenizer-type unigram|char]
 
 Renders short text lines (words, numbers, dates, codes, prices; 4-16 characters) with
 OpenCV's Hershey fonts into PNGs of height 28-56 px, and writes
@@ -27,6 +29,13 @@ options:
   --threads T        rendering threads (default 2)
   --vocab-size V     sentencepiece vocabulary target (default 2048; may end smaller)
   --no-tokenizer     skip training the sentencepiece model
+  --min-height H     smallest rendered line height in pixels (default 28)
+  --max-height H     largest rendered line height in pixels (default 56)
+  --layout L         proportional (default): the line as the font lays it out, on a canvas
+                     as wide as the text; grid: one character per cell on a fixed canvas
+                     of 17 cells x max-height px, so character i always sits in cell i
+  --cell-width PX    grid cell width (default 28 = one merged image token)
+  --tokenizer-type T unigram (default) or char (one piece per character)
 )";
 }
 
@@ -44,6 +53,14 @@ int cmd_synth_ocr(Args& args) {
   }
   if (auto v = args.integer("threads")) o.threads = std::max<long long>(1, *v);
   if (auto v = args.integer("vocab-size")) o.vocab_size = *v;
+  if (auto v = args.integer("min-height")) o.min_height = *v;
+  if (auto v = args.integer("max-height")) o.max_height = *v;
+  if (auto v = args.value("layout")) o.layout = *v;
+  if (auto v = args.integer("cell-width")) o.cell_width = *v;
+  if (auto v = args.value("tokenizer-type")) o.tokenizer_type = *v;
+  VLM_CHECK(o.min_height >= 8 && o.min_height <= o.max_height && o.max_height <= 1024,
+            "vlmtrain synth-ocr: expected 8 <= --min-height <= --max-height <= 1024, got ",
+            o.min_height, " and ", o.max_height);
   VLM_CHECK(args.positionals().empty(), "vlmtrain synth-ocr: unexpected argument '",
             args.positionals().front(), "'");
   args.finish();

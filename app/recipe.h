@@ -59,12 +59,18 @@ struct SynthSection {
   int64_t train = 4000;              // training lines to render
   int64_t val = 200;                 // validation lines to render
   int64_t seed = 1234;               // rendering seed (independent of run.seed)
+  std::string layout = "proportional";  // proportional | grid (see vlmtrain synth-ocr --help)
+  std::string tokenizer = "unigram";    // sentencepiece model type: unigram | char
+  int64_t vocab_size = 2048;            // unigram vocabulary target
 
   template <class V> void fields(V& v) {
     v("generate_if_missing", generate_if_missing);
     v("train", train, Range{1, 1e8});
     v("val", val, Range{0, 1e8});
     v("seed", seed, Range{0, 9.0e18});
+    v("layout", layout, Choice{{"proportional", "grid"}});
+    v("tokenizer", tokenizer, Choice{{"unigram", "char"}});
+    v("vocab_size", vocab_size, Range{64, 1e6});
   }
 };
 

@@ -172,6 +172,9 @@ TrainSummary run_training(const Recipe& recipe) {
         so.train = syn.train;
         so.val = syn.val;
         so.seed = static_cast<uint64_t>(syn.seed);
+        so.layout = syn.layout;
+        so.tokenizer_type = syn.tokenizer;
+        so.vocab_size = syn.vocab_size;
         so.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
         spdlog::info("data.synth: {} is missing: rendering {} + {} synthetic OCR lines into {}",
                      recipe.data.train.front(), so.train, so.val, so.out_dir);

@@ -133,38 +133,22 @@ std::string synth_text(uint64_t stream_seed, int64_t min_chars, int64_t max_char
                             " characters (hint: widen the range)"));
 }
 
-cv::Mat render_text_line(const std::string& text, uint64_t stream_seed, int64_t min_height,
-                         int64_t max_height) {
-  Rng r(mix_seed(stream_seed, 17));
-  static const std::vector<int> fonts = {cv::FONT_HERSHEY_SIMPLEX, cv::FONT_HERSHEY_DUPLEX,
-                                         cv::FONT_HERSHEY_COMPLEX, cv::FONT_HERSHEY_TRIPLEX};
-  int font = r.pick(fonts);
-  if (r.chance(0.15)) font |= cv::FONT_ITALIC;
-  const int height = int(r.range(min_height, max_height));
-  const double glyph_frac = r.uniform(0.45, 0.65);   // cap height / image height
-  int thickness = 1;
-  int base = 0;
-  cv::Size unit = cv::getTextSize(text, font, 1.0, thickness, &base);
-  double scale = glyph_frac * height / std::max(1, unit.height);
-  if (scale > 0.9 && r.chance(0.4)) thickness = 2;
-  cv::Size sz = cv::getTextSize(text, font, scale, thickness, &base);
-  const int margin_l = int(r.range(3, 12)), margin_r = int(r.range(3, 12));
-  const int width = std::max(sz.width + margin_l + margin_r, 28);
-  // Colours: dark on light, sometimes light on dark.
-  cv::Scalar bg, fg;
+namespace {
+
+// Background/foreground colours: dark on light, sometimes light on dark.
+void pick_colours(Rng& r, cv::Scalar& bg, cv::Scalar& fg) {
   const int bg_level = int(r.range(170, 255)), fg_level = int(r.range(0, 90));
   const int tint = int(r.range(-20, 20));
   bg = cv::Scalar(bg_level, std::clamp(bg_level + tint, 0, 255), std::clamp(bg_level - tint, 0, 255));
   fg = cv::Scalar(fg_level, std::clamp(fg_level - tint, 0, 255), std::clamp(fg_level + tint, 0, 255));
   if (r.chance(0.15)) std::swap(bg, fg);
-  cv::Mat img(height, width, CV_8UC3, bg);
-  const int baseline_y = (height + sz.height) / 2 - int(r.range(-2, 2));
-  cv::putText(img, text, cv::Point(margin_l, baseline_y), font, scale, fg, thickness,
-              cv::LINE_AA);
-  // Small rotation.
+}
+
+// Small rotation, sometimes blur, then sensor noise.
+void degrade(cv::Mat& img, Rng& r, uint64_t stream_seed) {
   const double angle = r.uniform(-2.0, 2.0);
   if (std::abs(angle) > 0.2) {
-    cv::Mat rot = cv::getRotationMatrix2D(cv::Point2f(width / 2.0f, height / 2.0f), angle, 1.0);
+    cv::Mat rot = cv::getRotationMatrix2D(cv::Point2f(img.cols / 2.0f, img.rows / 2.0f), angle, 1.0);
     cv::warpAffine(img, img, rot, img.size(), cv::INTER_LINEAR, cv::BORDER_REPLICATE);
   }
   if (r.chance(0.3)) {
@@ -181,6 +165,73 @@ cv::Mat render_text_line(const std::string& text, uint64_t stream_seed, int64_t 
     acc += n;
     acc.convertTo(img, CV_8UC3);  // saturates
   }
+}
+
+int pick_font(Rng& r) {
+  static const std::vector<int> fonts = {cv::FONT_HERSHEY_SIMPLEX, cv::FONT_HERSHEY_DUPLEX,
+                                         cv::FONT_HERSHEY_COMPLEX, cv::FONT_HERSHEY_TRIPLEX};
+  int font = r.pick(fonts);
+  if (r.chance(0.15)) font |= cv::FONT_ITALIC;
+  return font;
+}
+
+}  // namespace
+
+cv::Mat render_text_line(const std::string& text, uint64_t stream_seed, int64_t min_height,
+                         int64_t max_height) {
+  Rng r(mix_seed(stream_seed, 17));
+  const int font = pick_font(r);
+  const int height = int(r.range(min_height, max_height));
+  const double glyph_frac = r.uniform(0.45, 0.65);   // cap height / image height
+  int thickness = 1;
+  int base = 0;
+  cv::Size unit = cv::getTextSize(text, font, 1.0, thickness, &base);
+  double scale = glyph_frac * height / std::max(1, unit.height);
+  if (scale > 0.9 && r.chance(0.4)) thickness = 2;
+  cv::Size sz = cv::getTextSize(text, font, scale, thickness, &base);
+  const int margin_l = int(r.range(3, 12)), margin_r = int(r.range(3, 12));
+  const int width = std::max(sz.width + margin_l + margin_r, 28);
+  cv::Scalar bg, fg;
+  pick_colours(r, bg, fg);
+  cv::Mat img(height, width, CV_8UC3, bg);
+  const int baseline_y = (height + sz.height) / 2 - int(r.range(-2, 2));
+  cv::putText(img, text, cv::Point(margin_l, baseline_y), font, scale, fg, thickness,
+              cv::LINE_AA);
+  degrade(img, r, stream_seed);
+  return img;
+}
+
+cv::Mat render_grid_line(const std::string& text, uint64_t stream_seed, int64_t cell_width,
+                         int64_t canvas_cells, int64_t height) {
+  VLM_CHECK(cell_width >= 8 && height >= 8 && int64_t(text.size()) < canvas_cells,
+            "synth-ocr grid: ", text.size(), " characters need a canvas of more than that many ",
+            "cells (got ", canvas_cells, ") of at least 8 px (got ", cell_width, ") and height >= 8 (got ",
+            height, ")");
+  Rng r(mix_seed(stream_seed, 19));
+  const int font = pick_font(r);
+  const double glyph_frac = r.uniform(0.40, 0.60);   // cap height / image height
+  int thickness = 1;
+  int base = 0;
+  // One scale for the whole line: the cap height, shrunk until the widest glyph fits a cell.
+  const cv::Size cap = cv::getTextSize("H", font, 1.0, thickness, &base);
+  int widest = 1;
+  for (char c : text) widest = std::max(widest, cv::getTextSize(std::string(1, c), font, 1.0, thickness, &base).width);
+  double scale = std::min(glyph_frac * double(height) / std::max(1, cap.height),
+                          0.92 * double(cell_width) / widest);
+  if (scale > 0.9 && r.chance(0.4)) thickness = 2;
+  const int offset = int(r.range(0, std::max<int64_t>(0, cell_width / 8)));  // small whole-line shift
+  const int baseline_y = int(height + scale * cap.height) / 2 - int(r.range(-2, 2));
+  cv::Scalar bg, fg;
+  pick_colours(r, bg, fg);
+  cv::Mat img(int(height), int(canvas_cells * cell_width), CV_8UC3, bg);
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == ' ') continue;
+    const std::string g(1, text[i]);
+    const cv::Size sz = cv::getTextSize(g, font, scale, thickness, &base);
+    const int x = offset + int(i) * int(cell_width) + (int(cell_width) - sz.width) / 2;
+    cv::putText(img, g, cv::Point(x, baseline_y), font, scale, fg, thickness, cv::LINE_AA);
+  }
+  degrade(img, r, stream_seed);
   return img;
 }
 
@@ -272,13 +323,13 @@ std::string with_relative_trainer_paths(const std::string& model, const std::str
 }  // namespace
 
 int64_t train_sentencepiece(const std::string& corpus_file, const std::string& model_prefix,
-                            int64_t vocab_size) {
+                            int64_t vocab_size, const std::string& model_type) {
   // sp_trainer_flags(): ChatML specials as user-defined symbols, identity normalisation,
   // no dummy prefix (exact byte offsets for the chat renderer), byte fallback, no
   // BOS/EOS/PAD pieces. One thread and a fixed corpus keep the result deterministic.
   const std::string args = vlm::str(
       "--input=", corpus_file, " --model_prefix=", model_prefix, " --vocab_size=", vocab_size,
-      " --model_type=unigram --character_coverage=1.0 --hard_vocab_limit=false"
+      " --model_type=", model_type, " --character_coverage=1.0 --hard_vocab_limit=false"
       " --num_threads=1 ",
       vlm::sp_trainer_flags());
   VLM_CHECK(corpus_file.find(' ') == std::string::npos &&
@@ -312,6 +363,13 @@ SynthOcrResult write_synth_ocr(const SynthOcrOptions& opts) {
             opts.min_chars, "..", opts.max_chars);
   VLM_CHECK(opts.min_height >= 8 && opts.min_height <= opts.max_height,
             "synth-ocr: bad height range ", opts.min_height, "..", opts.max_height);
+  const bool grid = opts.layout == "grid";
+  VLM_CHECK(grid || opts.layout == "proportional", "synth-ocr: layout '", opts.layout,
+            "' (expected proportional or grid)");
+  VLM_CHECK(opts.tokenizer_type == "unigram" || opts.tokenizer_type == "char",
+            "synth-ocr: tokenizer type '", opts.tokenizer_type, "' (expected unigram or char)");
+  VLM_CHECK(!grid || (opts.cell_width >= 8 && opts.cell_width <= 256),
+            "synth-ocr: cell width ", opts.cell_width, " (expected 8..256 px)");
   const auto t0 = std::chrono::steady_clock::now();
   std::error_code ec;
   fs::create_directories(fs::path(opts.out_dir) / "images" / "train", ec);
@@ -330,7 +388,9 @@ SynthOcrResult write_synth_ocr(const SynthOcrOptions& opts) {
         for (int64_t i = next++; i < sp.count; i = next++) {
           const uint64_t s = mix_seed(mix_seed(opts.seed, sp.stream), uint64_t(i));
           texts[size_t(i)] = synth_text(s, opts.min_chars, opts.max_chars);
-          cv::Mat img = render_text_line(texts[size_t(i)], s, opts.min_height, opts.max_height);
+          cv::Mat img = grid ? render_grid_line(texts[size_t(i)], s, opts.cell_width,
+                                                opts.max_chars + 1, opts.max_height)
+                             : render_text_line(texts[size_t(i)], s, opts.min_height, opts.max_height);
           char name[32];
           std::snprintf(name, sizeof(name), "%06lld.png", static_cast<long long>(i));
           rel[size_t(i)] = "images/" + sp.name + "/" + name;
@@ -367,13 +427,18 @@ SynthOcrResult write_synth_ocr(const SynthOcrOptions& opts) {
                            opts.max_chars) + "\n";
     const std::string corpus_path = opts.out_dir + "/tokenizer_corpus.txt";
     write_text(corpus_path, corpus);
-    res.vocab_size = train_sentencepiece(corpus_path, opts.out_dir + "/tokenizer", opts.vocab_size);
+    res.vocab_size = train_sentencepiece(corpus_path, opts.out_dir + "/tokenizer", opts.vocab_size,
+                                         opts.tokenizer_type);
     res.tokenizer_model = opts.out_dir + "/tokenizer.model";
   }
   nlohmann::json meta = {{"generator", "vlmtrain synth-ocr"}, {"seed", opts.seed},
                          {"train", opts.train}, {"val", opts.val},
                          {"chars", {opts.min_chars, opts.max_chars}},
-                         {"height", {opts.min_height, opts.max_height}},
+                         {"height", grid ? nlohmann::json{opts.max_height, opts.max_height}
+                                         : nlohmann::json{opts.min_height, opts.max_height}},
+                         {"layout", opts.layout},
+                         {"cell_width", grid ? opts.cell_width : 0},
+                         {"tokenizer_type", opts.tokenizer_type},
                          {"format", "plain"},
                          {"tokenizer", opts.train_tokenizer ? "tokenizer.model" : ""},
                          {"tokenizer_pieces", res.vocab_size}};

@@ -24,7 +24,14 @@ struct SynthOcrOptions {
   int64_t max_chars = 16;
   int64_t min_height = 28;          // image height range (pixels)
   int64_t max_height = 56;
+  // proportional: the line as OpenCV lays it out, on a canvas as wide as the text.
+  // grid: one character per `cell_width`-px cell on a canvas of (max_chars + 1) cells and
+  //   max_height px, so the i-th character always sits in the same image column (see
+  //   docs/tiny_convergence.md for why that matters to a model trained from scratch).
+  std::string layout = "proportional";
+  int64_t cell_width = 28;          // grid: pixels per character (28 = one merged token)
   bool train_tokenizer = true;
+  std::string tokenizer_type = "unigram";  // unigram | char (one piece per character)
   int64_t vocab_size = 2048;        // sentencepiece target (may end lower: hard limit off)
   int64_t extra_corpus_lines = 20000;  // extra generated lines for the tokenizer corpus
 };
@@ -47,6 +54,11 @@ std::string synth_text(uint64_t stream_seed, int64_t min_chars = 4, int64_t max_
 cv::Mat render_text_line(const std::string& text, uint64_t stream_seed, int64_t min_height = 28,
                          int64_t max_height = 56);
 
+// Renders `text` with one character per `cell_width`-px cell (left to right, the whole
+// line shifted right by a random 0..cell_width/8 px) on a `canvas_cells` x cell_width by `height` canvas.
+cv::Mat render_grid_line(const std::string& text, uint64_t stream_seed, int64_t cell_width,
+                         int64_t canvas_cells, int64_t height);
+
 // Writes the dataset (images/, train.jsonl, val.jsonl, tokenizer.model, synth_ocr.json).
 // Throws vlm::Error on I/O or tokenizer-training failure.
 SynthOcrResult write_synth_ocr(const SynthOcrOptions& opts);
@@ -58,6 +70,6 @@ SynthOcrResult write_synth_ocr(const SynthOcrOptions& opts);
 // byte offsets are exact), unigram, one thread. The trainer paths recorded inside the
 // model are rewritten to bare file names, so the model bytes depend only on the corpus.
 int64_t train_sentencepiece(const std::string& corpus_file, const std::string& model_prefix,
-                            int64_t vocab_size);
+                            int64_t vocab_size, const std::string& model_type = "unigram");
 
 }  // namespace vlm::data

@@ -363,8 +363,14 @@ VlmConfig tiny(Family family) {
   c.text.num_hidden_layers = 4;
   c.text.num_attention_heads = 4;  // head_dim 64
   c.text.num_key_value_heads = 2;
-  c.text.mrope_section = {8, 12, 12};
-  c.text.rope_theta = 10000.0;
+  // M-RoPE for a model trained from scratch: HF's split gives the temporal, height and
+  // width sections the highest, middle and lowest frequencies, so with {8, 12, 12} and
+  // theta 1e4 one image column turns the width dims by at most 0.003 rad and the LLM
+  // cannot tell columns apart. Width gets 28 of 32 frequencies and theta 100 (0.56..0.012
+  // rad per column); text-only tokens see plain RoPE with theta 100, ample for a few hundred
+  // positions. See docs/tiny_convergence.md.
+  c.text.mrope_section = {2, 2, 28};
+  c.text.rope_theta = 100.0;
   c.text.max_position_embeddings = 4096;
   // Top of the vocab; the trainer overwrites these from the tokenizer it trains.
   c.bos_token_id = 2041;

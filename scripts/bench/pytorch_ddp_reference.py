@@ -34,10 +34,10 @@ import torch.nn.functional as F
 PRESETS = {
     "tiny": dict(v_depth=4, v_embed=128, v_heads=4, v_inter=512, v_out=256,
                  vocab=2048, hidden=256, inter=768, layers=4, heads=4, kv_heads=2,
-                 mrope=(8, 12, 12), theta=10000.0, image_token=2046, vs=2044, ve=2045, bos=2041),
+                 mrope=(2, 2, 28), theta=100.0, image_token=2046, vs=2044, ve=2045, bos=2041),
     "small": dict(v_depth=6, v_embed=384, v_heads=6, v_inter=1536, v_out=512,
                   vocab=8192, hidden=512, inter=1408, layers=8, heads=8, kv_heads=2,
-                  mrope=(8, 12, 12), theta=10000.0, image_token=8190, vs=8188, ve=8189, bos=8185),
+                  mrope=(2, 2, 28), theta=100.0, image_token=8190, vs=8188, ve=8189, bos=8185),
 }
 PATCH_DIM = 3 * 2 * 14 * 14
 

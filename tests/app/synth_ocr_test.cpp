@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <sstream>
 
+#include <opencv2/imgproc.hpp>
+
 #include "data/dataset.h"
 #include "data/synth_ocr.h"
 #include "tests/require_sentencepiece.h"
@@ -136,6 +138,59 @@ TEST(SynthOcr, TextsStayInRange) {
     for (char c : t) ASSERT_TRUE(c >= 32 && c < 127) << t;
   }
   EXPECT_EQ(vlm::data::synth_text(11), vlm::data::synth_text(11));
+}
+
+// Grid layout: character i is drawn in cell i and nowhere else. Independent check on the
+// pixels: a cell's central half holds ink (contrast > 60 grey levels against the image
+// median) exactly when its character is not a space; the canvas is (cells x cell) wide.
+TEST(SynthOcr, GridPutsCharacterIInCellI) {
+  const int64_t cell = 28, cells = 17, height = 56;
+  for (uint64_t s = 0; s < 60; ++s) {
+    const std::string t = vlm::data::synth_text(s);
+    cv::Mat img = vlm::data::render_grid_line(t, s, cell, cells, height);
+    ASSERT_EQ(img.rows, height);
+    ASSERT_EQ(img.cols, cells * cell);
+    cv::Mat grey;
+    cv::cvtColor(img, grey, cv::COLOR_BGR2GRAY);
+    std::vector<uint8_t> v(grey.begin<uint8_t>(), grey.end<uint8_t>());
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    const int median = v[v.size() / 2];
+    for (int64_t c = 0; c < cells; ++c) {
+      const cv::Mat mid = grey(cv::Rect(int(c * cell + cell / 4), 0, int(cell / 2), int(height)));
+      double lo = 0, hi = 0;
+      cv::minMaxLoc(mid, &lo, &hi);
+      const bool ink = std::max(std::abs(hi - median), std::abs(lo - median)) > 60;
+      const bool want = c < int64_t(t.size()) && t[size_t(c)] != ' ';
+      EXPECT_EQ(ink, want) << "seed " << s << " text '" << t << "' cell " << c;
+    }
+  }
+}
+
+// `--layout grid --tokenizer-type char`: fixed-size canvases, and the char model gives
+// exactly one token per character of every text (checked with the in-process backend).
+TEST(SynthOcr, GridLayoutWithCharTokenizer) {
+  VLMTEST_REQUIRE_SENTENCEPIECE();
+  vlmtest::TempDir dir("synth_grid");
+  auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "synth-ocr", "--out", dir / "g", "--train", "24",
+                         "--val", "4", "--layout", "grid", "--tokenizer-type", "char",
+                         "--max-height", "56", "--threads", "2"},
+                        std::chrono::seconds(240));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  vlm::data::DatasetOptions opts;
+  opts.warn = [](const std::string&) {};
+  vlm::data::Dataset train = vlm::data::load_dataset({dir / "g/train.jsonl"}, opts);
+  ASSERT_EQ(train.records.size(), 24u);
+  auto tok = vlm::load_tokenizer(dir / "g/tokenizer.model");
+  for (const auto& rec : train.records) {
+    ASSERT_EQ(rec.images.size(), 1u);
+    EXPECT_EQ(rec.images[0].height, 56);
+    EXPECT_EQ(rec.images[0].width, 17 * 28);
+    const std::string& t = rec.turns[1].content;
+    EXPECT_EQ(tok->encode(t).size(), t.size()) << t;
+  }
+  auto bad = vlmtest::run({vlmtest::vlmtrain_bin(), "synth-ocr", "--out", dir / "x", "--layout", "diagonal"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("layout 'diagonal'"), std::string::npos) << bad.output;
 }
 
 TEST(SynthOcr, BadArguments) {
