@@ -7,6 +7,7 @@
 // MODE fixed: cap height 0.55 x 56, left margin 4 px (constant digit pitch);
 // MODE varied: cap height 0.40-0.65 x 56, left margin 2-21 px.
 // CANVAS_PX: every image this wide (text left-aligned); absent: as wide as the text.
+// DIGITS_THICKNESS (environment) overrides the stroke thickness of 2.
 // Writes OUT/images/NNNNNN.png and OUT/data.jsonl ({"image", "text"}).
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
@@ -32,7 +33,8 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(out + "/images");
   FILE* f = std::fopen((out + "/data.jsonl").c_str(), "w");
   if (f == nullptr) return 1;
-  const int h = 56, font = cv::FONT_HERSHEY_SIMPLEX, thick = 2;
+  const int h = 56, font = cv::FONT_HERSHEY_SIMPLEX;
+  const int thick = std::getenv("DIGITS_THICKNESS") ? std::atoi(std::getenv("DIGITS_THICKNESS")) : 2;
   for (int i = 0; i < n; ++i) {
     const int len = lo + int(g() % unsigned(hi - lo + 1));
     std::string t;
