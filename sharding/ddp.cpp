@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <map>
 
+#include "sharding/ready_hook.h"
 #include "vlm/check.h"
 
 namespace vlm::sharding {
@@ -37,22 +38,6 @@ void broadcast_from_rank0(Comm& comm, const std::vector<torch::Tensor>& tensors,
   }
 }
 
-namespace {
-
-class ReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  explicit ReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override {
-    fn_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> fn_;
-};
-
-}  // namespace
 
 DdpReducer::DdpReducer(Comm& comm, std::vector<torch::Tensor> params, std::vector<std::string> names,
                        double bucket_bytes, torch::Dtype reduce_dtype)
@@ -86,21 +71,14 @@ DdpReducer::DdpReducer(Comm& comm, std::vector<torch::Tensor> params, std::vecto
     auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
     VLM_ASSERT(acc, "no grad accumulator for ", names_[i]);
     const int64_t idx = static_cast<int64_t>(i);
-    acc->add_post_hook(std::make_unique<ReadyHook>([this, idx] { on_grad_ready(idx); }));
+    acc->add_post_hook(std::make_unique<ReadyHook>(this, [this, idx] { on_grad_ready(idx); }));
     accumulators_.push_back(std::move(acc));
   }
 }
 
 DdpReducer::~DdpReducer() {
   // Remove our hooks so a model that outlives the reducer does not call into freed memory.
-  for (auto& acc : accumulators_) {
-    auto& hooks = acc->post_hooks();
-    hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
-                               [](const std::unique_ptr<torch::autograd::FunctionPostHook>& h) {
-                                 return dynamic_cast<ReadyHook*>(h.get()) != nullptr;
-                               }),
-                hooks.end());
-  }
+  remove_ready_hooks(accumulators_, this);
   // Unwaited work: wait so Gloo does not write into freed buffers (errors ignored here).
   for (auto& b : buckets_) {
     try {

@@ -7,24 +7,12 @@
 
 #include <algorithm>
 
+#include "sharding/ready_hook.h"
 #include "vlm/check.h"
 
 namespace vlm::sharding {
 
 namespace {
-
-class FsdpReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  explicit FsdpReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override {
-    fn_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> fn_;
-};
 
 // Identity on a unit's output; its backward (run before any node of the unit's backward,
 // since they all need this gradient) is the unit's pre-backward hook.
@@ -116,21 +104,14 @@ FsdpEngine::FsdpEngine(Comm& comm, const std::vector<UnitPlan>& units,
       auto acc = torch::autograd::impl::grad_accumulator(u->params_[k].param);
       VLM_ASSERT(acc, "no grad accumulator for ", u->params_[k].name);
       const int64_t idx = static_cast<int64_t>(k);
-      acc->add_post_hook(std::make_unique<FsdpReadyHook>([this, u, idx] { on_grad_ready(*u, idx); }));
+      acc->add_post_hook(std::make_unique<ReadyHook>(this, [this, u, idx] { on_grad_ready(*u, idx); }));
       accumulators_.push_back(std::move(acc));
     }
   }
 }
 
 FsdpEngine::~FsdpEngine() {
-  for (auto& acc : accumulators_) {
-    auto& hooks = acc->post_hooks();
-    hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
-                               [](const std::unique_ptr<torch::autograd::FunctionPostHook>& h) {
-                                 return dynamic_cast<FsdpReadyHook*>(h.get()) != nullptr;
-                               }),
-                hooks.end());
-  }
+  remove_ready_hooks(accumulators_, this);
   for (auto& u : units_) {  // unwaited work must not write into freed buffers
     try {
       u->gather_.wait();
