@@ -28,8 +28,13 @@
 
 namespace vlm::data {
 
+// SampleOptions::system_prompt value for "no system turn at all".
+inline constexpr const char* kNoSystemTurn = "none";
+
 struct SampleOptions {
-  std::string system_prompt;  // recipe data.system_prompt; "" = template default system turn
+  // recipe data.system_prompt; "" = the template's default system turn, "none" = no system
+  // turn (kNoSystemTurn), anything else = that text as the system turn
+  std::string system_prompt;
   int64_t max_length = 0;     // cut the tail to this many tokens; 0 = no truncation
 };
 

@@ -181,6 +181,14 @@ TEST_F(SampleBuilder, PlainOcrAndRecordSystemTurn) {
   EXPECT_EQ(s.labels, expected_labels(s.input_ids, {{prefix, full}}));
   expect_pixels(s, r, {14});
 
+  // system_prompt "none": no system turn at all (the sequence starts at the user turn).
+  vlm::data::SampleOptions none;
+  none.system_prompt = vlm::data::kNoSystemTurn;
+  auto sn = vlm::data::load_sample(*tok_, r, {}, none);
+  const std::string prefix_n = "<|im_start|>user\n" + pads(14) + "Read the text.<|im_end|>\n<|im_start|>assistant\n";
+  EXPECT_EQ(sn.input_ids, enc(prefix_n + "invoice 12.50<|im_end|>\n"));
+  EXPECT_EQ(sn.labels, expected_labels(sn.input_ids, {{prefix_n, prefix_n + "invoice 12.50<|im_end|>\n"}}));
+
   // A record's own system turn wins over the recipe's system prompt.
   auto ds2 = load("m2.jsonl",
                   R"({"messages":[{"role":"system","content":"You are a helpful OCR"},)"
