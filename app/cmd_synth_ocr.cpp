@@ -12,6 +12,7 @@ const char* help_synth_ocr() {
                           [--threads T] [--vocab-size V] [--no-tokenizer]
                           [--min-height H] [--max-height H] [--layout proportional|grid]
                           [--cell-width PX] [--tokenizer-type unigram|char]
+                          [--style varied|clean]
 
 Renders short text lines (words, numbers, dates, codes, prices; 4-16 characters) with
 OpenCV's Hershey fonts into PNGs of height 28-56 px, and writes
@@ -36,6 +37,9 @@ options:
                      of 17 cells x max-height px, so character i always sits in cell i
   --cell-width PX    grid cell width (default 28 = one merged image token)
   --tokenizer-type T unigram (default) or char (one piece per character)
+  --style S          varied (default): four fonts, some italic, some light-on-dark, small
+                     rotation, blur, noise; clean: Simplex/Duplex upright, dark on light,
+                     light noise only
 )";
 }
 
@@ -56,6 +60,7 @@ int cmd_synth_ocr(Args& args) {
   if (auto v = args.integer("min-height")) o.min_height = *v;
   if (auto v = args.integer("max-height")) o.max_height = *v;
   if (auto v = args.value("layout")) o.layout = *v;
+  if (auto v = args.value("style")) o.style = *v;
   if (auto v = args.integer("cell-width")) o.cell_width = *v;
   if (auto v = args.value("tokenizer-type")) o.tokenizer_type = *v;
   VLM_CHECK(o.min_height >= 8 && o.min_height <= o.max_height && o.max_height <= 1024,

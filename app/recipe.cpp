@@ -556,6 +556,9 @@ void Recipe::validate(Purpose purpose) const {
          "a cap of " + std::to_string(data.max_image_tokens) + " tokens (" +
              std::to_string(data.max_image_tokens * 784) + " pixels) is below data.min_pixels " +
              std::to_string(data.min_pixels) + " (hint: raise the cap or lower min_pixels)");
+  if (data.synth.min_height > data.synth.max_height)
+    fail("data.synth.min_height", "min_height " + std::to_string(data.synth.min_height) +
+                                      " is larger than max_height " + std::to_string(data.synth.max_height));
   if (batch.max_image_tokens < 4)
     fail("batch.max_image_tokens", "must hold at least the 4-token dummy/minimum image");
 

@@ -55,11 +55,16 @@ struct ModelSection {
 
 // Synthetic OCR data generated on first use (the tiny default needs no downloads).
 struct SynthSection {
-  bool generate_if_missing = false;  // run synth-ocr into the folder of data.train[0] if absent
+  // Render the set into the folder of data.train[0] when it is missing, or when the
+  // synth_ocr.json there records other settings than these or an older renderer.
+  bool generate_if_missing = false;
   int64_t train = 4000;              // training lines to render
   int64_t val = 200;                 // validation lines to render
   int64_t seed = 1234;               // rendering seed (independent of run.seed)
   std::string layout = "proportional";  // proportional | grid (see vlmtrain synth-ocr --help)
+  std::string style = "varied";         // varied | clean (see vlmtrain synth-ocr --help)
+  int64_t min_height = 28;              // line height range in pixels (grid: max_height)
+  int64_t max_height = 56;
   std::string tokenizer = "unigram";    // sentencepiece model type: unigram | char
   int64_t vocab_size = 2048;            // unigram vocabulary target
 
@@ -69,6 +74,9 @@ struct SynthSection {
     v("val", val, Range{0, 1e8});
     v("seed", seed, Range{0, 9.0e18});
     v("layout", layout, Choice{{"proportional", "grid"}});
+    v("style", style, Choice{{"varied", "clean"}});
+    v("min_height", min_height, Range{8, 4096});
+    v("max_height", max_height, Range{8, 4096});
     v("tokenizer", tokenizer, Choice{{"unigram", "char"}});
     v("vocab_size", vocab_size, Range{64, 1e6});
   }
@@ -80,7 +88,7 @@ struct DataSection {
   std::string format = "auto";           // auto | messages | llava | ocr
   std::string image_root;                // base for relative image paths (default: JSONL dir)
   std::string prompt = "Read the text in the image.";  // user turn for plain OCR records
-  std::string system_prompt;             // "" = the template's default system turn
+  std::string system_prompt;             // "" = the template's default system turn; "none" = no system turn
   int64_t max_image_tokens = 1024;       // cap per image in merged tokens (max_pixels = cap*784)
   int64_t min_pixels = 3136;             // smart_resize lower bound (56*56)
   int64_t max_pixels = 12845056;         // smart_resize upper bound (28*28*16384)

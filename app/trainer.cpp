@@ -44,6 +44,48 @@ extern "C" void on_stop_signal(int sig) {
   std::signal(sig, SIG_DFL);  // a second signal ends the process the usual way
 }
 
+// ---------------------------------------------------------------- synthetic data
+// data.synth.generate_if_missing: rank 0 renders the set into data.train[0]'s folder
+// when it is missing, or when synth_ocr.json there says it was rendered differently
+// (other options, older renderer). Rank 0 decides; every rank learns it by all-reduce.
+void ensure_synth_data(const Recipe& recipe, vlm::sharding::Comm& comm, bool main) {
+  const auto& syn = recipe.data.synth;
+  if (!syn.generate_if_missing || recipe.data.train.empty()) return;
+  vlm::data::SynthOcrOptions so;
+  so.out_dir = fs::path(recipe.data.train.front()).parent_path().string();
+  so.train = syn.train;
+  so.val = syn.val;
+  so.seed = static_cast<uint64_t>(syn.seed);
+  so.layout = syn.layout;
+  so.style = syn.style;
+  so.min_height = syn.min_height;
+  so.max_height = syn.max_height;
+  so.tokenizer_type = syn.tokenizer;
+  so.vocab_size = syn.vocab_size;
+  so.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const std::string why = main ? vlm::data::synth_ocr_refresh_reason(so) : "";
+  torch::Tensor render = torch::tensor({why.empty() ? 0.0 : 1.0}, torch::kFloat64);
+  comm.all_reduce(render, ReduceOp::kSum, "synthetic data check");
+  if (render.item<double>() == 0) return;
+  std::string error;
+  if (main) {
+    spdlog::info("data.synth: {}: rendering {} + {} synthetic OCR lines into {}", why, so.train, so.val,
+                 so.out_dir);
+    try {
+      vlm::data::SynthOcrResult r = vlm::data::write_synth_ocr(so);
+      spdlog::info("data.synth: done in {:.1f} s", r.seconds);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  torch::Tensor failed = torch::tensor({error.empty() ? 0.0 : 1.0}, torch::kFloat64);
+  comm.all_reduce(failed, ReduceOp::kSum, "synthetic data");
+  if (!error.empty()) throw vlm::Error("data.synth: " + error);
+  VLM_CHECK(failed.item<double>() == 0, "data.synth: rank 0 failed to render the synthetic set (see its log)");
+  VLM_CHECK(fs::exists(recipe.data.train.front()), "data.synth: rendered the set but ", recipe.data.train.front(),
+            " is still missing (hint: data.train[0] must be <folder>/train.jsonl)");
+}
+
 // ---------------------------------------------------------------- fault injection (tests)
 // VLMTRAIN_FAULT_NONFINITE="STEP[:RANK]": the loss of step STEP (1-based) becomes NaN on
 // RANK (default 0) before backward, so its gradients are NaN.
@@ -162,36 +204,7 @@ TrainSummary run_training(const Recipe& recipe) {
     torch::manual_seed(static_cast<uint64_t>(recipe.run.seed) * 7919 + static_cast<uint64_t>(rank));
 
     // ---------------------------------------------------------------- synthetic data
-    // data.synth.generate_if_missing: rank 0 renders the set into data.train[0]'s folder.
-    const auto& syn = recipe.data.synth;
-    if (syn.generate_if_missing && !recipe.data.train.empty() && !fs::exists(recipe.data.train.front())) {
-      std::string error;
-      if (main) {
-        vlm::data::SynthOcrOptions so;
-        so.out_dir = fs::path(recipe.data.train.front()).parent_path().string();
-        so.train = syn.train;
-        so.val = syn.val;
-        so.seed = static_cast<uint64_t>(syn.seed);
-        so.layout = syn.layout;
-        so.tokenizer_type = syn.tokenizer;
-        so.vocab_size = syn.vocab_size;
-        so.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-        spdlog::info("data.synth: {} is missing: rendering {} + {} synthetic OCR lines into {}",
-                     recipe.data.train.front(), so.train, so.val, so.out_dir);
-        try {
-          vlm::data::SynthOcrResult r = vlm::data::write_synth_ocr(so);
-          spdlog::info("data.synth: done in {:.1f} s", r.seconds);
-        } catch (const std::exception& e) {
-          error = e.what();
-        }
-      }
-      torch::Tensor failed = torch::tensor({error.empty() ? 0.0 : 1.0}, torch::kFloat64);
-      comm.all_reduce(failed, ReduceOp::kSum, "synthetic data");
-      if (!error.empty()) throw vlm::Error("data.synth: " + error);
-      VLM_CHECK(failed.item<double>() == 0, "data.synth: rank 0 failed to render the synthetic set (see its log)");
-      VLM_CHECK(fs::exists(recipe.data.train.front()), "data.synth: rendered the set but ", recipe.data.train.front(),
-                " is still missing (hint: data.train[0] must be <folder>/train.jsonl)");
-    }
+    ensure_synth_data(recipe, comm, main);
 
     // ---------------------------------------------------------------- tokenizer + model
     const torch::Dtype param_dtype = recipe_dtype(recipe.precision.param_dtype);

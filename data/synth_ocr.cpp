@@ -136,26 +136,26 @@ std::string synth_text(uint64_t stream_seed, int64_t min_chars, int64_t max_char
 namespace {
 
 // Background/foreground colours: dark on light, sometimes light on dark.
-void pick_colours(Rng& r, cv::Scalar& bg, cv::Scalar& fg) {
+void pick_colours(Rng& r, cv::Scalar& bg, cv::Scalar& fg, bool clean) {
   const int bg_level = int(r.range(170, 255)), fg_level = int(r.range(0, 90));
   const int tint = int(r.range(-20, 20));
   bg = cv::Scalar(bg_level, std::clamp(bg_level + tint, 0, 255), std::clamp(bg_level - tint, 0, 255));
   fg = cv::Scalar(fg_level, std::clamp(fg_level - tint, 0, 255), std::clamp(fg_level + tint, 0, 255));
-  if (r.chance(0.15)) std::swap(bg, fg);
+  if (!clean && r.chance(0.15)) std::swap(bg, fg);
 }
 
-// Small rotation, sometimes blur, then sensor noise.
-void degrade(cv::Mat& img, Rng& r, uint64_t stream_seed) {
-  const double angle = r.uniform(-2.0, 2.0);
+// Small rotation, sometimes blur, then sensor noise (clean: noise only, and less).
+void degrade(cv::Mat& img, Rng& r, uint64_t stream_seed, bool clean) {
+  const double angle = clean ? 0.0 : r.uniform(-2.0, 2.0);
   if (std::abs(angle) > 0.2) {
     cv::Mat rot = cv::getRotationMatrix2D(cv::Point2f(img.cols / 2.0f, img.rows / 2.0f), angle, 1.0);
     cv::warpAffine(img, img, rot, img.size(), cv::INTER_LINEAR, cv::BORDER_REPLICATE);
   }
-  if (r.chance(0.3)) {
+  if (!clean && r.chance(0.3)) {
     const double sigma = r.uniform(0.4, 1.0);
     cv::GaussianBlur(img, img, cv::Size(0, 0), sigma);
   }
-  const double noise = r.uniform(0.0, 8.0);
+  const double noise = r.uniform(0.0, clean ? 4.0 : 8.0);
   if (noise > 1.0) {
     cv::Mat n(img.size(), CV_16SC3);
     cv::RNG cvr(mix_seed(stream_seed, 23));
@@ -167,62 +167,68 @@ void degrade(cv::Mat& img, Rng& r, uint64_t stream_seed) {
   }
 }
 
-int pick_font(Rng& r) {
+// Stroke width in pixels for a Hershey font drawn at `scale`: 2 px, sometimes 3 on large
+// glyphs. Never 1: the tiny preset learns nothing from 1-px hairlines (a 4-16 digit probe
+// stays at CER 1.0, versus 0.09 at 2 px; docs/tiny_convergence.md).
+int stroke_px(double scale, Rng& r) {
+  return (scale > 1.2 && r.chance(0.4)) ? 3 : 2;
+}
+
+int pick_font(Rng& r, bool clean) {
   static const std::vector<int> fonts = {cv::FONT_HERSHEY_SIMPLEX, cv::FONT_HERSHEY_DUPLEX,
                                          cv::FONT_HERSHEY_COMPLEX, cv::FONT_HERSHEY_TRIPLEX};
-  int font = r.pick(fonts);
-  if (r.chance(0.15)) font |= cv::FONT_ITALIC;
+  static const std::vector<int> sans = {cv::FONT_HERSHEY_SIMPLEX, cv::FONT_HERSHEY_DUPLEX};
+  int font = r.pick(clean ? sans : fonts);
+  if (!clean && r.chance(0.15)) font |= cv::FONT_ITALIC;
   return font;
 }
 
 }  // namespace
 
 cv::Mat render_text_line(const std::string& text, uint64_t stream_seed, int64_t min_height,
-                         int64_t max_height) {
+                         int64_t max_height, bool clean) {
   Rng r(mix_seed(stream_seed, 17));
-  const int font = pick_font(r);
+  const int font = pick_font(r, clean);
   const int height = int(r.range(min_height, max_height));
   const double glyph_frac = r.uniform(0.45, 0.65);   // cap height / image height
-  int thickness = 1;
   int base = 0;
-  cv::Size unit = cv::getTextSize(text, font, 1.0, thickness, &base);
+  cv::Size unit = cv::getTextSize(text, font, 1.0, 1, &base);
   double scale = glyph_frac * height / std::max(1, unit.height);
-  if (scale > 0.9 && r.chance(0.4)) thickness = 2;
+  const int thickness = stroke_px(scale, r);
   cv::Size sz = cv::getTextSize(text, font, scale, thickness, &base);
   const int margin_l = int(r.range(3, 12)), margin_r = int(r.range(3, 12));
   const int width = std::max(sz.width + margin_l + margin_r, 28);
   cv::Scalar bg, fg;
-  pick_colours(r, bg, fg);
+  pick_colours(r, bg, fg, clean);
   cv::Mat img(height, width, CV_8UC3, bg);
   const int baseline_y = (height + sz.height) / 2 - int(r.range(-2, 2));
   cv::putText(img, text, cv::Point(margin_l, baseline_y), font, scale, fg, thickness,
               cv::LINE_AA);
-  degrade(img, r, stream_seed);
+  degrade(img, r, stream_seed, clean);
   return img;
 }
 
 cv::Mat render_grid_line(const std::string& text, uint64_t stream_seed, int64_t cell_width,
-                         int64_t canvas_cells, int64_t height) {
+                         int64_t canvas_cells, int64_t height, bool clean) {
   VLM_CHECK(cell_width >= 8 && height >= 8 && int64_t(text.size()) < canvas_cells,
             "synth-ocr grid: ", text.size(), " characters need a canvas of more than that many ",
             "cells (got ", canvas_cells, ") of at least 8 px (got ", cell_width, ") and height >= 8 (got ",
             height, ")");
   Rng r(mix_seed(stream_seed, 19));
-  const int font = pick_font(r);
+  const int font = pick_font(r, clean);
   const double glyph_frac = r.uniform(0.40, 0.60);   // cap height / image height
-  int thickness = 1;
   int base = 0;
   // One scale for the whole line: the cap height, shrunk until the widest glyph fits a cell.
-  const cv::Size cap = cv::getTextSize("H", font, 1.0, thickness, &base);
+  const cv::Size cap = cv::getTextSize("H", font, 1.0, 1, &base);
   int widest = 1;
-  for (char c : text) widest = std::max(widest, cv::getTextSize(std::string(1, c), font, 1.0, thickness, &base).width);
+  for (char c : text) widest = std::max(widest, cv::getTextSize(std::string(1, c), font, 1.0, 1, &base).width);
   double scale = std::min(glyph_frac * double(height) / std::max(1, cap.height),
                           0.92 * double(cell_width) / widest);
-  if (scale > 0.9 && r.chance(0.4)) thickness = 2;
+  const int thickness = stroke_px(scale, r);
   const int offset = int(r.range(0, std::max<int64_t>(0, cell_width / 8)));  // small whole-line shift
   const int baseline_y = int(height + scale * cap.height) / 2 - int(r.range(-2, 2));
   cv::Scalar bg, fg;
-  pick_colours(r, bg, fg);
+  pick_colours(r, bg, fg, clean);
   cv::Mat img(int(height), int(canvas_cells * cell_width), CV_8UC3, bg);
   for (size_t i = 0; i < text.size(); ++i) {
     if (text[i] == ' ') continue;
@@ -231,7 +237,7 @@ cv::Mat render_grid_line(const std::string& text, uint64_t stream_seed, int64_t 
     const int x = offset + int(i) * int(cell_width) + (int(cell_width) - sz.width) / 2;
     cv::putText(img, g, cv::Point(x, baseline_y), font, scale, fg, thickness, cv::LINE_AA);
   }
-  degrade(img, r, stream_seed);
+  degrade(img, r, stream_seed, clean);
   return img;
 }
 
@@ -366,6 +372,8 @@ SynthOcrResult write_synth_ocr(const SynthOcrOptions& opts) {
   const bool grid = opts.layout == "grid";
   VLM_CHECK(grid || opts.layout == "proportional", "synth-ocr: layout '", opts.layout,
             "' (expected proportional or grid)");
+  const bool clean = opts.style == "clean";
+  VLM_CHECK(clean || opts.style == "varied", "synth-ocr: style '", opts.style, "' (expected varied or clean)");
   VLM_CHECK(opts.tokenizer_type == "unigram" || opts.tokenizer_type == "char",
             "synth-ocr: tokenizer type '", opts.tokenizer_type, "' (expected unigram or char)");
   VLM_CHECK(!grid || (opts.cell_width >= 8 && opts.cell_width <= 256),
@@ -389,8 +397,8 @@ SynthOcrResult write_synth_ocr(const SynthOcrOptions& opts) {
           const uint64_t s = mix_seed(mix_seed(opts.seed, sp.stream), uint64_t(i));
           texts[size_t(i)] = synth_text(s, opts.min_chars, opts.max_chars);
           cv::Mat img = grid ? render_grid_line(texts[size_t(i)], s, opts.cell_width,
-                                                opts.max_chars + 1, opts.max_height)
-                             : render_text_line(texts[size_t(i)], s, opts.min_height, opts.max_height);
+                                                opts.max_chars + 1, opts.max_height, clean)
+                             : render_text_line(texts[size_t(i)], s, opts.min_height, opts.max_height, clean);
           char name[32];
           std::snprintf(name, sizeof(name), "%06lld.png", static_cast<long long>(i));
           rel[size_t(i)] = "images/" + sp.name + "/" + name;
@@ -431,20 +439,55 @@ SynthOcrResult write_synth_ocr(const SynthOcrOptions& opts) {
                                          opts.tokenizer_type);
     res.tokenizer_model = opts.out_dir + "/tokenizer.model";
   }
-  nlohmann::json meta = {{"generator", "vlmtrain synth-ocr"}, {"seed", opts.seed},
+  nlohmann::json meta = {{"generator", "vlmtrain synth-ocr"},
+                         {"renderer_version", kSynthRendererVersion}, {"seed", opts.seed},
                          {"train", opts.train}, {"val", opts.val},
                          {"chars", {opts.min_chars, opts.max_chars}},
                          {"height", grid ? nlohmann::json{opts.max_height, opts.max_height}
                                          : nlohmann::json{opts.min_height, opts.max_height}},
                          {"layout", opts.layout},
+                         {"style", opts.style},
                          {"cell_width", grid ? opts.cell_width : 0},
                          {"tokenizer_type", opts.tokenizer_type},
+                         {"vocab_size", opts.vocab_size},
                          {"format", "plain"},
                          {"tokenizer", opts.train_tokenizer ? "tokenizer.model" : ""},
                          {"tokenizer_pieces", res.vocab_size}};
   write_text(opts.out_dir + "/synth_ocr.json", meta.dump(2) + "\n");
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
+}
+
+std::string synth_ocr_refresh_reason(const SynthOcrOptions& opts) {
+  const fs::path dir(opts.out_dir);
+  if (!fs::exists(dir / "train.jsonl")) return (dir / "train.jsonl").string() + " is missing";
+  const fs::path meta_path = dir / "synth_ocr.json";
+  if (!fs::exists(meta_path)) return "";
+  const nlohmann::json meta = nlohmann::json::parse(read_text(meta_path.string()), nullptr, false);
+  if (meta.is_discarded() || !meta.is_object())
+    return meta_path.string() + " is not valid JSON";
+  if (meta.value("generator", std::string()) != "vlmtrain synth-ocr") return "";
+  const int version = meta.value("renderer_version", 1);
+  if (version != kSynthRendererVersion)
+    return vlm::str(meta_path.string(), " was rendered by renderer version ", version, ", this build renders version ",
+                    kSynthRendererVersion);
+  const bool grid = opts.layout == "grid";
+  const std::vector<std::pair<std::string, nlohmann::json>> want = {
+      {"seed", opts.seed},
+      {"train", opts.train},
+      {"val", opts.val},
+      {"chars", {opts.min_chars, opts.max_chars}},
+      {"height", grid ? nlohmann::json{opts.max_height, opts.max_height}
+                      : nlohmann::json{opts.min_height, opts.max_height}},
+      {"layout", opts.layout},
+      {"style", opts.style},
+      {"tokenizer_type", opts.tokenizer_type},
+      {"vocab_size", opts.vocab_size}};
+  for (const auto& [key, value] : want)
+    if (!meta.contains(key) || meta[key] != value)
+      return vlm::str(meta_path.string(), " has ", key, " = ", meta.contains(key) ? meta[key].dump() : "(none)",
+                      ", wanted ", value.dump());
+  return "";
 }
 
 }  // namespace vlm::data

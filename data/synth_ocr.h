@@ -1,5 +1,5 @@
 // Synthetic OCR data: short text lines (words, numbers, dates, codes, prices) rendered
-// with OpenCV's Hershey fonts (random font, scale, thickness, colours, noise, blur, small
+// with OpenCV's Hershey fonts (random font, scale, 2-3 px stroke, colours, noise, blur, small
 // rotation), written as PNGs + train.jsonl / val.jsonl in the plain OCR format, plus a
 // small sentencepiece model trained on the text (for the tiny preset).
 //
@@ -13,6 +13,11 @@
 #include <vector>
 
 namespace vlm::data {
+
+// Bumped whenever the same options render different images (recorded in synth_ocr.json,
+// so a trainer can tell a stale cached set from a current one).
+// 1: original renderer; 2: strokes of 2-3 px instead of mostly 1 px.
+constexpr int kSynthRendererVersion = 2;  // (style clean arrived with 2)
 
 struct SynthOcrOptions {
   std::string out_dir;
@@ -30,6 +35,11 @@ struct SynthOcrOptions {
   //   docs/tiny_convergence.md for why that matters to a model trained from scratch).
   std::string layout = "proportional";
   int64_t cell_width = 28;          // grid: pixels per character (28 = one merged token)
+  // varied: four Hershey fonts, 15% italic, 15% light-on-dark, rotation up to 2 degrees,
+  //   30% blur, sensor noise up to sigma 8. clean: Simplex or Duplex upright, dark on
+  //   light, no rotation or blur, noise up to sigma 4 (what the tiny preset learns to read
+  //   in minutes on a CPU; docs/tiny_convergence.md).
+  std::string style = "varied";
   bool train_tokenizer = true;
   std::string tokenizer_type = "unigram";  // unigram | char (one piece per character)
   int64_t vocab_size = 2048;        // sentencepiece target (may end lower: hard limit off)
@@ -50,18 +60,24 @@ const std::vector<std::string>& chatml_special_tokens();
 // One text line for stream `stream_seed` (length within [min_chars, max_chars]).
 std::string synth_text(uint64_t stream_seed, int64_t min_chars = 4, int64_t max_chars = 16);
 
-// Renders `text` as an 8-bit BGR image of height in [min_height, max_height].
+// Renders `text` as an 8-bit BGR image of height in [min_height, max_height]; `clean`
+// selects SynthOcrOptions::style clean.
 cv::Mat render_text_line(const std::string& text, uint64_t stream_seed, int64_t min_height = 28,
-                         int64_t max_height = 56);
+                         int64_t max_height = 56, bool clean = false);
 
 // Renders `text` with one character per `cell_width`-px cell (left to right, the whole
 // line shifted right by a random 0..cell_width/8 px) on a `canvas_cells` x cell_width by `height` canvas.
 cv::Mat render_grid_line(const std::string& text, uint64_t stream_seed, int64_t cell_width,
-                         int64_t canvas_cells, int64_t height);
+                         int64_t canvas_cells, int64_t height, bool clean = false);
 
 // Writes the dataset (images/, train.jsonl, val.jsonl, tokenizer.model, synth_ocr.json).
 // Throws vlm::Error on I/O or tokenizer-training failure.
 SynthOcrResult write_synth_ocr(const SynthOcrOptions& opts);
+
+// Why the set in `opts.out_dir` has to be rendered (again) for `opts`; "" when it is
+// current. A folder whose train.jsonl exists but that has no synth_ocr.json was not
+// written by synth-ocr (the user's own data) and is never called stale.
+std::string synth_ocr_refresh_reason(const SynthOcrOptions& opts);
 
 // Trains a unigram sentencepiece model on `corpus_file` with the ChatML specials,
 // byte fallback and identity normalisation; returns the number of pieces.

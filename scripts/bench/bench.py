@@ -247,6 +247,7 @@ def train_section(md):
                     "--set", "schedule.steps=6", "--set", "schedule.warmup_steps=1", "--set", "log.every=1",
                     "--set", f"batch.samples_per_rank={samples}", "--set", "checkpoint.every=0",
                     "--set", "checkpoint.save_final=false", "--set", "eval.every=0",
+                    "--set", "data.synth.generate_if_missing=false",
                     "--set", f"data.train=[\"{os.path.join(OUT, 'synth', 'train.jsonl')}\"]",
                     "--set", f"data.eval=[\"{os.path.join(OUT, 'synth', 'val.jsonl')}\"]",
                     "--set", f"model.tokenizer={os.path.join(OUT, 'synth', 'tokenizer.model')}"]

@@ -49,12 +49,19 @@ TEST(Cli, RecipeAsFirstArgumentMeansTrain) {
 TEST(Cli, TrainLogsAndSavesTheResolvedRecipe) {
   vlmtest::TempDir dir("cli_run");
   std::string recipe = vlmtest::source_dir() + "/recipes/ocr_tiny.toml";
-  auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "train", recipe, "--set",
-                         "run.output_dir=" + dir.path() + "/run", "--set", "optim.lr=7e-4"});
+  // No data (and no rendering): the run stops right after the recipe is logged and saved.
+  const std::vector<std::string> sets = {"run.output_dir=" + dir.path() + "/run", "optim.lr=7e-4",
+                                         "data.synth.generate_if_missing=false",
+                                         "data.train=[\"" + dir.path() + "/absent.jsonl\"]"};
+  std::vector<std::string> argv = {vlmtest::vlmtrain_bin(), "train", recipe};
+  for (const std::string& s : sets) argv.insert(argv.end(), {"--set", s});
+  auto r = vlmtest::run(argv);
   EXPECT_NE(r.output.find("lr = 0.0007"), std::string::npos) << r.output;  // printed at start
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("absent.jsonl"), std::string::npos) << r.output;
   std::string saved = vlmtest::read_file(dir.path() + "/run/recipe.toml");
   vlmtrain::Recipe back = vlmtrain::parse_recipe(saved, "saved.toml");
-  vlmtrain::Recipe orig = vlmtrain::load_recipe(recipe, {"run.output_dir=" + dir.path() + "/run", "optim.lr=7e-4"});
+  vlmtrain::Recipe orig = vlmtrain::load_recipe(recipe, sets);
   EXPECT_EQ(vlmtrain::recipe_hash(back), vlmtrain::recipe_hash(orig));
 }
 

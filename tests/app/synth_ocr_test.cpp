@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
 #include <opencv2/imgproc.hpp>
 
 #include "data/dataset.h"
@@ -140,6 +141,45 @@ TEST(SynthOcr, TextsStayInRange) {
   EXPECT_EQ(vlm::data::synth_text(11), vlm::data::synth_text(11));
 }
 
+// Stroke width of the ink in an image: Otsu-binarise, take the minority class as ink,
+// width ~= 2 * ink area / ink perimeter (a long stroke of width w has area w*L and
+// perimeter ~2L). Anti-aliasing and binarisation inflate it: putText strokes of 1/2/3 px
+// measure about 1.9/4.0/5.9 on these lines.
+double stroke_width(const cv::Mat& img) {
+  cv::Mat grey, ink;
+  cv::cvtColor(img, grey, cv::COLOR_BGR2GRAY);
+  cv::threshold(grey, ink, 0, 255, cv::THRESH_BINARY | cv::THRESH_OTSU);
+  if (cv::countNonZero(ink) > int(ink.total() / 2)) cv::bitwise_not(ink, ink);
+  std::vector<std::vector<cv::Point>> contours;
+  cv::findContours(ink.clone(), contours, cv::RETR_LIST, cv::CHAIN_APPROX_NONE);
+  double perimeter = 0;
+  for (const auto& c : contours) perimeter += cv::arcLength(c, true);
+  return 2.0 * cv::countNonZero(ink) / std::max(1.0, perimeter);
+}
+
+// Both layouts draw strokes of 2 px or more (the tiny preset learns nothing from 1-px
+// hairlines; docs/tiny_convergence.md). The control, the same texts drawn by putText at
+// 1 px, shows the measure separates the two.
+TEST(SynthOcr, StrokesAreAtLeastTwoPixels) {
+  std::vector<double> hairline, proportional, grid;
+  for (uint64_t s = 0; s < 40; ++s) {
+    const std::string t = vlm::data::synth_text(s);
+    cv::Mat ref(40, 400, CV_8UC3, cv::Scalar(230, 230, 230));
+    cv::putText(ref, t, cv::Point(5, 30), cv::FONT_HERSHEY_SIMPLEX + int(s % 4), 0.6 + 0.02 * double(s),
+                cv::Scalar(20, 20, 20), 1, cv::LINE_AA);
+    hairline.push_back(stroke_width(ref));
+    proportional.push_back(stroke_width(vlm::data::render_text_line(t, s)));
+    grid.push_back(stroke_width(vlm::data::render_grid_line(t, s, 28, 17, 56)));
+  }
+  auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  EXPECT_LT(median(hairline), 2.5);
+  EXPECT_GT(*std::min_element(proportional.begin(), proportional.end()), 2.8);
+  EXPECT_GT(*std::min_element(grid.begin(), grid.end()), 2.8);
+}
+
 // Grid layout: character i is drawn in cell i and nowhere else. Independent check on the
 // pixels: a cell's central half holds ink (contrast > 60 grey levels against the image
 // median) exactly when its character is not a space; the canvas is (cells x cell) wide.
@@ -191,6 +231,80 @@ TEST(SynthOcr, GridLayoutWithCharTokenizer) {
   auto bad = vlmtest::run({vlmtest::vlmtrain_bin(), "synth-ocr", "--out", dir / "x", "--layout", "diagonal"});
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("layout 'diagonal'"), std::string::npos) << bad.output;
+}
+
+// synth_ocr_refresh_reason: a trainer with data.synth.generate_if_missing re-renders a
+// cached set exactly when it is missing, was rendered with other options or by an older
+// renderer; a folder synth-ocr did not write (no synth_ocr.json) is left alone.
+TEST(SynthOcr, RefreshReasonSpotsMissingStaleAndForeignSets) {
+  vlmtest::TempDir dir("synth_refresh");
+  vlm::data::SynthOcrOptions o;
+  o.out_dir = dir / "s";
+  o.train = 6;
+  o.val = 2;
+  o.train_tokenizer = false;
+  EXPECT_NE(vlm::data::synth_ocr_refresh_reason(o).find("train.jsonl is missing"), std::string::npos);
+  vlm::data::write_synth_ocr(o);
+  EXPECT_EQ(vlm::data::synth_ocr_refresh_reason(o), "");
+
+  vlm::data::SynthOcrOptions more = o;
+  more.train = 7;
+  EXPECT_NE(vlm::data::synth_ocr_refresh_reason(more).find("train = 6, wanted 7"), std::string::npos)
+      << vlm::data::synth_ocr_refresh_reason(more);
+  vlm::data::SynthOcrOptions grid = o;
+  grid.layout = "grid";
+  EXPECT_NE(vlm::data::synth_ocr_refresh_reason(grid), "");  // grid: other layout and heights
+
+  // A set from before renderer versions were recorded (version 1).
+  const std::string meta_path = dir / "s/synth_ocr.json";
+  std::string meta = vlmtest::read_file(meta_path);
+  const size_t at = meta.find("\"renderer_version\"");
+  ASSERT_NE(at, std::string::npos) << meta;
+  meta.erase(at, meta.find('\n', at) + 1 - at);
+  vlmtest::write_file(meta_path, meta);
+  EXPECT_NE(vlm::data::synth_ocr_refresh_reason(o).find("renderer version 1"), std::string::npos)
+      << vlm::data::synth_ocr_refresh_reason(o);
+
+  vlmtest::write_file(meta_path, "{ not json");
+  EXPECT_NE(vlm::data::synth_ocr_refresh_reason(o).find("not valid JSON"), std::string::npos);
+
+  fs::remove(meta_path);  // the user's own data in the same layout: never stale
+  EXPECT_EQ(vlm::data::synth_ocr_refresh_reason(more), "");
+}
+
+// The trainer side: with data.synth.generate_if_missing, `vlmtrain train` re-renders a set
+// that synth-ocr wrote with other settings (here 6 instead of 8 training lines), trains on
+// the new one, and leaves a current set alone on the next run.
+TEST(SynthOcr, TrainerReRendersAStaleSet) {
+  VLMTEST_REQUIRE_SENTENCEPIECE();
+  vlmtest::TempDir dir("synth_trainer");
+  const std::string set = dir / "s";
+  auto made = vlmtest::run({vlmtest::vlmtrain_bin(), "synth-ocr", "--out", set, "--train", "6", "--val", "2",
+                            "--seed", "1234", "--layout", "grid", "--max-height", "28", "--style", "clean",
+                            "--tokenizer-type", "char"},
+                           std::chrono::seconds(240));
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  auto train = [&](const std::string& run) {
+    std::vector<std::string> argv = {vlmtest::vlmtrain_bin(), "train", vlmtest::source_dir() + "/recipes/ocr_tiny.toml"};
+    const std::vector<std::string> sets = {
+        "run.output_dir=" + dir.path() + "/" + run, "model.tokenizer=" + set + "/tokenizer.model",
+        "data.train=[\"" + set + "/train.jsonl\"]", "data.eval=[]", "data.synth.train=8",
+        "data.synth.val=2", "batch.samples_per_rank=2", "schedule.steps=1", "schedule.warmup_steps=0",
+        "eval.every=0", "eval.at_end=false", "checkpoint.every=0", "checkpoint.save_final=false",
+        "data.num_workers=1"};
+    for (const std::string& kv : sets)
+      argv.insert(argv.end(), {"--set", kv});
+    return vlmtest::run(argv, std::chrono::seconds(240));
+  };
+  auto first = train("run1");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_NE(first.output.find("has train = 6, wanted 8: rendering 8 + 2"), std::string::npos) << first.output;
+  const nlohmann::json meta = nlohmann::json::parse(vlmtest::read_file(set + "/synth_ocr.json"));
+  EXPECT_EQ(meta["train"], 8);
+  EXPECT_EQ(meta["renderer_version"], vlm::data::kSynthRendererVersion);
+  auto second = train("run2");
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_EQ(second.output.find("rendering"), std::string::npos) << second.output;
 }
 
 TEST(SynthOcr, BadArguments) {
