@@ -52,11 +52,17 @@ def log(msg):
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def run_json(cmd, tag, timeout=1800):
-    """Runs cmd, returns the last JSON line of its stdout (None on failure)."""
-    commands.append(" ".join(cmd))
+def run_json(cmd, tag, threads=None, timeout=1800):
+    """Runs cmd, returns the last JSON line of its stdout (None on failure). threads: also
+    OMP/MKL_NUM_THREADS, because at::set_num_threads() binds only the calling thread's
+    OpenMP pool: without the variables a "--threads 1" world-1 run still kept both cores
+    busy (CPU s/step 1.30 at 0.65 s wall; 0.83 at 0.83 with OMP_NUM_THREADS=1)."""
+    env = dict(os.environ)
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    commands.append((f"OMP_NUM_THREADS={threads} " if threads else "") + " ".join(cmd))
     t0 = time.time()
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
     if p.returncode != 0 or not lines:
         log(f"FAILED ({p.returncode}) {tag}: {p.stderr[-2000:]}")
@@ -77,14 +83,14 @@ def step_bench(preset, mix, ckpt, world, threads=None, steps=STEPS, warmup=1):
         cmd.append("--ckpt")
     if threads:
         cmd += ["--threads", str(threads)]
-    return run_json(cmd, f"cpp {preset} {mix}{'+ckpt' if ckpt else ''} w{world} t{threads or 'auto'}")
+    return run_json(cmd, f"cpp {preset} {mix}{'+ckpt' if ckpt else ''} w{world} t{threads or 'auto'}", threads)
 
 
 def pytorch_ddp(preset, world, threads=1, steps=STEPS, warmup=1):
     cmd = [TORCH_PY, os.path.join("scripts", "bench", "pytorch_ddp_reference.py"), "--preset", preset,
            "--world", str(world), "--threads", str(threads), "--steps", str(steps), "--warmup", str(warmup)]
     cmd += SHAPES[preset]
-    return run_json(cmd, f"pytorch {preset} ddp w{world} t{threads}")
+    return run_json(cmd, f"pytorch {preset} ddp w{world} t{threads}", threads)
 
 
 def group_notes(notes):
@@ -308,11 +314,11 @@ def main():
     md = ["# vlmtrain benchmark results (CPU)\n",
           f"Report assembled {h['date']} at commit {h['rev']} by `scripts/bench.sh`; each section gives the "
           "time it ran (sections skipped with BENCH_SKIP keep their result from an earlier run).\n",
-          f"**Machine: a shared, loaded {h['nproc']}-core machine** ({h['cpu']}, Linux {h['kernel']}), load "
-          f"average {h['load']} when this report was assembled, 15-20 while it was measured, each section "
-          "gives its own (other engineers were building and testing on the same cores). "
-          "Absolute times below are therefore slow and noisy; read the ratios of section 1, measured "
-          "interleaved in one run, and the byte counts of section 3, which do not depend on load.\n",
+          f"**Machine: a shared {h['nproc']}-core machine** ({h['cpu']}, Linux {h['kernel']}), load "
+          f"average {h['load']} when this report was assembled; each section gives the load while it ran "
+          "(other engineers may build and test on the same cores). Absolute times are therefore noisy; "
+          "read the ratios of section 1, measured interleaved in one run, and the byte counts of section "
+          "3, which do not depend on load.\n",
           "GPU part (qwen2-vl-2b on CUDA vs HF transformers): scripts/gpu/run_bench.sh on a CUDA machine, not "
           "this script. " + os.environ.get("BENCH_NOTE", "") + "\n"]
     # Each section writes BENCH_OUT/<name>.md and <name>.cmds; the report joins the files
