@@ -115,9 +115,8 @@ def fmt_ratio(a, b):
 def matrix(md):
     md.append("## 2. Training step matrix (bench/step_bench, fixed synthetic batch, no data pipeline)\n")
     md.append("Per-rank batch (both presets): 2 samples x 98 tokens (32 image tokens = 128 patches each). fp32, "
-              "one intra-op thread per rank (on this loaded machine two OpenMP threads per process spent most "
-              "of their CPU time waiting for each other: a first attempt with cores / world threads measured "
-              "36 s per tiny step, 6.7 CPU s, and was stopped). "
+              "one intra-op thread per rank (`--threads 1` and OMP_NUM_THREADS=1: the option alone left a second "
+              "OpenMP pool busy, so world-1 runs used both cores). "
               f"Median of {MATRIX_STEPS} steps after 1 warm-up step; one run per row (not interleaved: read it "
               "for shape, not for small differences). World 4 puts 4 ranks on 2 cores. tokens/s and images/s "
               "are global (all ranks). Peak RSS: the largest rank.\n")
@@ -263,7 +262,7 @@ def train_section(md):
             if not ok or not os.path.exists(path):
                 md.append(f"| {preset} | {samples} | {world} | failed (see {OUT}/train_w{world}_rank0.log) | | | | |")
                 continue
-            m = [json.loads(l) for l in open(path)][2:]
+            m = [x for x in map(json.loads, open(path)) if "step_s" in x][2:]  # training lines only (no eval)
             med = lambda k: statistics.median(x[k] for x in m)
             md.append(f"| {preset} | {samples} | {world} | {med('step_s'):.3f} | {med('tokens_per_s'):.0f} | "
                       f"{med('images_per_s'):.1f} | {med('data_wait_pct'):.0f} | {mb(max(x['peak_rss_bytes'] for x in m))} |")
