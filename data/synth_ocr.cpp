@@ -243,6 +243,24 @@ cv::Mat render_grid_line(const std::string& text, uint64_t stream_seed, int64_t 
 
 namespace {
 
+constexpr const char* kGenerator = "vlmtrain synth-ocr";  // synth_ocr.json "generator"
+
+// The options that decide what a set contains, as synth_ocr.json records them (and as
+// synth_ocr_refresh_reason() compares them). The grid layout renders every line max_height
+// px high.
+nlohmann::json render_settings(const SynthOcrOptions& opts) {
+  const bool grid = opts.layout == "grid";
+  return {{"seed", opts.seed},
+          {"train", opts.train},
+          {"val", opts.val},
+          {"chars", {opts.min_chars, opts.max_chars}},
+          {"height", {grid ? opts.max_height : opts.min_height, opts.max_height}},
+          {"layout", opts.layout},
+          {"style", opts.style},
+          {"tokenizer_type", opts.tokenizer_type},
+          {"vocab_size", opts.vocab_size}};
+}
+
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream ss;
@@ -439,20 +457,13 @@ SynthOcrResult write_synth_ocr(const SynthOcrOptions& opts) {
                                          opts.tokenizer_type);
     res.tokenizer_model = opts.out_dir + "/tokenizer.model";
   }
-  nlohmann::json meta = {{"generator", "vlmtrain synth-ocr"},
-                         {"renderer_version", kSynthRendererVersion}, {"seed", opts.seed},
-                         {"train", opts.train}, {"val", opts.val},
-                         {"chars", {opts.min_chars, opts.max_chars}},
-                         {"height", grid ? nlohmann::json{opts.max_height, opts.max_height}
-                                         : nlohmann::json{opts.min_height, opts.max_height}},
-                         {"layout", opts.layout},
-                         {"style", opts.style},
-                         {"cell_width", grid ? opts.cell_width : 0},
-                         {"tokenizer_type", opts.tokenizer_type},
-                         {"vocab_size", opts.vocab_size},
-                         {"format", "plain"},
-                         {"tokenizer", opts.train_tokenizer ? "tokenizer.model" : ""},
-                         {"tokenizer_pieces", res.vocab_size}};
+  nlohmann::json meta = render_settings(opts);
+  meta.update({{"generator", kGenerator},
+               {"renderer_version", kSynthRendererVersion},
+               {"cell_width", grid ? opts.cell_width : 0},
+               {"format", "plain"},
+               {"tokenizer", opts.train_tokenizer ? "tokenizer.model" : ""},
+               {"tokenizer_pieces", res.vocab_size}});
   write_text(opts.out_dir + "/synth_ocr.json", meta.dump(2) + "\n");
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;
@@ -466,24 +477,13 @@ std::string synth_ocr_refresh_reason(const SynthOcrOptions& opts) {
   const nlohmann::json meta = nlohmann::json::parse(read_text(meta_path.string()), nullptr, false);
   if (meta.is_discarded() || !meta.is_object())
     return meta_path.string() + " is not valid JSON";
-  if (meta.value("generator", std::string()) != "vlmtrain synth-ocr") return "";
+  if (meta.value("generator", std::string()) != kGenerator) return "";
   const int version = meta.value("renderer_version", 1);
   if (version != kSynthRendererVersion)
     return vlm::str(meta_path.string(), " was rendered by renderer version ", version, ", this build renders version ",
                     kSynthRendererVersion);
-  const bool grid = opts.layout == "grid";
-  const std::vector<std::pair<std::string, nlohmann::json>> want = {
-      {"seed", opts.seed},
-      {"train", opts.train},
-      {"val", opts.val},
-      {"chars", {opts.min_chars, opts.max_chars}},
-      {"height", grid ? nlohmann::json{opts.max_height, opts.max_height}
-                      : nlohmann::json{opts.min_height, opts.max_height}},
-      {"layout", opts.layout},
-      {"style", opts.style},
-      {"tokenizer_type", opts.tokenizer_type},
-      {"vocab_size", opts.vocab_size}};
-  for (const auto& [key, value] : want)
+  const nlohmann::json want = render_settings(opts);  // named: items() must not outlive it
+  for (const auto& [key, value] : want.items())
     if (!meta.contains(key) || meta[key] != value)
       return vlm::str(meta_path.string(), " has ", key, " = ", meta.contains(key) ? meta[key].dump() : "(none)",
                       ", wanted ", value.dump());
