@@ -28,6 +28,11 @@ double CommStats::wire_bytes() const {
   for (const auto& o : ops) s += o.wire_bytes;
   return s;
 }
+double CommStats::wait_s() const {
+  double s = 0;
+  for (const auto& o : ops) s += o.wait_s;
+  return s;
+}
 int64_t CommStats::calls() const {
   int64_t s = 0;
   for (const auto& o : ops) s += o.calls;
@@ -105,9 +110,11 @@ std::function<WorkList()> allreduce_issue(c10::intrusive_ptr<compat::CommBackend
 void Work::wait() {
   if (done_) return;
   done_ = true;  // a failed wait is not retried
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     for (auto& w : works_) w->wait();
     if (epilogue_) epilogue_();
+    comm_->stats_[op_].wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   } catch (const Error&) {
     throw;
   } catch (const c10::Error& e) {
@@ -275,6 +282,7 @@ Work Comm::launch(uint64_t seq, const std::function<WorkList()>& issue,
   {
     std::lock_guard<std::mutex> lock(mu_);
     with_entry(flight_, flight_start_, seq, [&](FlightEntry& e, auto) {
+      w.op_ = e.op;
       w.head_ = str(op_name(e.op), " #", e.seq, " ", e.what, " (context: ", e.context, ")");
     });
   }
@@ -334,28 +342,36 @@ Work Comm::all_gather_async(const torch::Tensor& out, const torch::Tensor& in,
   const bool native_flat = native_flat_ops(backend_);
   const uint64_t seq =
       enter(OpKind::kAllGather, str(describe(in), " -> ", describe(out),
-                                    native_flat ? "" : " via list allgather"), ctx);
+                                    native_flat ? "" : " via one broadcast per rank"), ctx);
   if (world_ == 1) {
     if (out.data_ptr() != in.data_ptr()) out.view(-1).copy_(in.view(-1));
     return launch(seq, nullptr, nullptr);
   }
   torch::Tensor o = as_bits(out).view(-1), i = as_bits(in).view(-1);
   const int64_t s = i.numel();
-  const int world = world_;
+  const int world = world_, rank = rank_;
+  if (!native_flat && o.data_ptr() != i.data_ptr()) o.narrow(0, rank * s, s).copy_(i);
   auto issue = [this, o, i, s, world, native_flat]() mutable {
-    c10d::AllgatherOptions opts;
-    opts.timeout = timeout_;
     if (native_flat) {
+      c10d::AllgatherOptions opts;
+      opts.timeout = timeout_;
       torch::Tensor oo = o, ii = i;
       return WorkList{group_->_allgather_base(oo, ii, opts)};
     }
-    // Gloo 1.13 gathers into its own flat buffer and copies into each output tensor, so
-    // views into `out` are filled in place (checked by the dist tests). `in` is copied
-    // first, so it may alias out's own slice.
-    std::vector<std::vector<torch::Tensor>> outs(1);
-    for (int r = 0; r < world; ++r) outs[0].push_back(o.narrow(0, r * s, s));
-    std::vector<torch::Tensor> ins{i};
-    return WorkList{group_->allgather(outs, ins, opts)};
+    // Gloo: one broadcast per rank of its slice, straight into the views of `out`. Gloo's
+    // own allgather stages through a flat buffer it allocates per call and copies out of;
+    // for an 82 MB result at world 2 that measured 113-159 ms against 29-35 ms for the
+    // broadcasts (docs/perf_notes.md).
+    WorkList works;
+    for (int r = 0; r < world; ++r) {
+      c10d::BroadcastOptions bo;
+      bo.rootRank = r;
+      bo.rootTensor = 0;
+      bo.timeout = timeout_;
+      std::vector<torch::Tensor> v{o.narrow(0, r * s, s)};
+      works.push_back(group_->broadcast(v, bo));
+    }
+    return works;
   };
   return launch(seq, issue, nullptr);
 }
@@ -376,17 +392,11 @@ Work Comm::reduce_scatter_async(const torch::Tensor& out, const torch::Tensor& i
   const double n = world_;
   const double m = static_cast<double>(in.numel()) * in.element_size();
   const bool native_flat = native_flat_ops(backend_) && native_reduce(backend_, in.scalar_type());
-  // Fallback: all-reduce of the whole buffer in fp32 (or in its own dtype if that is wider).
-  const bool keep_dtype = in.scalar_type() == torch::kDouble || in.scalar_type() == torch::kFloat ||
-                          !torch::isFloatingType(in.scalar_type());
-  const double fallback_m = keep_dtype ? m : static_cast<double>(in.numel()) * 4;
-  count(OpKind::kReduceScatter, (n - 1) / n * m,
-        native_flat ? (n - 1) / n * m : 2.0 * (n - 1) / n * fallback_m);
+  count(OpKind::kReduceScatter, (n - 1) / n * m, (n - 1) / n * m);  // the fallback's all-to-all: the same
   const uint64_t seq = enter(
       OpKind::kReduceScatter,
-      str(describe(in), " -> ", describe(out), native_flat ? "" : " via all_reduce + slice"), ctx);
-  const int world = world_, rank = rank_;
-  const int64_t s = out.numel();
+      str(describe(in), " -> ", describe(out), native_flat ? "" : " via all_to_all + local reduce"), ctx);
+  const int world = world_;
   if (world_ == 1) {
     if (out.data_ptr() != in.data_ptr()) out.view(-1).copy_(in.view(-1));
     return launch(seq, nullptr, nullptr);
@@ -403,12 +413,34 @@ Work Comm::reduce_scatter_async(const torch::Tensor& out, const torch::Tensor& i
     if (op == ReduceOp::kAvg) epi = [out, world]() { out.div_(world); };
     return launch(seq, issue, std::move(epi));
   }
-  torch::Tensor buf = keep_dtype ? in.view(-1).clone() : in.view(-1).to(torch::kFloat);
-  auto issue = allreduce_issue(group_, buf, op, timeout_);
-  auto epi = [out, buf, op, world, rank, s]() {
-    torch::Tensor mine = buf.narrow(0, rank * s, s);
-    if (op == ReduceOp::kAvg) mine.div_(world);
-    out.view(-1).copy_(mine);
+  // Gloo: an all-to-all sends chunk k of `in` to rank k in its own dtype (2-byte floats as
+  // raw bytes), then this rank reduces the N chunks it received (2-byte floats in fp32, as
+  // the all-reduce fallback does). Half the bytes of an all-reduce of the whole buffer, and
+  // about half the time for FSDP-unit sizes (scripts/bench/gloo_ops.py, docs/cpu_comm.md).
+  torch::Tensor send = as_bits(in).view(-1);     // [N*S] (x2 for 2-byte floats)
+  torch::Tensor recv = torch::empty_like(send);  // chunk k: rank k's in[r*S:(r+1)*S]
+  auto issue = [this, send, recv]() mutable {
+    c10d::AllToAllOptions o;
+    o.timeout = timeout_;
+    std::vector<int64_t> equal_splits;  // empty: N equal chunks
+    return WorkList{group_->alltoall_base(recv, send, equal_splits, equal_splits, o)};
+  };
+  auto epi = [out, in, recv, op, world]() {
+    const bool half = is_half(in.scalar_type());
+    torch::Tensor chunks = (half ? recv.view(in.scalar_type()).to(torch::kFloat) : recv).view({world, -1});  // [N, S]
+    torch::Tensor o = out.view(-1);
+    if (op == ReduceOp::kMax || op == ReduceOp::kMin) {
+      o.copy_(std::get<0>(op == ReduceOp::kMax ? chunks.max(0) : chunks.min(0)));
+      return;
+    }
+    if (half) {
+      torch::Tensor sum = chunks.sum(0);
+      if (op == ReduceOp::kAvg) sum.div_(world);
+      o.copy_(sum);
+      return;
+    }
+    torch::sum_out(o, chunks, {0});
+    if (op == ReduceOp::kAvg) o.div_(world);
   };
   return launch(seq, issue, epi);
 }

@@ -12,8 +12,12 @@
 //
 // Backend gaps hidden here (LibTorch 1.13 Gloo, see vlm/compat.h; Gloo takes these paths
 // on every version, since 2.x minor versions differ in what they support):
-//   * no flat all-gather     -> list allgather into views of `out` (Gloo copies into them)
-//   * no reduce-scatter      -> all-reduce of a fp32 copy of `in`, then this rank's slice
+//   * no flat all-gather     -> one broadcast per rank of its slice, into views of `out`
+//                               (Gloo's list allgather stages through a buffer it allocates
+//                               per call: 3-5x slower on CPU, docs/perf_notes.md)
+//   * no reduce-scatter      -> all-to-all of `in`'s N chunks (chunk k to rank k, 2-byte
+//                               floats as raw bytes), then a local reduce of the N chunks
+//                               received (2-byte floats in fp32)
 //   * no bf16/fp16 reduction -> reduce a fp32 copy, cast back
 //   * 2-byte floats in all-gather / broadcast travel bit-exact as raw bytes (uint8)
 //   * avg                    -> sum, then divide by N (every backend, for identical numerics)
@@ -26,8 +30,9 @@
 //       broadcast M (each non-root rank receives the tensor once; root counts the same
 //       so all ranks agree), barrier 0. World size 1: 0 for every op.
 //   wire_bytes: the same ring formulas applied to what was really issued: e.g. a bf16
-//       all-reduce on Gloo 1.13 counts 2(N-1)/N * (2M), a reduce-scatter fallback counts
-//       the fp32 all-reduce of the full buffer 2(N-1)/N * M_fp32.
+//       all-reduce on Gloo 1.13 counts 2(N-1)/N * (2M) (it travels in fp32). The
+//       reduce-scatter's all-to-all and the all-gather's broadcasts move the ring volume
+//       (N-1)/N * M (the broadcasts: per rank, averaged over the ranks).
 // Bytes are doubles (2(N-1)/N * M is not always an integer); exact below 2^53.
 //
 // Errors: a failure or timeout in issue or wait throws vlm::Error naming the op, rank,
@@ -68,6 +73,8 @@ struct OpStats {
   int64_t calls = 0;
   double logical_bytes = 0;  // native ring volume per rank (see header comment)
   double wire_bytes = 0;     // ring volume of what the fallback really issued
+  double wait_s = 0;         // seconds this rank blocked in Work::wait (exposed comm time,
+                             // epilogue included); issue time is not counted
 };
 
 struct CommStats {
@@ -76,6 +83,7 @@ struct CommStats {
   OpStats& operator[](OpKind op) { return ops[static_cast<int>(op)]; }
   double logical_bytes() const;  // summed over op kinds
   double wire_bytes() const;
+  double wait_s() const;
   int64_t calls() const;
 };
 
@@ -110,6 +118,7 @@ class Work {
   friend class Comm;
   Comm* comm_ = nullptr;
   uint64_t seq_ = 0;
+  OpKind op_ = OpKind::kBarrier;
   std::string head_;  // "all_reduce #12 [1000] Float (context: ...)" for errors
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;
   std::function<void()> epilogue_;
@@ -136,7 +145,8 @@ class Comm {
   void all_gather(const torch::Tensor& out, const torch::Tensor& in, const std::string& ctx) {
     all_gather_async(out, in, ctx).wait();
   }
-  // in: [N*S], out: [S]; same dtype; `in` is not modified.
+  // in: [N*S], out: [S]; same dtype. `in` is not modified, and must stay unmodified until
+  // wait() (the Gloo fallback sends from it without a copy).
   Work reduce_scatter_async(const torch::Tensor& out, const torch::Tensor& in, ReduceOp op,
                             const std::string& ctx);
   void reduce_scatter(const torch::Tensor& out, const torch::Tensor& in, ReduceOp op,
