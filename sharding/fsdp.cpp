@@ -93,6 +93,8 @@ FsdpEngine::FsdpEngine(Comm& comm, const std::vector<UnitPlan>& units,
     call_units_.push_back(it == by_unit_.end() ? nullptr : it->second);
   }
   pos_needs_bwd_.assign(call_units_.size(), 0);
+  for (int64_t p = 0; p < static_cast<int64_t>(call_units_.size()); ++p)
+    if (call_units_[p] != nullptr) last_pos_ = p;
   // Reduce-scatter order: trainable units, last unit first.
   for (auto it = units_.rbegin(); it != units_.rend(); ++it)
     if ((*it)->trainable_) rs_order_.push_back(it->get());
@@ -190,7 +192,11 @@ torch::Tensor FsdpEngine::post_forward(const std::string& call_path, const torch
     u.needs_backward_ = true;
     pos_needs_bwd_[pos] = 1;
   }
-  if (!(needs && u.sharding_ == Sharding::kShardGradOp)) release(u);
+  // Kept for backward: shard_grad_op units, and the last FSDP call of the forward, whose
+  // backward comes first: freeing it would re-gather the same bytes at once, with no
+  // compute to hide the wait behind (torchtitan leaves its last block unresharded too).
+  const bool keep = needs && (u.sharding_ == Sharding::kShardGradOp || pos == last_pos_);
+  if (!keep) release(u);
   if (!needs) return out;
   return PreBackward::apply(out, reinterpret_cast<int64_t>(this), pos);
 }

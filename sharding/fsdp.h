@@ -21,8 +21,10 @@
 // Life of a unit in one micro-batch (the runner calls pre_forward / post_forward):
 //   pre_forward    gather (or wait the prefetch), then prefetch the next FSDP unit in
 //                  call order (async all-gather: at most this unit and the next gathered)
-//   post_forward   full_shard / frozen: free. shard_grad_op: keep gathered for backward
-//                  (free at once when the output needs no gradient). If the output needs a
+//   post_forward   full_shard / frozen: free, except the last FSDP call of the forward when
+//                  its output needs a gradient (its backward runs first: kept gathered).
+//                  shard_grad_op: keep gathered for backward (free at once when the output
+//                  needs no gradient). If the output needs a
 //                  gradient, wrap it in an identity autograd node whose backward is the
 //                  unit's pre-backward hook.
 //   pre_backward   gather again if freed (or wait the prefetch), free frozen units whose
@@ -42,11 +44,11 @@
 // accumulation lives in the shard grad, not in an unsharded .grad).
 //
 // Traffic per micro-batch and unit (M = N*S elements x dtype bytes, Comm's logical ring
-// volume): full_shard 2 all-gathers + 1 reduce-scatter = 3(N-1)/N M; shard_grad_op 1 + 1 =
+// volume): full_shard 2 all-gathers + 1 reduce-scatter = 3(N-1)/N M, except the unit of the
+// last call (kept from its forward into its backward): 1 + 1; shard_grad_op 1 + 1 =
 // 2(N-1)/N M; frozen sharded 1 all-gather (2 when its backward is needed). A unit called
-// twice (tied lm_head = model.embed_tokens) under full_shard is gathered for each call, in
-// forward and in backward: 4 all-gathers + 1 reduce-scatter (measured at world 4 on the
-// tiny model: 3.21 x (N-1)/N M in all instead of 3).
+// twice (tied lm_head = model.embed_tokens) under full_shard is gathered for each call:
+// forward embed, forward lm_head (kept), backward embed: 3 all-gathers + 1 reduce-scatter.
 // Peak: under full_shard at most two units are gathered at once (the running unit and the
 // prefetched one; tested), shard_grad_op keeps every unit gathered from its forward to its
 // reduce-scatter. The backward pre-hook of a unit frees the other full_shard / frozen
@@ -191,6 +193,7 @@ class FsdpEngine {
   std::vector<FsdpUnit*> call_units_;    // per call position: its FSDP unit or null
   std::map<std::string, int64_t> call_pos_;
   std::vector<char> pos_needs_bwd_;      // per call position: its output needs a gradient
+  int64_t last_pos_ = -1;                // the last call position with an FSDP unit
   std::vector<FsdpUnit*> rs_order_;      // trainable units, reverse unit order
   size_t next_rs_ = 0;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
