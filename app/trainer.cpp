@@ -30,6 +30,7 @@
 #include "sharding/parallel_dims.h"
 #include "sharding/sharded_model.h"
 #include "vlm/check.h"
+#include "vlm/host_malloc.h"
 
 namespace fs = std::filesystem;
 using vlm::sharding::ReduceOp;
@@ -198,6 +199,7 @@ TrainSummary run_training(const Recipe& recipe) {
     if (main) {
       spdlog::info("vlmtrain {} | {} | recipe {} (hash {})", VLMTRAIN_VERSION, env.describe(), recipe.source,
                    recipe_hash(recipe));
+      if (!vlm::host_malloc_setting().empty()) spdlog::info("{}", vlm::host_malloc_setting());
       spdlog::info("resolved recipe:\n{}", to_toml(recipe));
       spdlog::info("resolved recipe saved to {}", save_resolved_recipe(recipe, out_dir));
     }
