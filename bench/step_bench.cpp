@@ -62,6 +62,7 @@
 #include "vlm/check.h"
 #include "vlm/compat.h"
 #include "vlm/config.h"
+#include "vlm/host_malloc.h"
 #include "vlm/meta_init.h"
 #include "vlm/qwen2_vl.h"
 
@@ -353,9 +354,15 @@ int run_rank(const Options& o) {
       {"comm_all_reduce_bytes_per_step", per_step(OpKind::kAllReduce, false)},
       {"comm_all_gather_bytes_per_step", per_step(OpKind::kAllGather, false)},
       {"comm_reduce_scatter_bytes_per_step", per_step(OpKind::kReduceScatter, false)},
+      {"comm_wait_s_per_step", (end.wait_s() - at_warm.wait_s()) / steps},  // rank 0's exposed comm
+      {"comm_wait_s_per_step_by_op",
+       {{"all_reduce", (end[OpKind::kAllReduce].wait_s - at_warm[OpKind::kAllReduce].wait_s) / steps},
+        {"all_gather", (end[OpKind::kAllGather].wait_s - at_warm[OpKind::kAllGather].wait_s) / steps},
+        {"reduce_scatter", (end[OpKind::kReduceScatter].wait_s - at_warm[OpKind::kReduceScatter].wait_s) / steps}}},
       {"trainable_bytes_fp32", m_bytes},
       {"ring_ddp_bytes", 2 * (n - 1) / n * m_bytes},
       {"ring_full_shard_bytes", 3 * (n - 1) / n * m_bytes},
+      {"host_malloc", vlm::host_malloc_setting()},
       {"notes", sm->notes()},
   };
   if (o.json) {
@@ -437,6 +444,7 @@ int launch(int world, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  vlm::tune_host_malloc();  // as vlmtrain does (VLM_HOST_MALLOC=system for glibc's defaults)
   try {
     const Options o = parse(argc, argv);
     if (!o.dump_config.empty()) {

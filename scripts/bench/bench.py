@@ -52,7 +52,13 @@ def log(msg):
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def run_json(cmd, tag, threads=None, timeout=1800):
+SYSTEM_MALLOC = {"VLM_HOST_MALLOC": "system"}  # step_bench with glibc's default thresholds
+# glibc malloc settings equal to what vlmtrain and step_bench set for themselves at start
+# (vlm/host_malloc.h): given to the PyTorch reference so both sides allocate alike.
+HOST_MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
+
+
+def run_json(cmd, tag, threads=None, timeout=1800, env_extra=None):
     """Runs cmd, returns the last JSON line of its stdout (None on failure). threads: also
     OMP/MKL_NUM_THREADS, because at::set_num_threads() binds only the calling thread's
     OpenMP pool: without the variables a "--threads 1" world-1 run still kept both cores
@@ -60,7 +66,9 @@ def run_json(cmd, tag, threads=None, timeout=1800):
     env = dict(os.environ)
     if threads:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    commands.append((f"OMP_NUM_THREADS={threads} " if threads else "") + " ".join(cmd))
+    env.update(env_extra or {})
+    commands.append("".join(f"{k}={v} " for k, v in (env_extra or {}).items()) +
+                    (f"OMP_NUM_THREADS={threads} " if threads else "") + " ".join(cmd))
     t0 = time.time()
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
@@ -76,21 +84,24 @@ def run_json(cmd, tag, threads=None, timeout=1800):
     return j
 
 
-def step_bench(preset, mix, ckpt, world, threads=None, steps=STEPS, warmup=1):
+def step_bench(preset, mix, ckpt, world, threads=None, steps=STEPS, warmup=1, env_extra=None):
     cmd = [os.path.join(BUILD, "bench", "step_bench"), "--json", "--preset", preset, "--mix", mix,
            "--world", str(world), "--steps", str(steps), "--warmup", str(warmup)] + SHAPES[preset]
     if ckpt:
         cmd.append("--ckpt")
     if threads:
         cmd += ["--threads", str(threads)]
-    return run_json(cmd, f"cpp {preset} {mix}{'+ckpt' if ckpt else ''} w{world} t{threads or 'auto'}", threads)
+    tag = f"cpp {preset} {mix}{'+ckpt' if ckpt else ''} w{world} t{threads or 'auto'}"
+    return run_json(cmd, tag + (" " + " ".join(env_extra.values()) if env_extra else ""), threads,
+                    env_extra=env_extra)
 
 
 def pytorch_ddp(preset, world, threads=1, steps=STEPS, warmup=1):
     cmd = [TORCH_PY, os.path.join("scripts", "bench", "pytorch_ddp_reference.py"), "--preset", preset,
            "--world", str(world), "--threads", str(threads), "--steps", str(steps), "--warmup", str(warmup)]
     cmd += SHAPES[preset]
-    return run_json(cmd, f"pytorch {preset} ddp w{world} t{threads}", threads)
+    return run_json(cmd, f"pytorch {preset} ddp w{world} t{threads}", threads,
+                    env_extra={"GLIBC_TUNABLES": HOST_MALLOC_TUNABLES})
 
 
 def group_notes(notes):
@@ -173,7 +184,11 @@ def ratios(md):
                ("full_shard w1", lambda: step_bench(preset, "full_shard", False, 1, threads=1)),
                ("full_shard w2", lambda: step_bench(preset, "full_shard", False, 2, threads=1)),
                ("full_shard+ckpt w1", lambda: step_bench(preset, "full_shard", True, 1, threads=1)),
-               ("pytorch ddp w2", lambda: pytorch_ddp(preset, 2, threads=1))]
+               ("pytorch ddp w2", lambda: pytorch_ddp(preset, 2, threads=1)),
+               ("full_shard w1, glibc malloc defaults",
+                lambda: step_bench(preset, "full_shard", False, 1, threads=1, env_extra=SYSTEM_MALLOC)),
+               ("full_shard w2, glibc malloc defaults",
+                lambda: step_bench(preset, "full_shard", False, 2, threads=1, env_extra=SYSTEM_MALLOC))]
     res = {name: [] for name, _ in configs}
     for r in range(REPEATS):
         order = configs if r % 2 == 0 else list(reversed(configs))  # interleaved, alternating order
@@ -192,24 +207,32 @@ def ratios(md):
               "One intra-op thread per rank in every configuration (world 1 too), so world 2 uses one core per "
               "rank; per-rank batch identical at world 1 and 2 (2 samples x 98 tokens, 128 patches each). "
               "Step CPU s/rank (user + system CPU of the process per step, mean over ranks) moves less with the "
-              "other users' load than wall time does, so both ratios are given.\n")
+              "other users' load than wall time does, so both ratios are given. vlmtrain and step_bench set "
+              "glibc malloc to keep freed memory (vlm/host_malloc.h); the PyTorch reference runs with the same "
+              f"thresholds (GLIBC_TUNABLES={HOST_MALLOC_TUNABLES}), and the last row gives the FSDP ratio "
+              "with glibc's defaults (VLM_HOST_MALLOC=system). Exposed comm s: seconds per step rank 0 blocked "
+              "waiting for collectives (Comm's wait_s).\n")
     md.append("| ratio | wall-time ratio | CPU-time ratio | target | runs |")
     md.append("|---|---|---|---|---|")
     rows = [("DDP: world 2 / world 1", "ddp w2", "ddp w1", "<= 1.25x"),
             ("FSDP (full_shard): world 2 / world 1", "full_shard w2", "full_shard w1", "<= 1.25x"),
             ("activation checkpointing on model.layers.* / plain (full_shard, world 1)", "full_shard+ckpt w1",
              "full_shard w1", "~1.33x when applied"),
-            ("C++ DDP / PyTorch DDP (world 2, Gloo)", "ddp w2", "pytorch ddp w2", "<= 1.0x")]
+            ("C++ DDP / PyTorch DDP (world 2, Gloo)", "ddp w2", "pytorch ddp w2", "<= 1.0x"),
+            ("FSDP (full_shard): world 2 / world 1, glibc malloc defaults", "full_shard w2, glibc malloc defaults",
+             "full_shard w1, glibc malloc defaults", "(for comparison)")]
     for label, a, b, target in rows:
         md.append(f"| {label} | {fmt_ratio(med(a, 'step_s'), med(b, 'step_s'))} | "
                   f"{fmt_ratio(med(a, 'cpu_s_per_rank'), med(b, 'cpu_s_per_rank'))} | {target} | "
                   f"{len(res[a])} + {len(res[b])} |")
     md.append("\nMedians behind the ratios (this machine, this moment):\n")
-    md.append("| configuration | step s | CPU s/rank | all step s |")
-    md.append("|---|---|---|---|")
+    md.append("| configuration | step s | CPU s/rank | exposed comm s | all step s |")
+    md.append("|---|---|---|---|---|")
     for name, _ in configs:
         runs = ", ".join("%.2f" % j["step_s"] for j in res[name])
-        md.append(f"| {name} | {med(name, 'step_s'):.3f} | {med(name, 'cpu_s_per_rank'):.3f} | {runs} |")
+        wait = f"{med(name, 'comm_wait_s_per_step'):.3f}" if all("comm_wait_s_per_step" in j for j in res[name]) \
+            and res[name] else "-"
+        md.append(f"| {name} | {med(name, 'step_s'):.3f} | {med(name, 'cpu_s_per_rank'):.3f} | {wait} | {runs} |")
     pt = res["pytorch ddp w2"][:1]
     cp = res["ddp w2"][:1]
     if pt and cp:
