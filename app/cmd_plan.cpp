@@ -205,7 +205,8 @@ int plan_recipe(Args& args, const std::optional<std::string>& preset_name, bool 
               sh::human_bytes(mem.total.grad_bytes).c_str(), sh::human_bytes(mem.total.optim_bytes).c_str(),
               sh::human_bytes(mem.total.total()).c_str());
   if (mem.gathered_peak_bytes > 0)
-    std::printf("\ntransient: largest sharded unit gathered + its prefetch: %s (activations not included)\n",
+    std::printf("\ntransient: sharded units gathered at once (running + two prefetched, the three largest): %s "
+                "(activations not included)\n",
                 sh::human_bytes(mem.gathered_peak_bytes).c_str());
   for (const auto& warning : mem.warnings) std::printf("warning: %s\n", warning.c_str());
   bool any_fsdp = false;

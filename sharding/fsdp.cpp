@@ -175,12 +175,17 @@ void FsdpEngine::pre_forward(const std::string& call_path) {
   FsdpUnit& u = *call_units_[pos];
   gather_async(u, "forward");
   wait_gathered(u);
-  // Prefetch the next FSDP unit in call order.
-  for (size_t p = pos + 1; p < call_units_.size(); ++p)
-    if (call_units_[p] != nullptr) {
-      if (call_units_[p] != &u) gather_async(*call_units_[p], "forward prefetch");
-      break;
-    }
+  for (FsdpUnit* v : ahead(pos, +1, &u)) gather_async(*v, "forward prefetch");
+}
+
+std::vector<FsdpUnit*> FsdpEngine::ahead(int64_t pos, int step, const FsdpUnit* u) const {
+  std::vector<FsdpUnit*> next;
+  for (int64_t p = pos + step; p >= 0 && p < static_cast<int64_t>(call_units_.size()) && next.size() < 2; p += step) {
+    FsdpUnit* v = call_units_[p];
+    if (v == nullptr || v == u || (step < 0 && !pos_needs_bwd_[p])) continue;
+    if (std::find(next.begin(), next.end(), v) == next.end()) next.push_back(v);
+  }
+  return next;
 }
 
 torch::Tensor FsdpEngine::post_forward(const std::string& call_path, const torch::Tensor& out) {
@@ -205,20 +210,18 @@ void FsdpEngine::pre_backward(int64_t pos) {
   VLM_ASSERT(pos >= 0 && pos < static_cast<int64_t>(call_units_.size()), "fsdp: bad call position ", pos);
   FsdpUnit* u = call_units_[pos];
   if (u == nullptr) return;
-  // The previous FSDP unit in call order whose output needs a gradient: backward's next.
-  FsdpUnit* next = nullptr;
-  for (int64_t p = pos - 1; p >= 0; --p)
-    if (call_units_[p] != nullptr && pos_needs_bwd_[p]) {
-      next = call_units_[p];
-      break;
-    }
+  // Backward's next two units: the previous FSDP units in call order whose outputs need a
+  // gradient.
+  const std::vector<FsdpUnit*> next = ahead(pos, -1, u);
   // Units whose backward is over (every later call position is done): free the ones that
   // re-gather (full_shard, frozen); shard_grad_op units are freed by their reduce-scatter.
   for (auto& v : units_)
-    if (v.get() != u && v.get() != next && frees_after_forward(v->sharding_)) release(*v);
+    if (v.get() != u && std::find(next.begin(), next.end(), v.get()) == next.end() &&
+        frees_after_forward(v->sharding_))
+      release(*v);
   gather_async(*u, "backward");
   wait_gathered(*u);
-  if (next != nullptr && next != u) gather_async(*next, "backward prefetch");
+  for (FsdpUnit* v : next) gather_async(*v, "backward prefetch");
 }
 
 void FsdpEngine::on_grad_ready(FsdpUnit& u, int64_t param) {

@@ -19,17 +19,16 @@
 //                               micro-batches of a step (trainable units only).
 //
 // Life of a unit in one micro-batch (the runner calls pre_forward / post_forward):
-//   pre_forward    gather (or wait the prefetch), then prefetch the next FSDP unit in
-//                  call order (async all-gather: at most this unit and the next gathered)
+//   pre_forward    gather (or wait the prefetch), then prefetch (async all-gather) the
+//                  next two FSDP units in call order
 //   post_forward   full_shard / frozen: free, except the last FSDP call of the forward when
 //                  its output needs a gradient (its backward runs first: kept gathered).
 //                  shard_grad_op: keep gathered for backward (free at once when the output
-//                  needs no gradient). If the output needs a
-//                  gradient, wrap it in an identity autograd node whose backward is the
-//                  unit's pre-backward hook.
+//                  needs no gradient). If the output needs a gradient, wrap it in an
+//                  identity autograd node whose backward is the unit's pre-backward hook.
 //   pre_backward   gather again if freed (or wait the prefetch), free frozen units whose
 //                  backward is over, prefetch the previous FSDP unit in call order that
-//                  takes part in backward.
+//                  takes part in backward, and the one before it.
 //   grads ready    a post-hook on each parameter's AccumulateGrad node counts the unit's
 //                  parameters; when all have their gradient, the unit's reduce-scatter
 //                  (SUM, reduce dtype) of [N*S] into [S] is launched, the parameters' .grad
@@ -49,10 +48,14 @@
 // 2(N-1)/N M; frozen sharded 1 all-gather (2 when its backward is needed). A unit called
 // twice (tied lm_head = model.embed_tokens) under full_shard is gathered for each call:
 // forward embed, forward lm_head (kept), backward embed: 3 all-gathers + 1 reduce-scatter.
-// Peak: under full_shard at most two units are gathered at once (the running unit and the
-// prefetched one; tested), shard_grad_op keeps every unit gathered from its forward to its
-// reduce-scatter. The backward pre-hook of a unit frees the other full_shard / frozen
-// units except the one it prefetches: this assumes a unit's backward is over when
+// Peak: under full_shard at most three units are gathered at once (the running unit and the
+// two prefetched ones; tested), at most the three largest units' bytes (memory_plan.h). The
+// second look-ahead hides a gather behind more than one unit's compute, which matters when
+// the next unit computes little (model.norm before the head, model.embed_tokens after the
+// merger): on the small preset at world 2 the forward prefetch of model.embed_tokens alone
+// was 23 ms of exposed wait per step with one look-ahead. shard_grad_op keeps
+// every unit gathered from its forward to its reduce-scatter. The backward pre-hook of a
+// unit frees the other full_shard / frozen units except the ones it prefetches: this assumes a unit's backward is over when
 // backward reaches an earlier unit, which holds for Qwen2-VL's chain of units (the CPU
 // autograd engine runs ready nodes latest-created first, AccumulateGrad first; the vision
 // and text branches meet at the image-token splice, after which model.embed_tokens'
@@ -180,6 +183,9 @@ class FsdpEngine {
 
  private:
   void gather_async(FsdpUnit& u, const std::string& why);
+  // The next two FSDP units other than `u` from call position `pos` in call order (step +1,
+  // forward) or backward's order (step -1: earlier positions whose outputs need a gradient).
+  std::vector<FsdpUnit*> ahead(int64_t pos, int step, const FsdpUnit* u) const;
   void wait_gathered(FsdpUnit& u);
   void release(FsdpUnit& u);
   void on_grad_ready(FsdpUnit& u, int64_t param);

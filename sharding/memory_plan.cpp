@@ -32,7 +32,7 @@ MemoryPlan plan_memory(const std::vector<UnitPlan>& units, int world_size, torch
   MemoryPlan plan;
   plan.world_size = world_size;
   const double p = static_cast<double>(c10::elementSize(param_dtype));
-  double largest_gathered = 0;
+  std::vector<double> gathered;  // bytes of each unit gathered whole for forward
   for (const auto& u : units) {
     UnitMemory m = unit_memory(u.sharding, u.numel, world_size, param_dtype);
     plan.units.push_back(m);
@@ -43,7 +43,7 @@ MemoryPlan plan_memory(const std::vector<UnitPlan>& units, int world_size, torch
     const bool sharded_params = u.sharding == Sharding::kFullShard || u.sharding == Sharding::kFrozenSharded;
     const bool sharded_any = sharded_params || u.sharding == Sharding::kShardGradOp ||
                              u.sharding == Sharding::kShardOptimizer;
-    if (sharded_params) largest_gathered = std::max(largest_gathered, bytes);
+    if (sharded_params) gathered.push_back(bytes);
     if (world_size > 1 && sharded_any && bytes < kTinyShardBytes)
       plan.warnings.push_back(str("unit ", u.path, " is tiny (", human_bytes(bytes), ") but sharded (",
                                   sharding_name(u.sharding), "): the collectives cost more than the memory "
@@ -53,7 +53,9 @@ MemoryPlan plan_memory(const std::vector<UnitPlan>& units, int world_size, torch
                                   sharded_params ? "gathered whole for forward" : "held whole on every rank",
                                   " (hint: split it into smaller units)"));
   }
-  plan.gathered_peak_bytes = 2 * largest_gathered;
+  // FSDP gathers the running unit and prefetches the next two (fsdp.h): the three largest.
+  std::sort(gathered.rbegin(), gathered.rend());
+  for (size_t k = 0; k < gathered.size() && k < 3; ++k) plan.gathered_peak_bytes += gathered[k];
   return plan;
 }
 

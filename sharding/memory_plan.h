@@ -11,7 +11,7 @@
 //   ZeRO-3          S(p)     S(p)     S(4* + 8)
 //   * the fp32 master is separate only when param_dtype is not fp32 (else it is the param).
 // With bf16 params: replicated 16P, ZeRO-1 4P + 12P/N, ZeRO-2 2P + 14P/N, ZeRO-3 16P/N.
-// Transient memory (activations, one gathered FSDP unit + its prefetch) is reported apart.
+// Transient memory (activations, one gathered FSDP unit + its two prefetched) is reported apart.
 #pragma once
 #include <string>
 #include <vector>
@@ -37,7 +37,7 @@ struct MemoryPlan {
   int world_size = 1;
   std::vector<UnitMemory> units;   // parallel to the unit table
   UnitMemory total;                // per rank
-  double gathered_peak_bytes = 0;  // largest FSDP unit gathered, twice (unit + prefetch)
+  double gathered_peak_bytes = 0;  // the three largest FSDP units (running unit + two prefetched)
   std::vector<std::string> warnings;
 };
 

@@ -475,7 +475,8 @@ TEST(FsdpDist, CheckpointGradientsMatchPlain) {
 // embedding the embedding unit E is called twice (model.embed_tokens, lm_head) and
 // gathered twice more, once of which is the kept last call (L = E):
 // 3(N-1)/N M + (N-1)/N M_E under full_shard. Memory (full_shard): persistent params + optimizer state per
-// rank within 5% of the total / N (+ padding); at most two units gathered at once.
+// rank within 5% of the total / N (+ padding); three units gathered at once at the peak (the
+// running one and two prefetched), within the bytes of the three largest units.
 // Losses and parameters also match the single-process run.
 TEST(FsdpDist, DISABLED_TrafficMemoryWorker) {
   VLM_DIST_WORKER_ONLY();
@@ -490,8 +491,8 @@ TEST(FsdpDist, DISABLED_TrafficMemoryWorker) {
     const RunResult ref = reference_run(base);
     // Unit sizes (unsharded and padded).
     auto m = make_model(torch::kFloat32, tied);
-    double flat_bytes = 0, embed_bytes = 0, head_bytes = 0, total_numel = 0, pad_numel = 0, biggest = 0,
-           second = 0;
+    double flat_bytes = 0, embed_bytes = 0, head_bytes = 0, total_numel = 0, pad_numel = 0;
+    std::vector<double> unit_bytes;
     for (const auto& u : m->units()) {
       if (!u.shares_params_with.empty()) continue;
       const int64_t p = vlm::count_parameters(*u.module);
@@ -501,13 +502,10 @@ TEST(FsdpDist, DISABLED_TrafficMemoryWorker) {
       pad_numel += padded - p;
       if (u.path == "model.embed_tokens") embed_bytes = 4.0 * padded;
       if (u.path == "lm_head") head_bytes = 4.0 * padded;
-      if (4.0 * padded > biggest) {
-        second = biggest;
-        biggest = 4.0 * padded;
-      } else {
-        second = std::max(second, 4.0 * padded);
-      }
+      unit_bytes.push_back(4.0 * padded);
     }
+    std::sort(unit_bytes.rbegin(), unit_bytes.rend());
+    const double three_largest = unit_bytes.at(0) + unit_bytes.at(1) + unit_bytes.at(2);
     for (const char* strategy : {"full_shard", "shard_grad_op"}) {
       Config c = base;
       c.strategy = strategy;
@@ -535,15 +533,15 @@ TEST(FsdpDist, DISABLED_TrafficMemoryWorker) {
         const double pad = 12.0 * pad_numel;
         EXPECT_LE(mine, 1.05 * total / n + pad) << "rank " << dims.rank();
         EXPECT_GE(mine, 0.95 * total / n - pad) << "rank " << dims.rank();
-        EXPECT_LE(r.memory.gathered_peak_units, 2);
-        EXPECT_LE(r.memory.gathered_peak_bytes, biggest + second);
+        EXPECT_EQ(r.memory.gathered_peak_units, 3);  // the second look-ahead happens (e.g. over model.norm)
+        EXPECT_LE(r.memory.gathered_peak_bytes, three_largest);
         EXPECT_EQ(r.memory.gathered_bytes, 0.0);
         std::printf("memory rank %d (%s): params %.0f B + grads %.0f B + optimizer %.0f B; params+optimizer %.0f B "
-                    "vs total/N %.0f B (%.2f%%); gathered peak %lld units, %.0f B (two largest units %.0f B)\n",
+                    "vs total/N %.0f B (%.2f%%); gathered peak %lld units, %.0f B (three largest units %.0f B)\n",
                     dims.rank(), tied ? "tied" : "untied", r.memory.param_bytes, r.memory.grad_bytes,
                     r.memory.optim_bytes, mine, total / n, 100.0 * (mine / (total / n) - 1),
                     static_cast<long long>(r.memory.gathered_peak_units), r.memory.gathered_peak_bytes,
-                    biggest + second);
+                    three_largest);
       }
     }
   }
