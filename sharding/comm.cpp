@@ -359,9 +359,9 @@ Work Comm::all_gather_async(const torch::Tensor& out, const torch::Tensor& in,
       return WorkList{group_->_allgather_base(oo, ii, opts)};
     }
     // Gloo: one broadcast per rank of its slice, straight into the views of `out`. Gloo's
-    // own allgather stages through a flat buffer it allocates per call and copies out of;
-    // for an 82 MB result at world 2 that measured 113-159 ms against 29-35 ms for the
-    // broadcasts (docs/perf_notes.md).
+    // own allgather stages through a flat buffer it allocates per call and copies out of:
+    // 2.2x the time of the broadcasts at world 2 for an 11 MB unit, 2.4x for 82 MB
+    // (scripts/bench/gloo_ops.py, docs/cpu_comm.md).
     WorkList works;
     for (int r = 0; r < world; ++r) {
       c10d::BroadcastOptions bo;

@@ -14,7 +14,7 @@
 // on every version, since 2.x minor versions differ in what they support):
 //   * no flat all-gather     -> one broadcast per rank of its slice, into views of `out`
 //                               (Gloo's list allgather stages through a buffer it allocates
-//                               per call: 3-5x slower on CPU, docs/perf_notes.md)
+//                               per call: ~2x slower on CPU, docs/cpu_comm.md)
 //   * no reduce-scatter      -> all-to-all of `in`'s N chunks (chunk k to rank k, 2-byte
 //                               floats as raw bytes), then a local reduce of the N chunks
 //                               received (2-byte floats in fp32)

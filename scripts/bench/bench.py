@@ -160,10 +160,15 @@ def matrix(md):
 def comm_section(md, rows):
     md.append("## 3. Communication bytes per step and rank vs the ring formulas\n")
     md.append("M = trainable parameters x 4 bytes (fp32 reduce dtype). DDP formula 2(N-1)/N x M (all-reduce); "
-              "full_shard formula 3(N-1)/N x M (2 all-gathers + reduce-scatter). Measured: the Comm layer's "
-              "counters (sharding/comm.h) over the measured steps, divided by the steps: logical = what the op "
-              "moves natively with a ring, wire = what the Gloo 1.13 fallbacks really issued. Both include the "
-              "step's few scalar all-reduces (token count, grad norm).\n")
+              "full_shard formula 3(N-1)/N x M (2 all-gathers + reduce-scatter per unit). vlmtrain's full_shard "
+              "differs from that formula by design (sharding/fsdp.h): the unit of the last call (the tied "
+              "embedding, called as lm_head) stays gathered from its forward into its backward, and the tied "
+              "embedding is gathered for both its calls, so it measures 3(N-1)/N x M + (N-1)/N x M_embed. "
+              "Measured: the Comm layer's counters (sharding/comm.h) over the measured steps, divided by the "
+              "steps: logical = what the op moves natively with a ring, wire = what the Gloo fallbacks really "
+              "issued (equal since the reduce-scatter became an all-to-all and the all-gather one broadcast per "
+              "rank; the all-reduce fallback of a reduce-scatter used to double it). Both include the step's "
+              "few scalar all-reduces (token count, grad norm).\n")
     md.append("| preset | policy mix | world | M MB | measured logical MB | wire MB | ring DDP MB | ring full_shard MB | "
               "logical / ring DDP |")
     md.append("|---|---|---|---|---|---|---|---|---|")
