@@ -313,6 +313,7 @@ int run_rank(const Options& o) {
     const auto& b = end[k];
     return ((wire ? b.wire_bytes : b.logical_bytes) - (wire ? a.wire_bytes : a.logical_bytes)) / steps;
   };
+  auto wait_per_step = [&](OpKind k) { return (end[k].wait_s - at_warm[k].wait_s) / steps; };
   double logical = 0, wire = 0;
   for (int k = 0; k < vlm::sharding::kNumOpKinds; ++k) {
     logical += per_step(static_cast<OpKind>(k), false);
@@ -356,9 +357,9 @@ int run_rank(const Options& o) {
       {"comm_reduce_scatter_bytes_per_step", per_step(OpKind::kReduceScatter, false)},
       {"comm_wait_s_per_step", (end.wait_s() - at_warm.wait_s()) / steps},  // rank 0's exposed comm
       {"comm_wait_s_per_step_by_op",
-       {{"all_reduce", (end[OpKind::kAllReduce].wait_s - at_warm[OpKind::kAllReduce].wait_s) / steps},
-        {"all_gather", (end[OpKind::kAllGather].wait_s - at_warm[OpKind::kAllGather].wait_s) / steps},
-        {"reduce_scatter", (end[OpKind::kReduceScatter].wait_s - at_warm[OpKind::kReduceScatter].wait_s) / steps}}},
+       {{"all_reduce", wait_per_step(OpKind::kAllReduce)},
+        {"all_gather", wait_per_step(OpKind::kAllGather)},
+        {"reduce_scatter", wait_per_step(OpKind::kReduceScatter)}}},
       {"trainable_bytes_fp32", m_bytes},
       {"ring_ddp_bytes", 2 * (n - 1) / n * m_bytes},
       {"ring_full_shard_bytes", 3 * (n - 1) / n * m_bytes},

@@ -392,7 +392,8 @@ Work Comm::reduce_scatter_async(const torch::Tensor& out, const torch::Tensor& i
   const double n = world_;
   const double m = static_cast<double>(in.numel()) * in.element_size();
   const bool native_flat = native_flat_ops(backend_) && native_reduce(backend_, in.scalar_type());
-  count(OpKind::kReduceScatter, (n - 1) / n * m, (n - 1) / n * m);  // the fallback's all-to-all: the same
+  // Native and the Gloo all-to-all fallback both move the ring volume.
+  count(OpKind::kReduceScatter, (n - 1) / n * m, (n - 1) / n * m);
   const uint64_t seq = enter(
       OpKind::kReduceScatter,
       str(describe(in), " -> ", describe(out), native_flat ? "" : " via all_to_all + local reduce"), ctx);

@@ -235,8 +235,8 @@ def ratios(md):
     md.append("|---|---|---|---|---|")
     for name, _ in configs:
         runs = ", ".join("%.2f" % j["step_s"] for j in res[name])
-        wait = f"{med(name, 'comm_wait_s_per_step'):.3f}" if all("comm_wait_s_per_step" in j for j in res[name]) \
-            and res[name] else "-"
+        has_wait = res[name] and all("comm_wait_s_per_step" in j for j in res[name])  # not the PyTorch runs
+        wait = f"{med(name, 'comm_wait_s_per_step'):.3f}" if has_wait else "-"
         md.append(f"| {name} | {med(name, 'step_s'):.3f} | {med(name, 'cpu_s_per_rank'):.3f} | {wait} | {runs} |")
     pt = res["pytorch ddp w2"][:1]
     cp = res["ddp w2"][:1]

@@ -473,10 +473,10 @@ TEST(FsdpDist, CheckpointGradientsMatchPlain) {
 // 3(N-1)/N M - (N-1)/N M_L, where L is the unit of the last call (lm_head), which stays
 // gathered from its forward into its backward; shard_grad_op 2(N-1)/N M. With the tied
 // embedding the embedding unit E is called twice (model.embed_tokens, lm_head) and
-// gathered twice more, once of which is the kept last call (L = E):
-// 3(N-1)/N M + (N-1)/N M_E under full_shard. Memory (full_shard): persistent params + optimizer state per
-// rank within 5% of the total / N (+ padding); three units gathered at once at the peak (the
-// running one and two prefetched), within the bytes of the three largest units.
+// gathered twice more, once of which is the kept last call (L = E): 3(N-1)/N M +
+// (N-1)/N M_E under full_shard. Memory (full_shard): persistent params + optimizer state
+// per rank within 5% of the total / N (+ padding); three units gathered at once at the peak
+// (the running one and two prefetched), within the bytes of the three largest units.
 // Losses and parameters also match the single-process run.
 TEST(FsdpDist, DISABLED_TrafficMemoryWorker) {
   VLM_DIST_WORKER_ONLY();
@@ -524,7 +524,7 @@ TEST(FsdpDist, DISABLED_TrafficMemoryWorker) {
       if (dims.rank() == 0)
         std::printf("traffic %s %s world %d: M = %.0f B; logical all-gather %.0f B + reduce-scatter %.0f B = %.0f B "
                     "= %.4f x (N-1)/N M (expected %.4f); bytes moved by the Gloo fallbacks: all-gather %.0f B, "
-                    "reduce-scatter (as fp32 all-reduce) %.0f B\n",
+                    "reduce-scatter (as all-to-all) %.0f B\n",
                     c.strategy.c_str(), tied ? "tied" : "untied", n, flat_bytes, ag.logical_bytes, rs.logical_bytes,
                     got, got / (ring * flat_bytes), want / (ring * flat_bytes), ag.wire_bytes, rs.wire_bytes);
       if (full) {
