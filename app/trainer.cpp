@@ -200,6 +200,7 @@ TrainSummary run_training(const Recipe& recipe) {
       spdlog::info("vlmtrain {} | {} | recipe {} (hash {})", VLMTRAIN_VERSION, env.describe(), recipe.source,
                    recipe_hash(recipe));
       if (!vlm::host_malloc_setting().empty()) spdlog::info("{}", vlm::host_malloc_setting());
+      if (dims.distributed()) spdlog::info("comm: {}", comm.transport());
       spdlog::info("resolved recipe:\n{}", to_toml(recipe));
       spdlog::info("resolved recipe saved to {}", save_resolved_recipe(recipe, out_dir));
     }

@@ -364,6 +364,7 @@ int run_rank(const Options& o) {
       {"ring_ddp_bytes", 2 * (n - 1) / n * m_bytes},
       {"ring_full_shard_bytes", 3 * (n - 1) / n * m_bytes},
       {"host_malloc", vlm::host_malloc_setting()},
+      {"transport", comm.transport()},
       {"notes", sm->notes()},
   };
   if (o.json) {

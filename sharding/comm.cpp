@@ -3,6 +3,7 @@
 #include <sstream>
 #include <thread>
 
+#include "sharding/shm_channel.h"
 #include "vlm/check.h"
 
 namespace vlm::sharding {
@@ -113,6 +114,7 @@ void Work::wait() {
   const auto t0 = std::chrono::steady_clock::now();
   try {
     for (auto& w : works_) w->wait();
+    if (shm_) shm_->wait();
     if (epilogue_) epilogue_();
     comm_->stats_[op_].wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   } catch (const Error&) {
@@ -123,6 +125,7 @@ void Work::wait() {
     comm_->fail(seq_, head_, e.what());
   }
   works_.clear();
+  shm_.reset();
   epilogue_ = nullptr;
   comm_->complete(seq_);
 }
@@ -141,6 +144,16 @@ Comm::Comm(c10::intrusive_ptr<compat::CommBackend> group, int rank, int world_si
             " for world size ", world_size);
   VLM_CHECK(group_ || world_size == 1, "comm: world size ", world_size,
             " needs a process group (hint: build it through ParallelDims::init)");
+  transport_ = world_size == 1 ? "none (world size 1)"
+                               : str(backend_name(backend), backend == Backend::kGloo ? " (tcp)" : "");
+}
+
+Comm::~Comm() = default;
+
+void Comm::set_shm(std::shared_ptr<ShmChannel> channel, std::string note) {
+  shm_ = std::move(channel);
+  transport_ = shm_ ? shm_->describe() : str(backend_name(backend_), backend_ == Backend::kGloo ? " (tcp)" : "");
+  if (!note.empty()) transport_ += "; " + note;
 }
 
 uint64_t Comm::enter(OpKind op, const std::string& what, const std::string& ctx) {
@@ -182,8 +195,10 @@ void Comm::complete(uint64_t seq) {
 namespace {
 std::string hint_for(const std::string& reason) {
   auto has = [&](const char* w) { return reason.find(w) != std::string::npos; };
+  if (has("collective mismatch"))
+    return "the ranks issued different collectives here; compare the last ops each rank entered";
   if (has("Timed out") || has("timed out") || has("Timeout") || has("Connection closed") ||
-      has("Connection reset") || has("Broken pipe"))
+      has("Connection reset") || has("Broken pipe") || has("exited while"))
     return "a peer did not enter the same collective within the timeout, died, or issued a "
            "different op/size; read the first error in the other ranks' logs";
   return "the backend refused this op (dtype, size or device not supported?); see the "
@@ -199,7 +214,8 @@ void Comm::fail(uint64_t seq, const std::string& head, const std::string& reason
       e.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     });
   }
-  throw Error(str("comm: ", head, " failed on rank ", rank_, " of ", world_, " (", backend_name(backend_),
+  throw Error(str("comm: ", head, " failed on rank ", rank_, " of ", world_, " (",
+                  shm_ ? "shared memory" : backend_name(backend_),
                   ", timeout ", timeout_.count() / 1000.0, " s): ", reason,
                   "\n  hint: ", hint_for(reason),
                   "\n  last ops on this rank, oldest first:\n",
@@ -299,6 +315,12 @@ Work Comm::launch(uint64_t seq, const std::function<WorkList()>& issue,
   return w;
 }
 
+Work Comm::launch_shm(uint64_t seq, std::shared_ptr<ShmTask> task) {
+  Work w = launch(seq, nullptr, nullptr);
+  w.shm_ = std::move(task);
+  return w;
+}
+
 Work Comm::all_reduce_async(const torch::Tensor& t, ReduceOp op, const std::string& ctx) {
   check_tensor(t, "all_reduce", "t");
   VLM_CHECK(op != ReduceOp::kAvg || torch::isFloatingType(t.scalar_type()),
@@ -306,12 +328,14 @@ Work Comm::all_reduce_async(const torch::Tensor& t, ReduceOp op, const std::stri
             " (hint: use sum and divide yourself)");
   const double n = world_;
   const double m = static_cast<double>(t.numel()) * t.element_size();
-  const bool native = native_reduce(backend_, t.scalar_type());
+  const bool native = shm_ || native_reduce(backend_, t.scalar_type());
   const double wire_m = native ? m : static_cast<double>(t.numel()) * 4;
   const double ring = 2.0 * (n - 1) / n;
   count(OpKind::kAllReduce, ring * m, ring * wire_m);
-  const uint64_t seq = enter(OpKind::kAllReduce, describe(t) + (native ? "" : " via fp32"), ctx);
+  const uint64_t seq =
+      enter(OpKind::kAllReduce, describe(t) + (native ? "" : " via fp32"), ctx);
   if (world_ == 1) return launch(seq, nullptr, nullptr);
+  if (shm_) return launch_shm(seq, shm_->all_reduce(t, op));
 
   torch::Tensor buf = native ? t : t.to(torch::kFloat);
   auto issue = allreduce_issue(group_, buf, op, timeout_);
@@ -342,11 +366,12 @@ Work Comm::all_gather_async(const torch::Tensor& out, const torch::Tensor& in,
   const bool native_flat = native_flat_ops(backend_);
   const uint64_t seq =
       enter(OpKind::kAllGather, str(describe(in), " -> ", describe(out),
-                                    native_flat ? "" : " via one broadcast per rank"), ctx);
+                                    shm_ || native_flat ? "" : " via one broadcast per rank"), ctx);
   if (world_ == 1) {
     if (out.data_ptr() != in.data_ptr()) out.view(-1).copy_(in.view(-1));
     return launch(seq, nullptr, nullptr);
   }
+  if (shm_) return launch_shm(seq, shm_->all_gather(out, in));
   torch::Tensor o = as_bits(out).view(-1), i = as_bits(in).view(-1);
   const int64_t s = i.numel();
   const int world = world_, rank = rank_;
@@ -394,14 +419,16 @@ Work Comm::reduce_scatter_async(const torch::Tensor& out, const torch::Tensor& i
   const bool native_flat = native_flat_ops(backend_) && native_reduce(backend_, in.scalar_type());
   // Native and the Gloo all-to-all fallback both move the ring volume.
   count(OpKind::kReduceScatter, (n - 1) / n * m, (n - 1) / n * m);
-  const uint64_t seq = enter(
-      OpKind::kReduceScatter,
-      str(describe(in), " -> ", describe(out), native_flat ? "" : " via all_to_all + local reduce"), ctx);
+  const uint64_t seq = enter(OpKind::kReduceScatter,
+                             str(describe(in), " -> ", describe(out),
+                                 shm_ || native_flat ? "" : " via all_to_all + local reduce"),
+                             ctx);
   const int world = world_;
   if (world_ == 1) {
     if (out.data_ptr() != in.data_ptr()) out.view(-1).copy_(in.view(-1));
     return launch(seq, nullptr, nullptr);
   }
+  if (shm_) return launch_shm(seq, shm_->reduce_scatter(out, in, op));
   if (native_flat) {
     auto issue = [this, out, in, op]() mutable {
       c10d::ReduceScatterOptions o;
@@ -454,6 +481,7 @@ Work Comm::broadcast_async(const torch::Tensor& t, int root, const std::string& 
   count(OpKind::kBroadcast, m, m);
   const uint64_t seq = enter(OpKind::kBroadcast, str(describe(t), " from rank ", root), ctx);
   if (world_ == 1) return launch(seq, nullptr, nullptr);
+  if (shm_) return launch_shm(seq, shm_->broadcast(t, root));
   torch::Tensor b = backend_ == Backend::kNccl ? t : as_bits(t);
   auto issue = [this, b, root]() mutable {
     std::vector<torch::Tensor> v{b};
@@ -470,6 +498,7 @@ void Comm::barrier(const std::string& ctx) {
   count(OpKind::kBarrier, 0, 0);
   const uint64_t seq = enter(OpKind::kBarrier, "", ctx);
   if (world_ == 1) return launch(seq, nullptr, nullptr).wait();
+  if (shm_) return launch_shm(seq, shm_->barrier()).wait();
   auto issue = [this]() {
     c10d::BarrierOptions o;
     o.timeout = timeout_;

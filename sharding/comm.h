@@ -22,6 +22,9 @@
 //   * 2-byte floats in all-gather / broadcast travel bit-exact as raw bytes (uint8)
 //   * avg                    -> sum, then divide by N (every backend, for identical numerics)
 // With NCCL (LibTorch 2.x CUDA builds) the native flat ops and bf16 reductions are used.
+// When every rank is on one host, ParallelDims gives Gloo jobs a shared-memory channel
+// (sharding/shm_channel.h) and every op goes there instead: flat ops and 2-byte float
+// reductions (in fp32) natively, a plain copy instead of TCP over loopback.
 //
 // Byte counters, per op kind, per rank (M = bytes of the full flat tensor in the op's
 // dtype: the all-reduced tensor, all-gather's `out`, reduce-scatter's `in`):
@@ -32,7 +35,8 @@
 //   wire_bytes: the same ring formulas applied to what was really issued: e.g. a bf16
 //       all-reduce on Gloo 1.13 counts 2(N-1)/N * (2M) (it travels in fp32). The
 //       reduce-scatter's all-to-all and the all-gather's broadcasts move the ring volume
-//       (N-1)/N * M (the broadcasts: per rank, averaged over the ranks).
+//       (N-1)/N * M (the broadcasts: per rank, averaged over the ranks). The shared-memory
+//       channel reads what the ring would send (its wire bytes equal the logical bytes).
 // Bytes are doubles (2(N-1)/N * M is not always an integer); exact below 2^53.
 //
 // Errors: a failure or timeout in issue or wait throws vlm::Error naming the op, rank,
@@ -62,6 +66,9 @@ class Work;
 }
 
 namespace vlm::sharding {
+
+class ShmChannel;
+struct ShmTask;
 
 enum class OpKind { kAllReduce = 0, kAllGather, kReduceScatter, kBroadcast, kBarrier };
 constexpr int kNumOpKinds = 5;
@@ -121,6 +128,7 @@ class Work {
   OpKind op_ = OpKind::kBarrier;
   std::string head_;  // "all_reduce #12 [1000] Float (context: ...)" for errors
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  std::shared_ptr<ShmTask> shm_;  // the op on the shared-memory channel, if it went there
   std::function<void()> epilogue_;
   bool done_ = true;
 };
@@ -130,6 +138,7 @@ class Comm {
   // `group` may be null only for world_size 1 (every op is then local).
   Comm(c10::intrusive_ptr<compat::CommBackend> group, int rank, int world_size,
        Backend backend, std::chrono::milliseconds timeout, size_t flight_capacity = 32);
+  ~Comm();  // joins the shared-memory channel's thread, if any
 
   int rank() const { return rank_; }
   int world_size() const { return world_; }
@@ -168,6 +177,12 @@ class Comm {
     peer_report_wait_ = peer_report_wait;
   }
 
+  // Routes every later op through `channel` (shared memory between the ranks of one host,
+  // sharding/shm_channel.h); null keeps the process group. `note` says why for the log.
+  void set_shm(std::shared_ptr<ShmChannel> channel, std::string note);
+  // "shared memory (...)" or "gloo (tcp)": for the start-up log.
+  const std::string& transport() const { return transport_; }
+
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats{}; }
   // The last ops (oldest first), one per line.
@@ -185,7 +200,11 @@ class Comm {
   Work launch(uint64_t seq, const std::function<std::vector<c10::intrusive_ptr<c10d::Work>>()>& issue,
               std::function<void()> epilogue);
 
+  Work launch_shm(uint64_t seq, std::shared_ptr<ShmTask> task);
+
   c10::intrusive_ptr<compat::CommBackend> group_;
+  std::shared_ptr<ShmChannel> shm_;
+  std::string transport_;
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds peer_report_wait_{0};
   int rank_ = 0;

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sharding/comm.h"
+#include "sharding/shm_channel.h"
 #include "vlm/check.h"
 
 extern char** environ;
@@ -195,6 +196,14 @@ DistEnv detect_dist_env(const EnvMap& env) {
   DistEnv d;
   if (const std::string* ifname = find(env, "GLOO_SOCKET_IFNAME")) d.gloo_ifname = *ifname;
   if (const std::string* ef = find(env, "TORCHELASTIC_ERROR_FILE")) d.error_file = *ef;
+  if (const std::string* shm = find(env, "VLM_SHM_COMM")) {
+    std::string v;
+    for (char c : *shm) v += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const bool on = v == "1" || v == "true" || v == "on" || v == "yes";
+    VLM_CHECK(on || v == "0" || v == "false" || v == "off" || v == "no",
+              "VLM_SHM_COMM: expected 0 or 1 (off / on), got '", *shm, "'");
+    d.shm_comm = on;
+  }
 
   const bool any_torchrun = find(env, "RANK") || find(env, "WORLD_SIZE") ||
                             find(env, "LOCAL_RANK") || find(env, "LOCAL_WORLD_SIZE");
@@ -385,6 +394,17 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
   }
   p.comm_ = std::make_shared<Comm>(p.group_, env.rank, env.world_size, p.backend_, opts.timeout);
   p.comm_->set_store(store);
+
+  // ---------------------------------------------------------------- shared memory (CPU)
+  if (p.backend_ == Backend::kGloo) {
+    std::string why_not = "VLM_SHM_COMM=0";
+    std::shared_ptr<ShmChannel> shm;
+    if (env.shm_comm) {
+      shm = wrap(str(who, ": shared-memory set-up through ", where), "set VLM_SHM_COMM=0 to use Gloo's TCP only",
+                 [&] { return ShmChannel::create(store, env.rank, env.world_size, opts.timeout, &why_not); });
+    }
+    p.comm_->set_shm(shm, shm ? std::string() : "shared memory off: " + why_not);
+  }
   return p;
 }
 

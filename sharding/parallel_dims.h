@@ -61,6 +61,9 @@ struct DistEnv {
   int restart_count = 0;         // TORCHELASTIC_RESTART_COUNT
   std::string error_file;        // TORCHELASTIC_ERROR_FILE ("" when unset)
   std::string gloo_ifname;       // GLOO_SOCKET_IFNAME ("" when unset)
+  // VLM_SHM_COMM (default on; 0/false/off turns it off): CPU jobs whose ranks share a host
+  // exchange through shared memory instead of Gloo's TCP (sharding/shm_channel.h).
+  bool shm_comm = true;
 
   // Prefix of every store key: "/worker/attempt_<restart_count>" under the agent store,
   // "" otherwise.

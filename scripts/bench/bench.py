@@ -53,6 +53,7 @@ def log(msg):
 
 
 SYSTEM_MALLOC = {"VLM_HOST_MALLOC": "system"}  # step_bench with glibc's default thresholds
+GLOO_TCP = {"VLM_SHM_COMM": "0"}  # world 2 over Gloo's TCP (loopback) instead of shared memory
 # glibc malloc settings equal to what vlmtrain and step_bench set for themselves at start
 # (vlm/host_malloc.h): given to the PyTorch reference so both sides allocate alike.
 HOST_MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
@@ -188,6 +189,9 @@ def ratios(md):
                ("ddp w2", lambda: step_bench(preset, "ddp", False, 2, threads=1)),
                ("full_shard w1", lambda: step_bench(preset, "full_shard", False, 1, threads=1)),
                ("full_shard w2", lambda: step_bench(preset, "full_shard", False, 2, threads=1)),
+               ("ddp w2, Gloo TCP", lambda: step_bench(preset, "ddp", False, 2, threads=1, env_extra=GLOO_TCP)),
+               ("full_shard w2, Gloo TCP",
+                lambda: step_bench(preset, "full_shard", False, 2, threads=1, env_extra=GLOO_TCP)),
                ("full_shard+ckpt w1", lambda: step_bench(preset, "full_shard", True, 1, threads=1)),
                ("pytorch ddp w2", lambda: pytorch_ddp(preset, 2, threads=1)),
                ("full_shard w1, glibc malloc defaults",
@@ -215,15 +219,24 @@ def ratios(md):
               "other users' load than wall time does, so both ratios are given. vlmtrain and step_bench set "
               "glibc malloc to keep freed memory (vlm/host_malloc.h); the PyTorch reference runs with the same "
               f"thresholds (GLIBC_TUNABLES={HOST_MALLOC_TUNABLES}), and the last row gives the FSDP ratio "
-              "with glibc's defaults (VLM_HOST_MALLOC=system). Exposed comm s: seconds per step rank 0 blocked "
-              "waiting for collectives (Comm's wait_s).\n")
+              "with glibc's defaults (VLM_HOST_MALLOC=system). World 2 exchanges through shared memory "
+              "(sharding/shm_channel.h, the default when the ranks share a host); the \"Gloo TCP\" rows turn it "
+              "off (VLM_SHM_COMM=0) to show what Gloo's TCP over loopback costs, and compare with PyTorch DDP on "
+              "the same transport. Exposed comm s: seconds per step rank 0 blocked waiting for collectives "
+              "(Comm's wait_s).\n")
     md.append("| ratio | wall-time ratio | CPU-time ratio | target | runs |")
     md.append("|---|---|---|---|---|")
     rows = [("DDP: world 2 / world 1", "ddp w2", "ddp w1", "<= 1.25x"),
             ("FSDP (full_shard): world 2 / world 1", "full_shard w2", "full_shard w1", "<= 1.25x"),
             ("activation checkpointing on model.layers.* / plain (full_shard, world 1)", "full_shard+ckpt w1",
              "full_shard w1", "~1.33x when applied"),
-            ("C++ DDP / PyTorch DDP (world 2, Gloo)", "ddp w2", "pytorch ddp w2", "<= 1.0x"),
+            ("C++ DDP / PyTorch DDP (world 2; C++ on shared memory, PyTorch on Gloo TCP)", "ddp w2",
+             "pytorch ddp w2", "<= 1.0x"),
+            ("C++ DDP / PyTorch DDP (world 2, both on Gloo TCP)", "ddp w2, Gloo TCP", "pytorch ddp w2",
+             "(same transport)"),
+            ("DDP: world 2 on Gloo TCP / world 1", "ddp w2, Gloo TCP", "ddp w1", "(for comparison)"),
+            ("FSDP (full_shard): world 2 on Gloo TCP / world 1", "full_shard w2, Gloo TCP", "full_shard w1",
+             "(for comparison)"),
             ("FSDP (full_shard): world 2 / world 1, glibc malloc defaults", "full_shard w2, glibc malloc defaults",
              "full_shard w1, glibc malloc defaults", "(for comparison)")]
     for label, a, b, target in rows:

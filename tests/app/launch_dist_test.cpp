@@ -429,13 +429,15 @@ TEST(LaunchDist, TwoNodesInNetworkNamespacesMatchOneNode) {
   auto t0 = Clock::now();
   const std::string port = std::to_string(20000 + ::getpid() % 20000);
   vlmtest::RunResult node[2], one;
-  // The single-node reference runs at the same time (loopback, its own free port).
+  // The "nodes" share this host's IPC namespace, so they would meet in shared memory:
+  // VLM_SHM_COMM=0 keeps them on Gloo's TCP between the namespaces, the multi-host path.
+  // The single-node reference runs at the same time (shared memory, its own free port).
   std::thread reference([&] {
     one = vlmtest::run(launch_worker({"--nproc-per-node", "2"}, "DISABLED_TrainWorker"),
                        std::chrono::seconds(60));
   });
   std::thread other([&] {
-    std::vector<std::string> argv = {"ip", "netns", "exec", nodes.b};
+    std::vector<std::string> argv = {"ip", "netns", "exec", nodes.b, "env", "VLM_SHM_COMM=0"};
     auto l = launch_worker({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1",
                             "--master-addr", nodes.addr_a, "--master-port", port},
                            "DISABLED_TrainWorker");
@@ -443,7 +445,7 @@ TEST(LaunchDist, TwoNodesInNetworkNamespacesMatchOneNode) {
     node[1] = vlmtest::run(argv, std::chrono::seconds(60));
   });
   {
-    std::vector<std::string> argv = {"ip", "netns", "exec", nodes.a};
+    std::vector<std::string> argv = {"ip", "netns", "exec", nodes.a, "env", "VLM_SHM_COMM=0"};
     auto l = launch_worker({"--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1",
                             "--master-addr", nodes.addr_a, "--master-port", port},
                            "DISABLED_TrainWorker");
