@@ -196,7 +196,7 @@ void ShmTask::wait() {
 
 std::shared_ptr<ShmChannel> ShmChannel::create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                                int world, std::chrono::milliseconds timeout,
-                                               std::string* why_not) {
+                                               std::string* why_not, const std::string& host_id) {
   VLM_CHECK(store && world >= 2 && rank >= 0 && rank < world, "shm channel: needs a store and world >= 2");
   // Every rank adds 1: channels created one after another in one job get their own keys.
   const int64_t epoch = (store->add("vlm_shm/count", 1) - 1) / world;
@@ -216,7 +216,7 @@ std::shared_ptr<ShmChannel> ShmChannel::create(const c10::intrusive_ptr<c10d::St
   };
 
   // 1. Same host (and container)?
-  const std::vector<std::string> ids = exchange("host", host_identity());
+  const std::vector<std::string> ids = exchange("host", host_id.empty() ? host_identity() : host_id);
   for (int r = 1; r < world; ++r) {
     if (ids[r] != ids[0]) {
       *why_not = str("the ranks are not all on one host (rank ", r, " differs from rank 0 in boot id, "

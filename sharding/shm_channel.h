@@ -81,10 +81,11 @@ class ShmChannel {
   // Collective: every rank of the group calls it. Returns null, with the reason in
   // *why_not, when shared memory cannot be used (ranks on more than one host or in
   // different containers, /dev/shm missing or full); the ranks agree through `store`, so
-  // either all get a channel or none does.
+  // either all get a channel or none does. `host_id` stands in for this process's host
+  // identity (boot id, IPC and pid namespaces, /dev/shm) when not empty: tests use it.
   static std::shared_ptr<ShmChannel> create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                             int world, std::chrono::milliseconds timeout,
-                                            std::string* why_not);
+                                            std::string* why_not, const std::string& host_id = "");
   ~ShmChannel();
   ShmChannel(const ShmChannel&) = delete;
   ShmChannel& operator=(const ShmChannel&) = delete;

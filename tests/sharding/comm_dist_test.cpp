@@ -15,6 +15,7 @@
 
 #include "sharding/comm.h"
 #include "sharding/parallel_dims.h"
+#include "sharding/shm_channel.h"
 #include "tests/dist_testing.h"
 #include "vlm/check.h"
 
@@ -306,6 +307,34 @@ TEST(CommDist, DISABLED_TransportWorker) {
   EXPECT_EQ(dims.comm().transport().rfind(want, 0), 0u) << dims.comm().transport();
 }
 
+// ShmChannel::create directly, over the store of a TCP-only group: ranks that report
+// different hosts all get no channel and the same reason; ranks on one host get a working
+// one (checked with an all_reduce and a reduce_scatter against their closed forms).
+TEST(CommDist, DISABLED_ShmSetupWorker) {
+  VLM_DIST_WORKER_ONLY();
+  ParallelDims dims = init_worker();
+  ASSERT_FALSE(on_shm(dims.comm())) << "run with VLM_SHM_COMM=0";
+  const int n = dims.world_size(), r = dims.rank();
+  std::string why;
+  auto none = ShmChannel::create(dims.store(), r, n, std::chrono::seconds(60), &why,
+                                 r == n - 1 ? "host-b" : "host-a");
+  EXPECT_EQ(none, nullptr);
+  EXPECT_NE(why.find("not all on one host (rank " + std::to_string(n - 1)), std::string::npos) << why;
+
+  why.clear();
+  auto ch = ShmChannel::create(dims.store(), r, n, std::chrono::seconds(60), &why);
+  ASSERT_NE(ch, nullptr) << why;
+  const torch::Tensor v = pattern(0, 700001, torch::kBFloat16);
+  torch::Tensor t = v * (r + 1);
+  ch->all_reduce(t, ReduceOp::kSum)->wait();
+  expect_equal(t, v * (n * (n + 1) / 2), "channel all_reduce");
+  torch::Tensor out = torch::empty({700001}, torch::kBFloat16);
+  ch->reduce_scatter(out, pattern(0, n * 700001, torch::kBFloat16) * (r + 1), ReduceOp::kMax)->wait();
+  expect_equal(out, pattern(r * 700001, 700001, torch::kBFloat16) * n, "channel reduce_scatter max");
+  ch->barrier()->wait();
+  dims.comm().barrier("end");  // rank 0 hosts the store: it leaves only after every rank is done
+}
+
 // ---------------------------------------------------------------- parents
 
 namespace {
@@ -336,6 +365,7 @@ TEST(CommDist, GlooTcpWorld3) { launch("DISABLED_AllWorker", 3, 90, false); }
 TEST(CommDist, GlooTcpTimeoutNamesOpAndContext) { launch("DISABLED_TimeoutWorker", 2, 60, false); }
 TEST(CommDist, GlooTcpDeadPeerFailsFast) { launch("DISABLED_DeadPeerWorker", 2, 60, false); }
 TEST(CommDist, GlooTcpWhenTurnedOff) { launch("DISABLED_TransportWorker", 2, 60, false); }
+TEST(CommDist, ShmSetupAgreesAcrossRanks) { launch("DISABLED_ShmSetupWorker", 3, 90, false); }
 
 // World size 1: every op is local, counted with zero bytes.
 TEST(CommLocal, WorldOneIsIdentity) {
