@@ -144,15 +144,19 @@ Comm::Comm(c10::intrusive_ptr<compat::CommBackend> group, int rank, int world_si
             " for world size ", world_size);
   VLM_CHECK(group_ || world_size == 1, "comm: world size ", world_size,
             " needs a process group (hint: build it through ParallelDims::init)");
-  transport_ = world_size == 1 ? "none (world size 1)"
-                               : str(backend_name(backend), backend == Backend::kGloo ? " (tcp)" : "");
+  set_shm(nullptr, "");
 }
 
 Comm::~Comm() = default;
 
 void Comm::set_shm(std::shared_ptr<ShmChannel> channel, std::string note) {
   shm_ = std::move(channel);
-  transport_ = shm_ ? shm_->describe() : str(backend_name(backend_), backend_ == Backend::kGloo ? " (tcp)" : "");
+  if (shm_)
+    transport_ = shm_->describe();
+  else if (world_ == 1)
+    transport_ = "none (world size 1)";
+  else
+    transport_ = str(backend_name(backend_), backend_ == Backend::kGloo ? " (tcp)" : "");
   if (!note.empty()) transport_ += "; " + note;
 }
 
@@ -332,8 +336,7 @@ Work Comm::all_reduce_async(const torch::Tensor& t, ReduceOp op, const std::stri
   const double wire_m = native ? m : static_cast<double>(t.numel()) * 4;
   const double ring = 2.0 * (n - 1) / n;
   count(OpKind::kAllReduce, ring * m, ring * wire_m);
-  const uint64_t seq =
-      enter(OpKind::kAllReduce, describe(t) + (native ? "" : " via fp32"), ctx);
+  const uint64_t seq = enter(OpKind::kAllReduce, describe(t) + (native ? "" : " via fp32"), ctx);
   if (world_ == 1) return launch(seq, nullptr, nullptr);
   if (shm_) return launch_shm(seq, shm_->all_reduce(t, op));
 

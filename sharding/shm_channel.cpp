@@ -526,9 +526,14 @@ void ShmChannel::run_all_reduce(ShmTask& t) {
     const uint64_t len = std::min(pmax, n - off);
     auto lo = [&](int q) { return len * static_cast<uint64_t>(q) / world_; };  // slice q: [lo(q), lo(q+1))
     const uint64_t my_lo = lo(rank_), my_n = lo(rank_ + 1) - my_lo;
-    // Round 1: post the piece; reduce my slice of it over all ranks, in place.
+    // Round 1: post the slices the peers reduce (not my own: I read that from `t`); reduce
+    // my slice over all ranks, in place.
     round(
-        t, total, [&](char* mine) { std::memcpy(mine, data + off * esz, len * esz); },
+        t, total,
+        [&](char* mine) {
+          for (int q = 0; q < world_; ++q)
+            if (q != rank_) std::memcpy(mine + lo(q) * esz, data + (off + lo(q)) * esz, (lo(q + 1) - lo(q)) * esz);
+        },
         [&](int b) {
           for (int q = 0; q < world_; ++q)
             src[q] = q == rank_ ? data + (off + my_lo) * esz : buffer(q, b) + my_lo * esz;

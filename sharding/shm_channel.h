@@ -20,8 +20,8 @@
 //   all_gather      per C-byte piece of `in`: post it; copy the peers' pieces into `out`.
 //   reduce_scatter  per piece of the shard: post the N-1 pieces the peers own; reduce this
 //                   rank's own piece of `in` with theirs into `out` (in rank order).
-//   all_reduce      per piece, two rounds: post it; reduce slice r of the piece over all
-//                   ranks into `t`; post that slice; copy the peers' slices into `t`. Each
+//   all_reduce      per piece, two rounds: post the peers' slices of it; reduce slice r
+//                   over all ranks into `t`; post that slice; copy the peers' slices into `t`. Each
 //                   element is reduced once, by one rank, so all ranks end bit-identical.
 //   broadcast       per piece: the root posts, the others copy.
 //   barrier         one round without data.

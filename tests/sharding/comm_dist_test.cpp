@@ -50,6 +50,15 @@ const std::vector<int64_t> kSizes = {1, 7, 1001, 4099, 600001};
 
 bool on_shm(const Comm& comm) { return comm.transport().rfind("shared memory", 0) == 0; }
 
+// Workers that the parent launched for the shared-memory channel (VLMTEST_EXPECT_SHM=1)
+// skip, saying why, on a machine where it could not be set up (no /dev/shm, or too small);
+// the parent reports the skip. Where it can, these tests run on it.
+#define SKIP_WITHOUT_SHM(comm)                                                                 \
+  do {                                                                                         \
+    if (std::getenv("VLMTEST_EXPECT_SHM") && !on_shm(comm))                                    \
+      GTEST_SKIP() << "shared memory unavailable here: " << (comm).transport() << " <<end>>"; \
+  } while (0)
+
 std::string name(torch::ScalarType t) { return c10::toString(t); }
 
 }  // namespace
@@ -211,6 +220,7 @@ void check_counters(ParallelDims& dims) {
 TEST(CommDist, DISABLED_AllWorker) {
   VLM_DIST_WORKER_ONLY();
   ParallelDims dims = init_worker();
+  SKIP_WITHOUT_SHM(dims.comm());
   {
     SCOPED_TRACE("ops");
     check_ops(dims);
@@ -275,6 +285,7 @@ TEST(CommDist, DISABLED_MismatchWorker) {
   VLM_DIST_WORKER_ONLY();
   ParallelDims dims = init_worker(std::chrono::seconds(60));
   Comm& comm = dims.comm();
+  SKIP_WITHOUT_SHM(comm);
   ASSERT_TRUE(on_shm(comm)) << comm.transport();
   comm.barrier("warm-up");
   const auto t0 = std::chrono::steady_clock::now();
@@ -302,6 +313,7 @@ TEST(CommDist, DISABLED_MismatchWorker) {
 TEST(CommDist, DISABLED_TransportWorker) {
   VLM_DIST_WORKER_ONLY();
   ParallelDims dims = init_worker();
+  SKIP_WITHOUT_SHM(dims.comm());
   const std::string want = std::getenv("VLM_SHM_COMM") ? "gloo (tcp); shared memory off: VLM_SHM_COMM=0"
                                                        : "shared memory (/dev/shm";
   EXPECT_EQ(dims.comm().transport().rfind(want, 0), 0u) << dims.comm().transport();
@@ -343,11 +355,16 @@ void launch(const std::string& worker, int n, int timeout_s = 90, bool shm = tru
   run.world_size = n;
   run.worker_test = "CommDist." + worker;
   run.timeout = std::chrono::seconds(timeout_s);
-  if (!shm) run.extra_env = [](int) { return std::vector<std::string>{"VLM_SHM_COMM=0"}; };
+  run.extra_env = [shm](int) {
+    return std::vector<std::string>{shm ? "VLMTEST_EXPECT_SHM=1" : "VLM_SHM_COMM=0"};
+  };
   auto res = vlmtest::run_workers(run);
   EXPECT_TRUE(vlmtest::all_ok(res));
   if (std::getenv("VLMTEST_VERBOSE"))
     for (auto& w : res) std::printf("rank %d (%.2f s):\n%s\n", w.rank, w.seconds, w.output.c_str());
+  const std::string& out = res.empty() ? std::string() : res[0].output;
+  const size_t at = out.find("shared memory unavailable here:");
+  if (at != std::string::npos) GTEST_SKIP() << out.substr(at, out.find(" <<end>>", at) - at);
 }
 }  // namespace
 
