@@ -317,6 +317,9 @@ TEST(CommDist, DISABLED_TransportWorker) {
   const std::string want = std::getenv("VLM_SHM_COMM") ? "gloo (tcp); shared memory off: VLM_SHM_COMM=0"
                                                        : "shared memory (/dev/shm";
   EXPECT_EQ(dims.comm().transport().rfind(want, 0), 0u) << dims.comm().transport();
+  // Leave together: a rank that exits right after init can close Gloo's connections while
+  // a peer is still completing its rendezvous ("Connection closed by peer").
+  dims.comm().barrier("end");
 }
 
 // ShmChannel::create directly, over the store of a TCP-only group: ranks that report
