@@ -119,10 +119,15 @@ void parse_master(const EnvMap& env, DistEnv& d, const std::string& fallback_add
   }
 }
 
+std::string lowercase(const std::string& v) {
+  std::string s;
+  for (char c : v) s += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
 bool truthy(const std::string* v) {
   if (v == nullptr) return false;
-  std::string s;
-  for (char c : *v) s += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string s = lowercase(*v);
   return s == "true" || s == "1" || s == "yes";
 }
 
@@ -197,9 +202,8 @@ DistEnv detect_dist_env(const EnvMap& env) {
   if (const std::string* ifname = find(env, "GLOO_SOCKET_IFNAME")) d.gloo_ifname = *ifname;
   if (const std::string* ef = find(env, "TORCHELASTIC_ERROR_FILE")) d.error_file = *ef;
   if (const std::string* shm = find(env, "VLM_SHM_COMM")) {
-    std::string v;
-    for (char c : *shm) v += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    const bool on = v == "1" || v == "true" || v == "on" || v == "yes";
+    const std::string v = lowercase(*shm);
+    const bool on = truthy(shm) || v == "on";
     VLM_CHECK(on || v == "0" || v == "false" || v == "off" || v == "no",
               "VLM_SHM_COMM: expected 0 or 1 (off / on), got '", *shm, "'");
     d.shm_comm = on;

@@ -145,6 +145,18 @@ void reduce_bytes(char* dst, const std::vector<const char*>& src, int64_t n, tor
 
 char* bytes_of(const torch::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
 
+// Calls fn(off, len) for consecutive pieces of [0, n) of at most `step` each; once with
+// (0, 0) when n is 0, so an empty op still runs one round (and is matched across ranks).
+template <typename Fn>
+void for_each_piece(uint64_t n, uint64_t step, Fn&& fn) {
+  uint64_t off = 0;
+  do {
+    const uint64_t len = std::min(step, n - off);
+    fn(off, len);
+    off += len;
+  } while (off < n);
+}
+
 // ------------------------------------------------------------------ set-up helpers
 
 std::string read_first_line(const char* path) {
@@ -476,16 +488,14 @@ void ShmChannel::run_all_gather(ShmTask& t) {
   const uint64_t s = t.b.nbytes();
   if (in != out + rank_ * s) std::memcpy(out + rank_ * s, in, s);
   const uint64_t total = s * world_;
-  for (uint64_t off = 0; off < s || (off == 0 && s == 0); off += kBufferBytes) {
-    const uint64_t c = std::min<uint64_t>(kBufferBytes, s - off);
+  for_each_piece(s, kBufferBytes, [&](uint64_t off, uint64_t c) {
     round(
         t, total, [&](char* mine) { std::memcpy(mine, in + off, c); },
         [&](int b) {
           for (int p = 0; p < world_; ++p)
             if (p != rank_) std::memcpy(out + p * s + off, buffer(p, b), c);
         });
-    if (s == 0) break;
-  }
+  });
 }
 
 void ShmChannel::run_reduce_scatter(ShmTask& t) {
@@ -497,8 +507,7 @@ void ShmChannel::run_reduce_scatter(ShmTask& t) {
   const uint64_t cmax = std::max<uint64_t>(1, kBufferBytes / (world_ * esz));  // piece elements
   const uint64_t total = t.b.nbytes();
   std::vector<const char*> src(world_);
-  for (uint64_t off = 0; off < s || (off == 0 && s == 0); off += cmax) {
-    const uint64_t c = std::min(cmax, s - off);
+  for_each_piece(s, cmax, [&](uint64_t off, uint64_t c) {
     round(
         t, total,
         [&](char* mine) {
@@ -510,8 +519,7 @@ void ShmChannel::run_reduce_scatter(ShmTask& t) {
             src[q] = q == rank_ ? in + (rank_ * s + off) * esz : buffer(q, b) + rank_ * cmax * esz;
           reduce_bytes(out + off * esz, src, static_cast<int64_t>(c), dtype, t.op, world_);
         });
-    if (s == 0) break;
-  }
+  });
 }
 
 void ShmChannel::run_all_reduce(ShmTask& t) {
@@ -522,8 +530,7 @@ void ShmChannel::run_all_reduce(ShmTask& t) {
   const uint64_t pmax = kBufferBytes / esz;  // piece elements
   const uint64_t total = t.a.nbytes();
   std::vector<const char*> src(world_);
-  for (uint64_t off = 0; off < n || (off == 0 && n == 0); off += pmax) {
-    const uint64_t len = std::min(pmax, n - off);
+  for_each_piece(n, pmax, [&](uint64_t off, uint64_t len) {
     auto lo = [&](int q) { return len * static_cast<uint64_t>(q) / world_; };  // slice q: [lo(q), lo(q+1))
     const uint64_t my_lo = lo(rank_), my_n = lo(rank_ + 1) - my_lo;
     // Round 1: post the slices the peers reduce (not my own: I read that from `t`); reduce
@@ -548,21 +555,18 @@ void ShmChannel::run_all_reduce(ShmTask& t) {
             std::memcpy(data + (off + lo(p)) * esz, buffer(p, b) + lo(p) * esz, (lo(p + 1) - lo(p)) * esz);
           }
         });
-    if (n == 0) break;
-  }
+  });
 }
 
 void ShmChannel::run_broadcast(ShmTask& t) {
   char* data = bytes_of(t.a);
   const uint64_t s = t.a.nbytes();
   const bool root = rank_ == t.root;
-  for (uint64_t off = 0; off < s || (off == 0 && s == 0); off += kBufferBytes) {
-    const uint64_t c = std::min<uint64_t>(kBufferBytes, s - off);
+  for_each_piece(s, kBufferBytes, [&](uint64_t off, uint64_t c) {
     round(
         t, s, [&](char* mine) { if (root) std::memcpy(mine, data + off, c); },
         [&](int b) { if (!root) std::memcpy(data + off, buffer(t.root, b), c); });
-    if (s == 0) break;
-  }
+  });
 }
 
 // ------------------------------------------------------------------ submission
