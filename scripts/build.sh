@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Installs dependencies (apt, idempotent) and builds vlmtrain into build/ (or $BUILD_DIR).
-#   scripts/build.sh [extra cmake args...]
+# Installs dependencies (idempotent) and builds vlmtrain into build/ (or $BUILD_DIR).
+#   scripts/build.sh [ninja targets...]      e.g. scripts/build.sh vlmtrain   (default: all)
+# Extra CMake options: CMAKE_ARGS="-DVLMTRAIN_UNITY=OFF ..." scripts/build.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 
 bash scripts/install-deps.sh
 start=$(date +%s)
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo} "$@" >/dev/null
-cmake --build "$BUILD_DIR" -j "${JOBS:-$(nproc)}"
-echo "build: done in $(( $(date +%s) - start )) s ($BUILD_DIR)"
+# shellcheck disable=SC2086
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo} ${CMAKE_ARGS:-} >/dev/null
+cmake --build "$BUILD_DIR" -j "${JOBS:-$(nproc)}" ${1:+--target "$@"}
+echo "build: done in $(( $(date +%s) - start )) s ($BUILD_DIR${1:+: $*})"

@@ -5,7 +5,7 @@
 # Extra arguments go to `vlmtrain train` (e.g. --set schedule.steps=100).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/build.sh
+bash scripts/build.sh vlmtrain   # only the binary: tests and benchmarks are built by scripts/test.sh
 BUILD_DIR=${BUILD_DIR:-build}
 VLMTRAIN="$BUILD_DIR/vlmtrain"
 "$VLMTRAIN" train recipes/ocr_tiny.toml "$@"
