@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "vlm/check.h"
-#include "vlm/compat.h"
+#include "vlm/runtime_info.h"
 
 namespace fs = std::filesystem;
 
@@ -191,7 +191,7 @@ std::string save_checkpoint(const std::string& output_dir, const TrainerState& s
                         {"units", unit_layout(model.unit_table())},
                         {"recipe_hash", files.recipe_hash},
                         {"tokenizer", files.tokenizer_path},
-                        {"versions", {{"vlmtrain", VLMTRAIN_VERSION}, {"libtorch", vlm::compat::torch_version()}}}};
+                        {"versions", {{"vlmtrain", VLMTRAIN_VERSION}, {"libtorch", vlm::torch_version()}}}};
     for (int64_t r = 0; r < world; ++r) j["files"].push_back(rank_file(r, world));
     write_durable((fs::path(tmp_dir) / "trainer.json").string(), j.dump(2) + "\n");
     write_durable((fs::path(tmp_dir) / "recipe.toml").string(), files.recipe_toml);

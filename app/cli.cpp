@@ -8,6 +8,7 @@
 
 #include "app/commands.h"
 #include "vlm/check.h"
+#include "vlm/runtime_info.h"
 
 #include <nlohmann/json.hpp>
 
@@ -177,7 +178,7 @@ int run_cli(int argc, char** argv) {
     return rest.empty() ? 2 : 0;
   }
   if (rest[0] == "--version") {
-    std::printf("vlmtrain %s\n", VLMTRAIN_VERSION);
+    std::printf("%s\n", vlm::version_line(vlm::runtime_info()).c_str());
     return 0;
   }
   std::string name = rest[0];

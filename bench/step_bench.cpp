@@ -1,7 +1,6 @@
 // Training-step bench: model + policies + optimizer on a fixed synthetic batch (no data
 // pipeline), timed per step, with the communication bytes per step held against the ring
-// formulas. Not run in CI; scripts/bench.sh drives it. LibTorch-only (builds with
-// -DVLMTRAIN_CORE_ONLY=ON, so scripts/gpu/run_bench.sh uses it on CUDA too).
+// formulas. Not run in CI; scripts/bench.sh drives it (and scripts/gpu/run_bench.sh on CUDA).
 //
 //   ./bench/step_bench --preset small --mix ddp --world 2 --threads 1 --steps 6 --warmup 2
 //
@@ -60,15 +59,13 @@
 #include "sharding/parallel_dims.h"
 #include "sharding/sharded_model.h"
 #include "vlm/check.h"
-#include "vlm/compat.h"
+#include "vlm/runtime_info.h"
 #include "vlm/config.h"
 #include "vlm/host_malloc.h"
 #include "vlm/meta_init.h"
 #include "vlm/qwen2_vl.h"
 
-#if defined(VLMTRAIN_WITH_NCCL)
 #include <c10/cuda/CUDACachingAllocator.h>
-#endif
 
 extern char** environ;
 
@@ -195,23 +192,14 @@ double cpu_seconds() {
 }
 
 void device_sync(torch::Device dev) {
-#if defined(VLMTRAIN_WITH_NCCL)
   if (dev.is_cuda()) torch::cuda::synchronize(dev.index());
-#else
-  (void)dev;
-#endif
 }
 
 int64_t peak_device_bytes(torch::Device dev) {
-#if defined(VLMTRAIN_WITH_NCCL)
   if (dev.is_cuda()) {
-    // allocated_bytes[0]: StatType AGGREGATE (the enum moved namespaces across 2.x releases).
     auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(dev.index());
-    return s.allocated_bytes[0].peak;
+    return s.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
   }
-#else
-  (void)dev;
-#endif
   return 0;
 }
 
@@ -332,7 +320,7 @@ int run_rank(const Options& o) {
       {"threads_per_rank", at::get_num_threads()},
       {"device", dev.str()},
       {"dtype", o.dtype},
-      {"torch", vlm::compat::torch_version()},
+      {"torch", vlm::torch_version()},
       {"params", n_params},
       {"trainable_params", trainable},
       {"samples_per_rank", o.samples},

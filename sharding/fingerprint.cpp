@@ -5,7 +5,7 @@
 
 #include "sharding/comm.h"
 #include "vlm/check.h"
-#include "vlm/compat.h"
+#include "vlm/runtime_info.h"
 
 namespace vlm::sharding {
 
@@ -23,7 +23,7 @@ Fingerprint Fingerprint::standard(const std::string& recipe_hash, const std::str
       .add("model config", model_config)
       .add("unit table", unit_table)
       .add("dataset size", std::to_string(dataset_size))
-      .add("libtorch version", compat::torch_version());
+      .add("libtorch version", torch_version());
   return fp;
 }
 

@@ -3,10 +3,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#if defined(VLMTRAIN_WITH_NCCL)
-#ifndef USE_C10D_NCCL
-#define USE_C10D_NCCL
-#endif
+#ifdef USE_C10D_NCCL  // defined by TorchConfig for LibTorch builds with NCCL (the PyPI wheel)
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -330,7 +327,7 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
     p.device_ = torch::Device(torch::kCUDA, env.local_rank);
   }
   if (env.world_size == 1) {
-    p.comm_ = std::make_shared<Comm>(c10::intrusive_ptr<compat::CommBackend>(), 0, 1, Backend::kNone, opts.timeout);
+    p.comm_ = std::make_shared<Comm>(c10::intrusive_ptr<c10d::Backend>(), 0, 1, Backend::kNone, opts.timeout);
     return p;
   }
 
@@ -357,18 +354,18 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
 
   // ---------------------------------------------------------------- process group
   if (cuda) {
-#if defined(VLMTRAIN_WITH_NCCL)
+#ifdef USE_C10D_NCCL
     auto o = c10d::ProcessGroupNCCL::Options::create();
     o->timeout = opts.timeout;
     p.group_ = wrap(str(who, ": NCCL process group"), "check NCCL_DEBUG=INFO output", [&] {
-      return c10::intrusive_ptr<compat::CommBackend>(
+      return c10::intrusive_ptr<c10d::Backend>(
           c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.world_size, o));
     });
     p.backend_ = Backend::kNccl;
 #else
-    throw Error(str("device is CUDA but this build has no NCCL support (hint: build with "
-                    "-DCMAKE_CXX_FLAGS=-DVLMTRAIN_WITH_NCCL against a CUDA LibTorch 2.x, or "
-                    "use device = \"cpu\")"));
+    throw Error(str("device is CUDA but the LibTorch this vlmtrain was built against has no "
+                    "NCCL (hint: build against the PyPI wheel torch==2.11.0, or use device = "
+                    "\"cpu\")"));
 #endif
   } else {
     auto o = c10d::ProcessGroupGloo::Options::create(opts.timeout);
@@ -390,7 +387,7 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
     p.group_ = wrap(str(who, ": Gloo rendezvous through ", where, " did not complete within ",
                         opts.timeout.count() / 1000.0, " s"),
                     "did every rank start, with the same WORLD_SIZE and MASTER_ADDR/PORT?", [&] {
-                      return c10::intrusive_ptr<compat::CommBackend>(
+                      return c10::intrusive_ptr<c10d::Backend>(
                           c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank,
                                                                       env.world_size, o));
                     });

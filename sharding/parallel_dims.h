@@ -18,8 +18,7 @@
 //             Rank 0 hosts the TCPStore.
 //   single    none of the above: world size 1, no store, no group.
 //
-// Backend: NCCL when the device is CUDA (device index = LOCAL_RANK; needs a LibTorch 2.x
-// build with VLMTRAIN_WITH_NCCL defined), Gloo on CPU. Gloo binds to GLOO_SOCKET_IFNAME
+// Backend: NCCL when the device is CUDA (device index = LOCAL_RANK), Gloo on CPU. Gloo binds to GLOO_SOCKET_IFNAME
 // when set, to 127.0.0.1 when the master is a loopback address, else to the local address
 // of the route to the master (so a hostname that resolves to 127.0.1.1 cannot strand it).
 // The rendezvous TCPStore (rank 0) listens on all interfaces.
@@ -31,8 +30,7 @@
 #include <memory>
 #include <string>
 
-#include "vlm/compat.h"
-#include VLM_C10D_BACKEND_HEADER
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 namespace vlm::sharding {
@@ -119,7 +117,7 @@ class ParallelDims {
   // The store all ranks share (already prefixed under the agent store); null for world 1.
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
   // The world process group backend; null for world 1.
-  const c10::intrusive_ptr<compat::CommBackend>& group() const { return group_; }
+  const c10::intrusive_ptr<c10d::Backend>& group() const { return group_; }
 
   // The comm layer over the world group (counters and flight recorder live there).
   Comm& comm() const { return *comm_; }
@@ -135,7 +133,7 @@ class ParallelDims {
   torch::Device device_{torch::kCPU};
   std::chrono::milliseconds timeout_{0};
   c10::intrusive_ptr<c10d::Store> store_;
-  c10::intrusive_ptr<compat::CommBackend> group_;
+  c10::intrusive_ptr<c10d::Backend> group_;
   std::shared_ptr<Comm> comm_;
 };
 

@@ -3,7 +3,6 @@
 #include <cmath>
 
 #include "vlm/check.h"
-#include "vlm/compat.h"
 #include "vlm/rotary.h"
 
 namespace vlm {
@@ -12,22 +11,11 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
                         const torch::Tensor& mask, double scale) {
   const int64_t h = q.size(1), hkv = k.size(1);
   VLM_ASSERT(h % hkv == 0, "heads ", h, " not a multiple of kv heads ", hkv);
-  torch::Tensor kk = k, vv = v;
-  if (h != hkv) {
-    kk = k.repeat_interleave(h / hkv, /*dim=*/1);
-    vv = v.repeat_interleave(h / hkv, /*dim=*/1);
-  }
-#if VLM_TORCH2
-  // Needs LibTorch >= 2.1 (the `scale` argument). Bool mask: true = attend.
-  return at::scaled_dot_product_attention(q, kk, vv, mask.defined() ? c10::optional<at::Tensor>(mask)
-                                                                    : c10::nullopt,
-                                          0.0, false, scale);
-#else
-  auto scores = torch::matmul(q, kk.transpose(-2, -1)) * scale;  // [B, H, L, T]
-  if (mask.defined()) scores = scores.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
-  auto probs = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
-  return torch::matmul(probs, vv);
-#endif
+  // Bool mask: true = attend. enable_gqa lets the kernel read kv head j / (H / Hkv) for
+  // query head j without materialising repeated keys and values.
+  return at::scaled_dot_product_attention(
+      q, k, v, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt, /*dropout_p=*/0.0,
+      /*is_causal=*/false, scale, /*enable_gqa=*/h != hkv);
 }
 
 torch::Tensor varlen_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

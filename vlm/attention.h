@@ -17,7 +17,7 @@ namespace vlm {
 // softmax(q k^T * scale + mask) v with GQA (query head j uses kv head j / (H / Hkv)).
 // q: [B, H, L, D], k/v: [B, Hkv, T, D], mask: bool broadcastable to [B, H, L, T]
 // (true = attend; every row must allow at least one key) or undefined (no mask).
-// LibTorch 1.13: matmul + fp32 softmax. 2.x: at::scaled_dot_product_attention.
+// at::scaled_dot_product_attention (flash / memory-efficient / cuDNN kernels where they apply).
 // Returns [B, H, L, D].
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const torch::Tensor& mask, double scale);

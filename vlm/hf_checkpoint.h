@@ -113,8 +113,8 @@ struct LoadReport {
 // lm_head.weight = model.embed_tokens.weight) are skipped, and may be absent from the
 // checkpoint. Missing parameters: one error listing up to 10 of them and the count.
 // Everything is checked before the first copy, so a failed load leaves the module as it
-// was. Tensors on the meta device are an error (LibTorch 1.13's set_data refuses to swap
-// a meta tensor for a real one): materialise first, then load.
+// was. Tensors on the meta device are an error (set_data refuses to swap a meta tensor
+// for a real one): materialise first, then load.
 LoadReport load_module_weights(torch::nn::Module& module, const HfCheckpoint& ckpt,
                                const LoadOptions& opts = {});
 LoadReport load_module_weights(torch::nn::Module& module, const std::string& dir_or_file,

@@ -1,7 +1,7 @@
 // Leaf layers that can be built on the meta device (no memory) and materialised later:
 // Linear, Norm (LayerNorm / RMSNorm), Embedding, PatchEmbed (Conv3d as a matmul).
 //
-// LibTorch 1.13's torch::nn::Linear / Embedding allocate and initialise real CPU memory in
+// LibTorch's torch::nn::Linear / Embedding allocate and initialise real CPU memory in
 // reset(), which would need ~30 GB just to plan a 7B model; these create their parameters
 // with torch::empty(shape, options), where options.device() may be torch::kMeta.
 // Parameter names match HF (`weight`, `bias`). vlm::materialize() (meta_init.h) replaces
@@ -22,7 +22,7 @@ class LayerBase : public torch::nn::Module {
   // Initialisation rule for the parameter `name` registered by this layer.
   virtual ParamInit init_rule(const std::string& name) const = 0;
   // Replaces the registered parameter `name` by `value` (same shape; requires_grad kept).
-  // Needed because set_data() refuses meta -> real in LibTorch 1.13.
+  // Needed because set_data() refuses to swap a meta tensor for a real one.
   void replace_parameter(const std::string& name, torch::Tensor value);
 
  protected:

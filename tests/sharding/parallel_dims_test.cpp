@@ -4,6 +4,7 @@
 #include "sharding/fingerprint.h"
 #include "sharding/parallel_dims.h"
 #include "vlm/check.h"
+#include "vlm/runtime_info.h"
 
 using namespace vlm::sharding;
 
@@ -198,6 +199,6 @@ TEST(Fingerprint, StandardFieldsAndDuplicates) {
   EXPECT_EQ(fp.fields[0].first, "recipe hash");
   EXPECT_EQ(fp.fields[3].second, "42");
   EXPECT_EQ(fp.fields[4].first, "libtorch version");
-  EXPECT_EQ(fp.fields[4].second, vlm::compat::torch_version());
+  EXPECT_EQ(fp.fields[4].second, vlm::torch_version());
   EXPECT_THROW(fp.add("recipe hash", "x"), vlm::Error);
 }
