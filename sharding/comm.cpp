@@ -76,15 +76,11 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return c10d::ReduceOp::SUM;
 }
 
-// Gloo takes the fallbacks on every LibTorch version: 1.13 lacks the flat ops and 2-byte
-// float reductions (compat::gloo_has_*), 2.x minor versions differ in which they have, and
-// the fallbacks work everywhere (reducing 2-byte floats in fp32 is also more accurate).
-// NCCL always has them.
-bool native_reduce(Backend b, torch::ScalarType s) { return !is_half(s) || b == Backend::kNccl; }
+// Gloo's flat all-gather / reduce-scatter are slower than the ways below (sharding/comm.h).
 bool native_flat_ops(Backend b) { return b == Backend::kNccl; }
 
-// A 2-byte float tensor seen as its raw bytes [2 * numel] uint8 (bit-exact for copies;
-// Gloo 1.13 refuses bf16 and int16 even for pure data movement); others unchanged.
+// A 2-byte float tensor seen as its raw bytes [2 * numel] uint8 (bit-exact for copies,
+// whatever dtypes the backend accepts); others unchanged.
 torch::Tensor as_bits(const torch::Tensor& t) {
   return is_half(t.scalar_type()) ? t.view(-1).view(torch::kByte) : t;
 }
@@ -92,7 +88,7 @@ torch::Tensor as_bits(const torch::Tensor& t) {
 using WorkList = std::vector<c10::intrusive_ptr<c10d::Work>>;
 
 // The issue step of an all-reduce of `buf` (in place), for Comm::launch.
-std::function<WorkList()> allreduce_issue(c10::intrusive_ptr<compat::CommBackend> group,
+std::function<WorkList()> allreduce_issue(c10::intrusive_ptr<c10d::Backend> group,
                                           torch::Tensor buf, ReduceOp op,
                                           std::chrono::milliseconds timeout) {
   return [group, buf, op, timeout]() mutable {
@@ -132,7 +128,7 @@ void Work::wait() {
 
 // ------------------------------------------------------------------ Comm
 
-Comm::Comm(c10::intrusive_ptr<compat::CommBackend> group, int rank, int world_size,
+Comm::Comm(c10::intrusive_ptr<c10d::Backend> group, int rank, int world_size,
            Backend backend, std::chrono::milliseconds timeout, size_t flight_capacity)
     : group_(std::move(group)),
       rank_(rank),
@@ -332,24 +328,16 @@ Work Comm::all_reduce_async(const torch::Tensor& t, ReduceOp op, const std::stri
             " (hint: use sum and divide yourself)");
   const double n = world_;
   const double m = static_cast<double>(t.numel()) * t.element_size();
-  const bool native = shm_ || native_reduce(backend_, t.scalar_type());
-  const double wire_m = native ? m : static_cast<double>(t.numel()) * 4;
   const double ring = 2.0 * (n - 1) / n;
-  count(OpKind::kAllReduce, ring * m, ring * wire_m);
-  const uint64_t seq = enter(OpKind::kAllReduce, describe(t) + (native ? "" : " via fp32"), ctx);
+  count(OpKind::kAllReduce, ring * m, ring * m);
+  const uint64_t seq = enter(OpKind::kAllReduce, describe(t), ctx);
   if (world_ == 1) return launch(seq, nullptr, nullptr);
   if (shm_) return launch_shm(seq, shm_->all_reduce(t, op));
 
-  torch::Tensor buf = native ? t : t.to(torch::kFloat);
-  auto issue = allreduce_issue(group_, buf, op, timeout_);
+  auto issue = allreduce_issue(group_, t, op, timeout_);
   std::function<void()> epi;
   const int world = world_;
-  if (op == ReduceOp::kAvg || !native) {
-    epi = [t, buf, op, native, world]() {
-      if (op == ReduceOp::kAvg) buf.div_(world);
-      if (!native) t.copy_(buf);
-    };
-  }
+  if (op == ReduceOp::kAvg) epi = [t, world]() { t.div_(world); };
   return launch(seq, issue, std::move(epi));
 }
 
@@ -419,7 +407,7 @@ Work Comm::reduce_scatter_async(const torch::Tensor& out, const torch::Tensor& i
             " elements, got ", in.numel(), " (hint: pad the flat buffer to a multiple of N)");
   const double n = world_;
   const double m = static_cast<double>(in.numel()) * in.element_size();
-  const bool native_flat = native_flat_ops(backend_) && native_reduce(backend_, in.scalar_type());
+  const bool native_flat = native_flat_ops(backend_);
   // Native and the Gloo all-to-all fallback both move the ring volume.
   count(OpKind::kReduceScatter, (n - 1) / n * m, (n - 1) / n * m);
   const uint64_t seq = enter(OpKind::kReduceScatter,

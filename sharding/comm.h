@@ -10,18 +10,21 @@
 // must be contiguous; out and in of all_gather / reduce_scatter have the same dtype
 // and device. `in` of all_gather may alias out's own slice (FSDP's shard-in-buffer case).
 //
-// Backend gaps hidden here (LibTorch 1.13 Gloo, see vlm/compat.h; Gloo takes these paths
-// on every version, since 2.x minor versions differ in what they support):
-//   * no flat all-gather     -> one broadcast per rank of its slice, into views of `out`
-//                               (Gloo's list allgather stages through a buffer it allocates
-//                               per call: ~2x slower on CPU, docs/cpu_comm.md)
-//   * no reduce-scatter      -> all-to-all of `in`'s N chunks (chunk k to rank k, 2-byte
+// How each op is issued on Gloo (TCP), chosen by measurement against LibTorch 2.11's own
+// Gloo ops (scripts/bench/gloo_ops.py; docs/cpu_comm.md has the numbers):
+//   * all-gather             -> one broadcast per rank of its slice, into views of `out`
+//                               (2-5x faster than Gloo's all_gather_into_tensor, which, like
+//                               its list allgather, stages through a buffer per call)
+//   * reduce-scatter         -> all-to-all of `in`'s N chunks (chunk k to rank k, 2-byte
 //                               floats as raw bytes), then a local reduce of the N chunks
-//                               received (2-byte floats in fp32)
-//   * no bf16/fp16 reduction -> reduce a fp32 copy, cast back
+//                               received (2-byte floats in fp32); Gloo's reduce_scatter_tensor
+//                               was never faster
+//   * all-reduce             -> Gloo's own, 2-byte floats included (bf16 natively: 1.6-5x
+//                               faster than reducing a fp32 copy; partial sums round to
+//                               bf16 at world > 2, as on NCCL)
 //   * 2-byte floats in all-gather / broadcast travel bit-exact as raw bytes (uint8)
 //   * avg                    -> sum, then divide by N (every backend, for identical numerics)
-// With NCCL (LibTorch 2.x CUDA builds) the native flat ops and bf16 reductions are used.
+// With NCCL the native flat ops are used.
 // When every rank is on one host, ParallelDims gives Gloo jobs a shared-memory channel
 // (sharding/shm_channel.h) and every op goes there instead: flat ops and 2-byte float
 // reductions (in fp32) natively, a plain copy instead of TCP over loopback.
@@ -32,8 +35,7 @@
 //       all_reduce 2(N-1)/N * M, all_gather (N-1)/N * M, reduce_scatter (N-1)/N * M,
 //       broadcast M (each non-root rank receives the tensor once; root counts the same
 //       so all ranks agree), barrier 0. World size 1: 0 for every op.
-//   wire_bytes: the same ring formulas applied to what was really issued: e.g. a bf16
-//       all-reduce on Gloo 1.13 counts 2(N-1)/N * (2M) (it travels in fp32). The
+//   wire_bytes: the same ring formulas applied to what was really issued. The
 //       reduce-scatter's all-to-all and the all-gather's broadcasts move the ring volume
 //       (N-1)/N * M (the broadcasts: per rank, averaged over the ranks). The shared-memory
 //       channel reads what the ring would send (its wire bytes equal the logical bytes).
@@ -136,7 +138,7 @@ class Work {
 class Comm {
  public:
   // `group` may be null only for world_size 1 (every op is then local).
-  Comm(c10::intrusive_ptr<compat::CommBackend> group, int rank, int world_size,
+  Comm(c10::intrusive_ptr<c10d::Backend> group, int rank, int world_size,
        Backend backend, std::chrono::milliseconds timeout, size_t flight_capacity = 32);
   ~Comm();  // joins the shared-memory channel's thread, if any
 
@@ -202,7 +204,7 @@ class Comm {
 
   Work launch_shm(uint64_t seq, std::shared_ptr<ShmTask> task);
 
-  c10::intrusive_ptr<compat::CommBackend> group_;
+  c10::intrusive_ptr<c10d::Backend> group_;
   std::shared_ptr<ShmChannel> shm_;
   std::string transport_;
   c10::intrusive_ptr<c10d::Store> store_;

@@ -169,8 +169,8 @@ void check_counters(ParallelDims& dims) {
   const int n = dims.world_size(), r = dims.rank();
   comm.reset_stats();
   const double N = n;
-  // all_reduce: fp32 1001 elems (M = 4004), bf16 4099 elems (M = 8198; Gloo's TCP sends it
-  // as fp32, the shared-memory channel moves bf16).
+  // all_reduce: fp32 1001 elems (M = 4004), bf16 4099 elems (M = 8198; moved as bf16 on
+  // both transports).
   torch::Tensor f = torch::ones({1001});
   torch::Tensor h = torch::ones({4099}, torch::kBFloat16);
   comm.all_reduce(f, ReduceOp::kSum, "c1");
@@ -193,7 +193,7 @@ void check_counters(ParallelDims& dims) {
   const double tol = 1e-9;
   EXPECT_EQ(s[OpKind::kAllReduce].calls, 2);
   EXPECT_NEAR(s[OpKind::kAllReduce].logical_bytes, 2 * (N - 1) / N * (4004 + 8198), tol);
-  EXPECT_NEAR(s[OpKind::kAllReduce].wire_bytes, 2 * (N - 1) / N * (4004 + 4099 * (on_shm(comm) ? 2 : 4)), tol);
+  EXPECT_NEAR(s[OpKind::kAllReduce].wire_bytes, 2 * (N - 1) / N * (4004 + 4099 * 2), tol);
   EXPECT_EQ(s[OpKind::kAllGather].calls, 1);
   EXPECT_NEAR(s[OpKind::kAllGather].logical_bytes, (N - 1) * 777 * 2, tol);
   EXPECT_NEAR(s[OpKind::kAllGather].wire_bytes, (N - 1) * 777 * 2, tol);
@@ -389,7 +389,7 @@ TEST(CommDist, ShmSetupAgreesAcrossRanks) { launch("DISABLED_ShmSetupWorker", 3,
 
 // World size 1: every op is local, counted with zero bytes.
 TEST(CommLocal, WorldOneIsIdentity) {
-  Comm comm(c10::intrusive_ptr<vlm::compat::CommBackend>(), 0, 1, Backend::kNone,
+  Comm comm(c10::intrusive_ptr<c10d::Backend>(), 0, 1, Backend::kNone,
             std::chrono::seconds(1));
   torch::Tensor t = pattern(0, 9, torch::kBFloat16);
   comm.all_reduce(t, ReduceOp::kAvg, "x");
@@ -417,7 +417,7 @@ TEST(CommLocal, WorldOneIsIdentity) {
 
 // The flight recorder keeps the last `capacity` ops, oldest first, with their contexts.
 TEST(CommLocal, FlightRecorderKeepsTheLastOps) {
-  Comm comm(c10::intrusive_ptr<vlm::compat::CommBackend>(), 0, 1, Backend::kNone,
+  Comm comm(c10::intrusive_ptr<c10d::Backend>(), 0, 1, Backend::kNone,
             std::chrono::seconds(1), /*flight_capacity=*/4);
   torch::Tensor t = torch::zeros({3});
   for (int i = 0; i < 6; ++i) comm.all_reduce(t, ReduceOp::kSum, "op " + std::to_string(i));
