@@ -9,13 +9,13 @@
 #
 # Speed is reported as ratios measured within one run (configurations interleaved,
 # repeated, medians): compare them, not absolute times, across machines.
-# Needs Debian's python3-torch for the PyTorch DDP reference (/usr/bin/python3, or set
-# TORCH_PYTHON). The GPU part lives in scripts/gpu/ (run_bench.sh on a CUDA machine).
+# The PyTorch DDP reference runs with the project's environment (.venv/bin/python, made by
+# scripts/install-deps.sh; or set TORCH_PYTHON). The GPU part lives in scripts/gpu/ (run_bench.sh on a CUDA machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export BUILD_DIR=${BUILD_DIR:-$PWD/build}
 export BENCH_OUT=${BENCH_OUT:-$BUILD_DIR/bench-out}
-export TORCH_PYTHON=${TORCH_PYTHON:-/usr/bin/python3}
+export TORCH_PYTHON=${TORCH_PYTHON:-$PWD/.venv/bin/python}
 JOBS=${JOBS:-2}
 
 echo "bench: load average at start: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores" >&2
@@ -25,7 +25,7 @@ fi
 nice -n 5 cmake --build "$BUILD_DIR" -j "$JOBS" --target vlmtrain step_bench image_bench tokenizer_bench
 
 "$TORCH_PYTHON" -c 'import torch' 2>/dev/null || {
-  echo "bench: $TORCH_PYTHON has no torch (apt-get install python3-torch)" >&2; exit 1; }
+  echo "bench: $TORCH_PYTHON has no torch (run scripts/install-deps.sh)" >&2; exit 1; }
 mkdir -p "$BENCH_OUT"
 if [[ ! -f "$BENCH_OUT/synth/train.jsonl" ]]; then
   "$BUILD_DIR/vlmtrain" synth-ocr --out "$BENCH_OUT/synth" --train 400 --val 20 >&2

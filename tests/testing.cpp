@@ -21,12 +21,23 @@ namespace vlmtest {
 
 std::string source_dir() { return VLMTRAIN_SOURCE_DIR; }
 std::string binary_dir() { return VLMTRAIN_BINARY_DIR; }
-std::string vlmtrain_bin() {
-#ifdef VLMTRAIN_BIN
-  return VLMTRAIN_BIN;
-#else
-  throw std::runtime_error("this test build has no vlmtrain binary (core-only build)");
-#endif
+std::string vlmtrain_bin() { return VLMTRAIN_BIN; }
+
+std::string python_tool(const std::string& name) {
+  const fs::path python = VLMTRAIN_PYTHON;
+  const fs::path tool = name == "python" ? python : python.parent_path() / name;
+  if (python.empty() || !fs::exists(tool))
+    throw std::runtime_error("reference tool '" + name + "' not found at '" + tool.string() +
+                             "' (the build's VLMTRAIN_PYTHON is '" + python.string() +
+                             "'); hint: run scripts/install-deps.sh, which makes .venv/ with "
+                             "scripts/requirements.txt, then re-run cmake");
+  return tool.string();
+}
+
+nlohmann::json last_json_line(const std::string& out) {
+  auto end = out.find_last_not_of("\n");
+  auto start = out.rfind('\n', end);
+  return nlohmann::json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
 }
 
 TempDir::TempDir(const std::string& tag) {

@@ -5,12 +5,19 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace vlmtest {
 
 // Absolute path of the source tree / build tree / built vlmtrain binary.
 std::string source_dir();
 std::string binary_dir();
 std::string vlmtrain_bin();
+
+// The Python environment the build was configured with (VLMTRAIN_PYTHON, normally .venv/):
+// python_tool("python") is its interpreter, python_tool("torchrun") its torchrun. Throws,
+// naming the path and the fix, when it is missing: a missing reference fails the test.
+std::string python_tool(const std::string& name);
 
 // A fresh, empty directory under the build tree, removed when the object dies
 // (unless VLMTRAIN_KEEP_TEST_DIRS is set).
@@ -32,6 +39,9 @@ struct RunResult {
   bool timed_out = false;
   std::string output;     // stdout and stderr interleaved
 };
+
+// The last non-empty line of a command's output, parsed as JSON.
+nlohmann::json last_json_line(const std::string& out);
 
 // Runs argv[0] with arguments (no shell), extra env "K=V" entries added, and kills the
 // whole process group after `timeout`.

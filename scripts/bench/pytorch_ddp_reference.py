@@ -1,16 +1,17 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """PyTorch DDP reference for bench/step_bench: the same Qwen2-VL-shaped model (plain
 PyTorch modules, no transformers), the same fixed synthetic batch shapes, the same
 optimizer work (AdamW, global grad-norm clip), wrapped in torch.nn.parallel's
 DistributedDataParallel over Gloo. Timed per step; rank 0 prints one JSON line.
 
-    /usr/bin/python3 scripts/bench/pytorch_ddp_reference.py --preset small --world 2 --threads 1
+    .venv/bin/python scripts/bench/pytorch_ddp_reference.py --preset small --world 2 --threads 1
 
-Use Debian's python3-torch (1.13, /usr/bin/python3). The model mirrors vlm/ module for
+Runs with the project's environment (.venv/: torch 2.11, the LibTorch vlmtrain links). The model mirrors vlm/ module for
 module (vision: linear patch embed, 2D rotary, LayerNorm blocks with quick_gelu MLP,
 attention within each image; merger LN + 2-layer MLP; LLM: RMSNorm, GQA attention with
 M-RoPE and a causal mask, SwiGLU MLP, tied head, summed cross entropy over answer
-tokens), using the same matmul-softmax attention as LibTorch 1.13 (no SDPA in 1.13). The
+tokens), using the same attention call as vlm/attention.cpp (SDPA, GQA without repeated
+K/V, a bool mask). The
 parameter count is printed so the driver can check it against step_bench's.
 
 Batch per rank (as step_bench): B samples of [T/2 prompt] <vs> [K image tokens] <ve>
@@ -49,13 +50,8 @@ def rotate_half(x):
 
 def attention(q, k, v, mask):
     # q [N, H, L, D], k/v [N, Hkv, L, D]; mask bool, True = attend.
-    if k.shape[1] != q.shape[1]:
-        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    s = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(s, -1, dtype=torch.float32).to(q.dtype), v)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(q.shape[-1]),
+                                          enable_gqa=k.shape[1] != q.shape[1])
 
 
 class VisionBlock(nn.Module):

@@ -21,11 +21,7 @@ namespace {
 
 using nlohmann::json;
 
-json last_json_line(const std::string& out) {
-  auto end = out.find_last_not_of("\n");
-  auto start = out.rfind('\n', end);
-  return json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
-}
+using vlmtest::last_json_line;
 
 std::string pads(int64_t n) {
   std::string s = "<|vision_start|>";

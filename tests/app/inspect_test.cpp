@@ -9,11 +9,7 @@
 
 namespace {
 
-nlohmann::json last_json_line(const std::string& out) {
-  auto end = out.find_last_not_of("\n");
-  auto start = out.rfind('\n', end);
-  return nlohmann::json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
-}
+using vlmtest::last_json_line;
 
 TEST(InspectImage, JsonMatchesSpecTable) {
   vlmtest::TempDir dir("inspect");

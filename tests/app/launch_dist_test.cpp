@@ -62,7 +62,7 @@ std::string env_str(const char* name) {
   return v == nullptr ? "" : v;
 }
 
-ParallelDims init_worker(int timeout_s) {
+ParallelDims init_launch_worker(int timeout_s) {
   ParallelOptions o;
   o.timeout = std::chrono::seconds(timeout_s);
   o.device = "cpu";
@@ -224,7 +224,7 @@ TEST(LaunchDist, DISABLED_CollectiveLoopWorker) {
   Clock::time_point t_fail;
   int step = 0;
   try {
-    ParallelDims dims = init_worker(timeout_s);
+    ParallelDims dims = init_launch_worker(timeout_s);
     torch::Tensor t = torch::ones({1000});
     const auto t_start = Clock::now();
     for (step = 0; since(t_start) < 60; ++step) {
@@ -285,7 +285,7 @@ TEST(LaunchDist, SigkilledRankEndsEverySurvivor) {
 TEST(LaunchDist, DISABLED_FingerprintWorker) {
   VLM_DIST_WORKER_ONLY();
   try {
-    ParallelDims dims = init_worker(30);
+    ParallelDims dims = init_launch_worker(30);
     const std::string r = std::to_string(dims.rank());
     vlmtrain::Recipe recipe = vlmtrain::load_recipe(env_str("VLMTEST_DIR") + "/rank" + r + "/recipe.toml", {});
     const int64_t n = env_int(("VLMTEST_DATASET_" + r).c_str(), 100);
@@ -333,7 +333,7 @@ TEST(LaunchDist, FingerprintNamesTheDifference) {
 TEST(LaunchDist, DISABLED_TrainWorker) {
   VLM_DIST_WORKER_ONLY();
   try {
-    ParallelDims dims = init_worker(30);
+    ParallelDims dims = init_launch_worker(30);
     Comm& comm = dims.comm();
     torch::manual_seed(0);
     const torch::Tensor x = torch::randn({16, 8});

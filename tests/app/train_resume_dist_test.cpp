@@ -26,17 +26,17 @@ using vlmtest::TempDir;
 namespace {
 
 // Synthetic OCR set + sentencepiece tokenizer shared by every test of this file.
-TempDir* g_data = nullptr;
+TempDir* g_resume_data = nullptr;
 
 class TrainResume : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    g_data = new TempDir("train-data");
-    vlmtest::make_synth_data(g_data->path(), 64, 5);
+    g_resume_data = new TempDir("train-data");
+    vlmtest::make_synth_data(g_resume_data->path(), 64, 5);
   }
   static void TearDownTestSuite() {
-    delete g_data;
-    g_data = nullptr;
+    delete g_resume_data;
+    g_resume_data = nullptr;
   }
 
   // A small recipe: tiny model, mixed policies, `steps` steps, checkpoints every 3.
@@ -48,9 +48,9 @@ output_dir = ")" + (dir / "run") + R"("
 seed = 3
 [model]
 preset = "tiny"
-tokenizer = ")" + (*g_data / "tokenizer.model") + R"("
+tokenizer = ")" + (*g_resume_data / "tokenizer.model") + R"("
 [data]
-train = [")" + (*g_data / "train.jsonl") + R"("]
+train = [")" + (*g_resume_data / "train.jsonl") + R"("]
 format = "ocr"
 prompt = "Read the text."
 max_image_tokens = 32
@@ -100,7 +100,6 @@ every = 1
   }
 };
 
-std::map<int64_t, double> losses(const std::string& run_dir) { return vlmtest::losses_by_step(run_dir); }
 
 // Copies a run directory keeping only metrics of steps <= `upto` and checkpoints <= `upto`.
 void copy_run_until(const std::string& from, const std::string& to, int64_t upto) {
@@ -136,7 +135,7 @@ TEST_F(TrainResume, SameWorldSizeIsBitExactAndIgnoresIncompleteCheckpoints) {
     TempDir dir("resume");
     const std::string rp = recipe(dir, 2);
     ASSERT_TRUE(vlmtest::all_ok(train(world, rp)));
-    const auto full = losses(dir / "run");
+    const auto full = vlmtest::losses_by_step(dir / "run");
     ASSERT_EQ(full.size(), 6u);
     EXPECT_LT(full.at(6), full.at(1));  // it trains
     // Interrupted after step 3 "while saving step 6": step-6 exists without COMPLETE.
@@ -151,7 +150,7 @@ TEST_F(TrainResume, SameWorldSizeIsBitExactAndIgnoresIncompleteCheckpoints) {
     auto res = train(world, rp2);
     ASSERT_TRUE(vlmtest::all_ok(res));
     EXPECT_NE(res[0].output.find("resumed from " + (dir2 / "run/step-00000003")), std::string::npos) << res[0].output;
-    expect_close(losses(dir2 / "run"), full, 1, 6, 0.0);
+    expect_close(vlmtest::losses_by_step(dir2 / "run"), full, 1, 6, 0.0);
     EXPECT_TRUE(fs::exists(dir2 / "run/step-00000006/COMPLETE"));  // the leftover was replaced
   }
 }
@@ -165,7 +164,7 @@ TEST_F(TrainResume, OntoAnotherWorldSizeKeepsTheLossCurve) {
     SCOPED_TRACE("world " + std::to_string(c.w0) + " -> " + std::to_string(c.w1));
     TempDir dir("reshard");
     ASSERT_TRUE(vlmtest::all_ok(train(c.w0, recipe(dir, c.b0))));
-    const auto full = losses(dir / "run");
+    const auto full = vlmtest::losses_by_step(dir / "run");
     TempDir dir2("reshard2");
     copy_run_until(dir / "run", dir2 / "run", 3);
     auto res = train(c.w1, recipe(dir2, c.b1));
@@ -173,7 +172,7 @@ TEST_F(TrainResume, OntoAnotherWorldSizeKeepsTheLossCurve) {
     EXPECT_NE(res[0].output.find("written by " + std::to_string(c.w0) + " rank(s), now " + std::to_string(c.w1)),
               std::string::npos)
         << res[0].output;
-    expect_close(losses(dir2 / "run"), full, 4, 6, 1e-5);
+    expect_close(vlmtest::losses_by_step(dir2 / "run"), full, 4, 6, 1e-5);
   }
 }
 
@@ -204,7 +203,7 @@ TEST_F(TrainResume, ExportLoadsBackToTheCheckpointTensors) {
     EXPECT_EQ(params.size(), want.size());
   }
   // eval --checkpoint scores the checkpoint itself: the same predictions as its fp32 export.
-  const std::string data = *g_data / "val.jsonl";
+  const std::string data = *g_resume_data / "val.jsonl";
   auto e1 = vlmtest::run({vlmtest::vlmtrain_bin(), "eval", recipe(dir, 2, 3), "--checkpoint", ckpt, "--data", data,
                           "--max-new-tokens", "6", "--out", dir / "eval-ckpt"});
   ASSERT_EQ(e1.exit_code, 0) << e1.output;

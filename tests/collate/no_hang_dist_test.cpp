@@ -19,8 +19,8 @@ using namespace vlm::collate;
 
 namespace {
 
-constexpr int64_t kPad = 0;
-constexpr int kSteps = 3;
+constexpr int64_t kPadId = 0;
+constexpr int kHangSteps = 3;
 
 // The global samples of step `step`. One (world 2) or two (world 4) multi-image samples
 // whose cost exceeds what longest-processing-time-first gives the other ranks, so those
@@ -57,7 +57,7 @@ TEST(NoHangDist, DISABLED_Worker) {
 
   Budgets b = vlmtest::synthetic_budgets();
   b.max_tokens = 80;  // the 74-token multi-image sample fills a micro-batch alone
-  for (int step = 0; step < kSteps; ++step) {
+  for (int step = 0; step < kHangSteps; ++step) {
     auto samples = step_samples(cfg, step, world);
     std::map<int64_t, const vlm::TokenizedSample*> by_index;
     std::vector<SampleCost> costs;
@@ -88,12 +88,12 @@ TEST(NoHangDist, DISABLED_Worker) {
     std::vector<MicroBatch> mbs;
     for (const auto& mbp : mine.micro_batches) {
       if (mbp.filler()) {
-        mbs.push_back(filler_micro_batch(kPad));
+        mbs.push_back(filler_micro_batch(kPadId));
         continue;
       }
       std::vector<vlm::TokenizedSample> rows_of;
       for (const auto& ps : mbp.samples) rows_of.push_back(*by_index.at(ps.index));
-      mbs.push_back(build_micro_batch(rows_of, cfg, kPad));
+      mbs.push_back(build_micro_batch(rows_of, cfg, kPadId));
     }
     auto tokens = torch::zeros({1}, torch::kDouble);
     for (const auto& mb : mbs) tokens[0] += static_cast<double>(mb.supervised_tokens);
@@ -104,7 +104,7 @@ TEST(NoHangDist, DISABLED_Worker) {
     double ref_loss;
     {
       torch::NoGradGuard no_grad;
-      auto ref = model->forward(build_micro_batch(samples, cfg, kPad).batch);
+      auto ref = model->forward(build_micro_batch(samples, cfg, kPadId).batch);
       ASSERT_EQ(static_cast<double>(ref.n_tokens), global_tokens);
       ref_loss = ref.loss_sum.item<double>() / ref.n_tokens;
     }

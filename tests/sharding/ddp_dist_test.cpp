@@ -301,7 +301,7 @@ void compare(const RunResult& got, const RunResult& want, const std::string& tag
               got.losses.front(), got.losses.back(), want.losses.back(), worst, worst_name.c_str());
 }
 
-ParallelDims init_worker() {
+ParallelDims init_ddp_worker() {
   ParallelOptions o;
   o.timeout = std::chrono::seconds(120);
   o.device = "cpu";
@@ -313,7 +313,7 @@ ParallelDims init_worker() {
 TEST(DdpDist, DISABLED_ParityWorker) {
   VLM_DIST_WORKER_ONLY();
   torch::set_num_threads(1);
-  auto dims = init_worker();
+  auto dims = init_ddp_worker();
   for (char config : {'a', 'b'}) {
     const RunResult ref = reference_run(config);
     for (int accum : {1, 3}) {
@@ -362,7 +362,7 @@ TEST(DdpDist, ParitySingleProcess) {
 TEST(DdpDist, DISABLED_UnusedParamsWorker) {
   VLM_DIST_WORKER_ONLY();
   torch::set_num_threads(1);
-  auto dims = init_worker();
+  auto dims = init_ddp_worker();
   auto model = make_model();
   ShardingOptions o;
   o.ddp_bucket_mb = 0.05;
@@ -418,7 +418,7 @@ TEST(DdpDist, UnusedParamsWorld3) {
 TEST(DdpDist, DISABLED_Bf16ReduceWorker) {
   VLM_DIST_WORKER_ONLY();
   torch::set_num_threads(1);
-  auto dims = init_worker();
+  auto dims = init_ddp_worker();
   const int n = dims.world_size();
   auto model = make_model();
   ShardingOptions o;

@@ -16,7 +16,7 @@ using namespace vlm::sharding;
 
 namespace {
 
-ParallelDims init_worker() {
+ParallelDims init_fingerprint_worker() {
   ParallelOptions o;
   o.timeout = std::chrono::seconds(60);
   o.device = "cpu";
@@ -29,7 +29,7 @@ std::string hex(uint64_t v) {
   return b;
 }
 
-void launch(const std::string& worker, int n) {
+void launch_fingerprint(const std::string& worker, int n) {
   vlmtest::DistRun run;
   run.world_size = n;
   run.worker_test = "FingerprintDist." + worker;
@@ -88,7 +88,7 @@ void check_field_list(ParallelDims& dims) {
 
 TEST(FingerprintDist, DISABLED_Worker) {
   VLM_DIST_WORKER_ONLY();
-  ParallelDims dims = init_worker();
+  ParallelDims dims = init_fingerprint_worker();
   ASSERT_EQ(dims.world_size(), 3);
   {
     SCOPED_TRACE("agree");
@@ -104,4 +104,4 @@ TEST(FingerprintDist, DISABLED_Worker) {
   }
 }
 
-TEST(FingerprintDist, AgreeThenMismatches3) { launch("DISABLED_Worker", 3); }
+TEST(FingerprintDist, AgreeThenMismatches3) { launch_fingerprint("DISABLED_Worker", 3); }

@@ -341,7 +341,7 @@ void compare(const RunResult& got, const RunResult& want, const std::string& tag
               worst_name.c_str(), got.seconds);
 }
 
-ParallelDims init_worker() {
+ParallelDims init_fsdp_worker() {
   ParallelOptions o;
   o.timeout = std::chrono::seconds(60);
   o.device = "cpu";
@@ -375,7 +375,7 @@ std::vector<vlmtest::WorkerResult> launch(int world, const std::string& worker, 
 TEST(FsdpDist, DISABLED_ParityWorker) {
   VLM_DIST_WORKER_ONLY();
   torch::set_num_threads(1);
-  auto dims = init_worker();
+  auto dims = init_fsdp_worker();
   const RunResult ref = reference_run(Config{});
   std::vector<Config> cases;
   for (const char* strategy : {"full_shard", "shard_grad_op", "no_shard"})
@@ -481,7 +481,7 @@ TEST(FsdpDist, CheckpointGradientsMatchPlain) {
 TEST(FsdpDist, DISABLED_TrafficMemoryWorker) {
   VLM_DIST_WORKER_ONLY();
   torch::set_num_threads(1);
-  auto dims = init_worker();
+  auto dims = init_fsdp_worker();
   const int n = dims.world_size();
   for (bool tied : {false, true}) {
     Config base;
@@ -565,7 +565,7 @@ TEST(FsdpDist, TrafficMemoryWorld4) {
 TEST(FsdpDist, DISABLED_Bf16Worker) {
   VLM_DIST_WORKER_ONLY();
   torch::set_num_threads(1);
-  auto dims = init_worker();
+  auto dims = init_fsdp_worker();
   Config c;
   c.lr = 1e-3;
   c.fixed_data = true;
@@ -592,7 +592,7 @@ TEST(FsdpDist, Bf16World2) { launch(2, "FsdpDist.DISABLED_Bf16Worker", 180); }
 TEST(FsdpDist, DISABLED_TextOnlyWorker) {
   VLM_DIST_WORKER_ONLY();
   torch::set_num_threads(1);
-  auto dims = init_worker();
+  auto dims = init_fsdp_worker();
   for (bool frozen : {false, true}) {
     Config c;
     c.frozen_vision = frozen;
@@ -631,7 +631,7 @@ Config resume_config(int begin, int end) {
 TEST(FsdpDist, DISABLED_SaveWorker) {
   VLM_DIST_WORKER_ONLY();
   torch::set_num_threads(1);
-  auto dims = init_worker();
+  auto dims = init_fsdp_worker();
   Config c = resume_config(0, 2);
   c.save_dir = std::getenv("VLMTEST_STATE_DIR");
   const RunResult ref = reference_run(resume_config(0, 4));
@@ -643,7 +643,7 @@ TEST(FsdpDist, DISABLED_SaveWorker) {
 TEST(FsdpDist, DISABLED_LoadWorker) {
   VLM_DIST_WORKER_ONLY();
   torch::set_num_threads(1);
-  auto dims = init_worker();
+  auto dims = init_fsdp_worker();
   Config c = resume_config(2, 4);
   c.load_dir = std::getenv("VLMTEST_STATE_DIR");
   const RunResult ref = reference_run(resume_config(0, 4));

@@ -23,7 +23,7 @@ using namespace vlm::sharding;
 
 namespace {
 
-constexpr int kSteps = 4;
+constexpr int kOptSteps = 4;
 
 // Two units of two parameters each; unit "b" is ZeRO-1 when zero1.
 std::vector<UnitPlan> make_units(bool zero1) {
@@ -66,7 +66,7 @@ void run_and_compare(Comm& comm, bool zero1) {
       groups.emplace_back(std::vector<torch::Tensor>{ref.back()}, std::move(opts));
     }
   torch::optim::AdamW ropt(groups, torch::optim::AdamWOptions(1e-3));
-  for (int step = 0; step < kSteps; ++step) {
+  for (int step = 0; step < kOptSteps; ++step) {
     int k = 0;
     for (auto& u : units)
       for (auto& p : u.params) {

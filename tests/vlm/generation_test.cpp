@@ -10,7 +10,7 @@
 
 namespace {
 
-vlm::Qwen2VL make_model(const std::string& preset) {
+vlm::Qwen2VL make_gen_model(const std::string& preset) {
   vlm::Qwen2VL m(vlm::preset(preset), torch::TensorOptions().device(torch::kMeta));
   vlm::materialize(*m, {torch::kCPU, torch::kFloat32, 3});
   return m;
@@ -54,7 +54,7 @@ class Gen : public ::testing::TestWithParam<std::string> {};
 INSTANTIATE_TEST_SUITE_P(Families, Gen, ::testing::Values("tiny", "tiny-qwen2.5"));
 
 TEST_P(Gen, KvCacheMatchesFullRecomputation) {
-  auto m = make_model(GetParam());
+  auto m = make_gen_model(GetParam());
   auto b = prompts(m->cfg);
   vlm::GenerationOptions o;
   o.max_new_tokens = 12;
@@ -83,7 +83,7 @@ TEST_P(Gen, KvCacheMatchesFullRecomputation) {
 }
 
 TEST_P(Gen, GreedyFirstTokenIsArgmaxOfTheTrainingForward) {
-  auto m = make_model(GetParam());
+  auto m = make_gen_model(GetParam());
   auto b = prompts(m->cfg);
   vlm::GenerationOptions o;
   o.max_new_tokens = 1;
@@ -95,7 +95,7 @@ TEST_P(Gen, GreedyFirstTokenIsArgmaxOfTheTrainingForward) {
 }
 
 TEST(Generation, StopsOnStopTokenAndPadsAfter) {
-  auto m = make_model("tiny");
+  auto m = make_gen_model("tiny");
   auto b = prompts(m->cfg);
   vlm::GenerationOptions o;
   o.max_new_tokens = 10;
@@ -114,7 +114,7 @@ TEST(Generation, StopsOnStopTokenAndPadsAfter) {
 // stop_together decides when to stop (lockstep eval): called once per step with the local
 // "all stopped" state, and generation ends exactly when it first returns true.
 TEST(Generation, StopTogetherCallbackDecidesTheStep) {
-  auto m = make_model("tiny");
+  auto m = make_gen_model("tiny");
   auto b = prompts(m->cfg);
   vlm::GenerationOptions o;
   o.max_new_tokens = 8;
@@ -142,7 +142,7 @@ TEST(Generation, StopTogetherCallbackDecidesTheStep) {
 }
 
 TEST(Generation, SamplingIsSeededAndTopPOfZeroIsGreedy) {
-  auto m = make_model("tiny");
+  auto m = make_gen_model("tiny");
   auto b = prompts(m->cfg);
   vlm::GenerationOptions o;
   o.max_new_tokens = 6;

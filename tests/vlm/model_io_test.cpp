@@ -12,7 +12,7 @@
 
 namespace {
 
-vlm::Qwen2VL make_model(const std::string& preset, uint64_t seed) {
+vlm::Qwen2VL make_io_model(const std::string& preset, uint64_t seed) {
   vlm::Qwen2VL model(vlm::preset(preset), torch::TensorOptions().device(torch::kMeta));
   vlm::MaterializeOptions opts;
   opts.seed = seed;
@@ -43,7 +43,7 @@ void expect_same_state(torch::nn::Module& a, torch::nn::Module& b) {
 
 TEST(ModelIo, BothFamiliesBothStylesAndShardedRoundTrip) {
   for (const std::string preset : {"tiny", "tiny-qwen2.5"}) {
-    auto src = make_model(preset, 1);
+    auto src = make_io_model(preset, 1);
     int n = 0;
     for (auto style : {vlm::HfNameStyle::kLegacy, vlm::HfNameStyle::kNested}) {
       for (uint64_t shard : {uint64_t(5'000'000'000ULL), uint64_t(400'000)}) {
@@ -82,10 +82,10 @@ TEST(ModelIo, BothFamiliesBothStylesAndShardedRoundTrip) {
 }
 
 TEST(ModelIo, Bf16CheckpointLoadsWithinBf16Rounding) {
-  auto src = make_model("tiny", 2);
+  auto src = make_io_model("tiny", 2);
   vlmtest::TempDir dir("model_io_bf16");
   vlm::save_hf_checkpoint(dir / "ckpt", vlm::module_state(*src), {});  // default: bf16
-  auto dst = make_model("tiny", 3);
+  auto dst = make_io_model("tiny", 3);
   vlm::load_module_weights(*dst, dir / "ckpt");
   for (const auto& p : src->named_parameters()) {
     auto expected = p.value().to(torch::kBFloat16).to(torch::kFloat);
@@ -94,7 +94,7 @@ TEST(ModelIo, Bf16CheckpointLoadsWithinBf16Rounding) {
 }
 
 TEST(ModelIo, MissingTensorAndWrongShapeAreNamed) {
-  auto src = make_model("tiny", 4);
+  auto src = make_io_model("tiny", 4);
   vlmtest::TempDir dir("model_io_err");
   auto state = vlm::module_state(*src);
   // Drop one tensor.
@@ -102,7 +102,7 @@ TEST(ModelIo, MissingTensorAndWrongShapeAreNamed) {
   for (const auto& [name, t] : state)
     if (name != "model.layers.1.mlp.up_proj.weight") missing.emplace_back(name, t);
   vlm::save_hf_checkpoint(dir / "missing", missing, {});
-  auto dst = make_model("tiny", 5);
+  auto dst = make_io_model("tiny", 5);
   try {
     vlm::load_module_weights(*dst, dir / "missing");
     FAIL() << "load succeeded without model.layers.1.mlp.up_proj.weight";

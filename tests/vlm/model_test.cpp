@@ -18,7 +18,7 @@ namespace {
 using vlm::Batch;
 using vlm::VlmConfig;
 
-vlm::Qwen2VL make_model(const std::string& preset, uint64_t seed = 0) {
+vlm::Qwen2VL make_test_model(const std::string& preset, uint64_t seed = 0) {
   vlm::Qwen2VL m(vlm::preset(preset), torch::TensorOptions().device(torch::kMeta));
   vlm::materialize(*m, {torch::kCPU, torch::kFloat32, seed});
   return m;
@@ -118,7 +118,7 @@ class Tiny : public ::testing::TestWithParam<std::string> {};
 INSTANTIATE_TEST_SUITE_P(Families, Tiny, ::testing::Values("tiny", "tiny-qwen2.5"));
 
 TEST_P(Tiny, PackedImagesEqualSeparateRuns) {
-  auto m = make_model(GetParam());
+  auto m = make_test_model(GetParam());
   torch::NoGradGuard ng;
   auto b = image_batch(m->cfg);
   auto both = m->image_features(b.pixel_values, b.image_grid_thw);
@@ -129,7 +129,7 @@ TEST_P(Tiny, PackedImagesEqualSeparateRuns) {
 }
 
 TEST_P(Tiny, PaddingDoesNotChangeLogits) {
-  auto m = make_model(GetParam());
+  auto m = make_test_model(GetParam());
   torch::NoGradGuard ng;
   auto b = image_batch(m->cfg);  // sequence 0 is left-padded
   auto out = m->forward(b, true);
@@ -146,7 +146,7 @@ TEST_P(Tiny, PaddingDoesNotChangeLogits) {
 }
 
 TEST_P(Tiny, SupervisedOnlyHeadGivesTheFullLoss) {
-  auto m = make_model(GetParam());
+  auto m = make_test_model(GetParam());
   torch::NoGradGuard ng;
   auto b = image_batch(m->cfg);
   auto fast = m->forward(b, false);
@@ -172,7 +172,7 @@ TEST_P(Tiny, SupervisedOnlyHeadGivesTheFullLoss) {
 }
 
 TEST_P(Tiny, GradientsReachEveryParameter) {
-  auto m = make_model(GetParam());
+  auto m = make_test_model(GetParam());
   auto b = image_batch(m->cfg);
   auto out = m->forward(b);
   (out.loss_sum / out.n_tokens).backward();
@@ -183,7 +183,7 @@ TEST_P(Tiny, GradientsReachEveryParameter) {
 }
 
 TEST_P(Tiny, TextOnlyBatchStillRunsTheVisionTower) {
-  auto m = make_model(GetParam());
+  auto m = make_test_model(GetParam());
   auto b = pack({make_seq(m->cfg, {5, 6, 7}, 0, {10, 11, 12})});
   auto out = m->forward(b);
   out.loss_sum.backward();
@@ -205,7 +205,7 @@ struct Recorder : vlm::UnitRunner {
 };
 
 TEST_P(Tiny, UnitsRunThroughTheRunnerInTableOrder) {
-  auto m = make_model(GetParam());
+  auto m = make_test_model(GetParam());
   auto rec = std::make_shared<Recorder>();
   m->set_runner(rec);
   m->forward(image_batch(m->cfg));
@@ -234,7 +234,7 @@ struct Keeper : vlm::UnitRunner {
 };
 
 TEST_P(Tiny, UnitFunctionsCanBeReplayedAfterForward) {
-  auto m = make_model(GetParam());
+  auto m = make_test_model(GetParam());
   auto keep = std::make_shared<Keeper>();
   m->set_runner(keep);
   torch::NoGradGuard ng;
@@ -245,7 +245,7 @@ TEST_P(Tiny, UnitFunctionsCanBeReplayedAfterForward) {
 }
 
 TEST_P(Tiny, ImageTokenCountMismatchIsAnError) {
-  auto m = make_model(GetParam());
+  auto m = make_test_model(GetParam());
   auto b = image_batch(m->cfg);
   b.input_ids[1][3] = 9;  // one image token fewer than features
   b.position_ids = torch::zeros({3, 2, b.input_ids.size(1)}, torch::kInt64);
@@ -260,7 +260,7 @@ TEST_P(Tiny, ImageTokenCountMismatchIsAnError) {
 TEST_P(Tiny, Bf16ForwardBackwardTracksFp32) {
   // Same seed, same init (drawn in fp32 then cast): the bf16 loss stays near the fp32 one,
   // and every dtype hand-off (pixels, rotary, norms, softmax, splice, head) accepts bf16.
-  auto m32 = make_model(GetParam(), 4);
+  auto m32 = make_test_model(GetParam(), 4);
   vlm::Qwen2VL m16(vlm::preset(GetParam()), torch::TensorOptions().device(torch::kMeta));
   vlm::materialize(*m16, {torch::kCPU, torch::kBFloat16, 4});
   auto b = image_batch(m32->cfg);
@@ -277,7 +277,7 @@ TEST_P(Tiny, Bf16ForwardBackwardTracksFp32) {
 }
 
 TEST_P(Tiny, OverfitsOneBatch) {
-  auto m = make_model(GetParam(), 1);
+  auto m = make_test_model(GetParam(), 1);
   auto b = image_batch(m->cfg);
   torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(2e-3));
   double first = 0, loss = 0;
