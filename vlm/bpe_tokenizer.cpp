@@ -27,21 +27,82 @@ constexpr const char* kGpt2Pattern =
 
 // HF tokenizers runs its regexes with Oniguruma, whose Unicode `\s` is
 // [\t-\r U+0085 \p{Z}]. PCRE2's differs (no U+0085), so spell it out.
-std::string hf_regex_to_pcre2(std::string_view p, const std::string& source) {
-  static constexpr const char* kSpaceSet = "\\t-\\r\\x{85}\\p{Z}";
+constexpr const char* kSpaceSet = "\\t-\\r\\x{85}\\p{Z}";
+
+// Oniguruma in HF tokenizers 0.23 has Unicode 16.0 tables, PCRE2 10.42 (Debian 12) 14.0 ones.
+// These are the letters (L) and numbers (N) assigned in Unicode 15.0-16.0 (CJK Extensions H
+// and I, Kawi, Kaktovik numerals, Todhri, ...): Oniguruma's \p{L} / \p{N} (HF's Split
+// pre-tokenizer with pattern \p{L} / \p{N}, on every code point) minus PCRE2 10.42's.
+// Sorted, disjoint.
+struct RecentRange {
+  char32_t lo, hi;
+  char cls;  // 'L' or 'N'
+};
+constexpr RecentRange kRecentLettersNumbers[] = {
+    {0x1C89, 0x1C8A, 'L'}, {0xA7CB, 0xA7CD, 'L'}, {0xA7DA, 0xA7DC, 'L'}, {0x105C0, 0x105F3, 'L'},
+    {0x10D40, 0x10D49, 'N'}, {0x10D4A, 0x10D65, 'L'}, {0x10D6F, 0x10D85, 'L'},
+    {0x10EC2, 0x10EC4, 'L'}, {0x1123F, 0x11240, 'L'}, {0x11380, 0x11389, 'L'},
+    {0x1138B, 0x1138B, 'L'}, {0x1138E, 0x1138E, 'L'}, {0x11390, 0x113B5, 'L'},
+    {0x113B7, 0x113B7, 'L'}, {0x113D1, 0x113D1, 'L'}, {0x113D3, 0x113D3, 'L'},
+    {0x116D0, 0x116E3, 'N'}, {0x11BC0, 0x11BE0, 'L'}, {0x11BF0, 0x11BF9, 'N'},
+    {0x11F02, 0x11F02, 'L'}, {0x11F04, 0x11F10, 'L'}, {0x11F12, 0x11F33, 'L'},
+    {0x11F50, 0x11F59, 'N'}, {0x1342F, 0x1342F, 'L'}, {0x13441, 0x13446, 'L'},
+    {0x13460, 0x143FA, 'L'}, {0x16100, 0x1611D, 'L'}, {0x16130, 0x16139, 'N'},
+    {0x16D40, 0x16D6C, 'L'}, {0x16D70, 0x16D79, 'N'}, {0x18CFF, 0x18CFF, 'L'},
+    {0x1B132, 0x1B132, 'L'}, {0x1B155, 0x1B155, 'L'}, {0x1CCF0, 0x1CCF9, 'N'},
+    {0x1D2C0, 0x1D2D3, 'N'}, {0x1DF25, 0x1DF2A, 'L'}, {0x1E030, 0x1E06D, 'L'},
+    {0x1E4D0, 0x1E4EB, 'L'}, {0x1E4F0, 0x1E4F9, 'N'}, {0x1E5D0, 0x1E5ED, 'L'},
+    {0x1E5F0, 0x1E5F0, 'L'}, {0x1E5F1, 0x1E5FA, 'N'}, {0x2B739, 0x2B739, 'L'},
+    {0x2EBF0, 0x2EE5D, 'L'}, {0x31350, 0x323AF, 'L'},
+};
+
+// True when `s` holds a code point of kRecentLettersNumbers (all are >= U+1C89; the 3-byte
+// ones start with E1 or EA, the 4-byte ones with F0).
+bool has_recent_letter_or_number(std::string_view s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    if (b != 0xE1 && b != 0xEA && b != 0xF0) continue;
+    size_t j = i;
+    const char32_t cp = unicode::next_code_point(s, j);
+    for (const auto& r : kRecentLettersNumbers) {
+      if (cp < r.lo) break;
+      if (cp <= r.hi) return true;
+    }
+    i = j - 1;
+  }
+  return false;
+}
+
+// Rewrites an HF (Oniguruma) pattern for PCRE2: `\s` and `\S` get HF's set; with `recent`,
+// \p{L} and \p{N} get the Unicode 15.0-16.0 letters and numbers added (which makes the
+// classes slower to test: used only on text that holds such code points).
+std::string hf_regex_to_pcre2(std::string_view p, const std::string& source, bool recent) {
   std::string out;
   bool in_class = false;
+  auto set = [&](const std::string& members, bool negated, std::string_view name) {
+    if (in_class) {
+      VLM_CHECK(!negated, source, ": pre-tokenizer regex uses ", name, " inside a character "
+                "class, which is not supported (pattern: ", p, ")");
+      out += members;
+    } else {
+      out += (negated ? "[^" : "[") + members + "]";
+    }
+  };
   for (size_t i = 0; i < p.size(); ++i) {
     char c = p[i];
     if (c == '\\' && i + 1 < p.size()) {
       char e = p[i + 1];
       ++i;
-      if (e == 's') {
-        out += in_class ? std::string(kSpaceSet) : "[" + std::string(kSpaceSet) + "]";
-      } else if (e == 'S') {
-        VLM_CHECK(!in_class, source, ": pre-tokenizer regex uses \\S inside a character class, "
-                  "which is not supported (pattern: ", p, ")");
-        out += "[^" + std::string(kSpaceSet) + "]";
+      const std::string_view prop = p.substr(i + 1, 3);
+      if (e == 's' || e == 'S') {
+        set(kSpaceSet, e == 'S', "\\S");
+      } else if (recent && (e == 'p' || e == 'P') && (prop == "{L}" || prop == "{N}")) {
+        std::string members = str("\\p", prop);
+        for (const auto& r : kRecentLettersNumbers)
+          if (r.cls == prop[1])
+            members += str("\\x{", std::hex, uint32_t{r.lo}, "}-\\x{", uint32_t{r.hi}, "}");
+        set(members, e == 'P', p.substr(i - 1, 5));
+        i += 3;
       } else {
         out += c;
         out += e;
@@ -125,6 +186,14 @@ struct AddedToken {
   bool special = false;
 };
 
+// One Split pre-tokenizer compiled twice: `plain` uses PCRE2's Unicode classes, `recent`
+// adds the Unicode 15.0-16.0 letters and numbers to \p{L} / \p{N} (see hf_regex_to_pcre2;
+// null when the pattern uses neither). They differ only on text holding such code points,
+// where `recent` is used.
+struct Split {
+  std::unique_ptr<Regex> plain, recent;
+};
+
 struct MergeTarget {
   int32_t rank;
   int32_t id;
@@ -146,7 +215,7 @@ struct BpeTokenizer::Impl {
   std::array<int32_t, 256> byte_id{};               // byte -> id of its one-char token
   bool nfc = false;
   bool ignore_merges = false;
-  std::vector<std::unique_ptr<Regex>> splits;       // applied in order, Isolated
+  std::vector<Split> splits;                        // applied in order, Isolated
   std::vector<AddedToken> added;                    // sorted by content length, longest first
   std::array<std::vector<int>, 256> added_by_first; // first byte -> indices into `added`
 
@@ -161,6 +230,7 @@ struct BpeTokenizer::Impl {
   void bpe_large(std::vector<int32_t>& syms) const;
   void piece_ids(std::string_view piece, std::vector<int32_t>& out) const;
   void encode_segment(std::string_view seg, size_t base, Encoding& enc) const;
+  std::vector<std::pair<size_t, size_t>> pre_tokenize(std::string_view text) const;
 };
 
 // ---------------------------------------------------------------- BPE core
@@ -270,24 +340,32 @@ void BpeTokenizer::Impl::piece_ids(std::string_view piece, std::vector<int32_t>&
   cache.emplace(std::move(key), std::move(ids));
 }
 
+// [begin, end) of each pre-token of `text` (normalised, special-free).
+std::vector<std::pair<size_t, size_t>> BpeTokenizer::Impl::pre_tokenize(
+    std::string_view text) const {
+  const bool recent = has_recent_letter_or_number(text);
+  std::vector<std::pair<size_t, size_t>> pieces{{0, text.size()}}, next;
+  for (const auto& split : splits) {
+    const Regex& re = recent && split.recent ? *split.recent : *split.plain;
+    next.clear();
+    for (auto [b, e] : pieces) re.split(text.substr(b, e - b), b, next);
+    pieces.swap(next);
+  }
+  return pieces;
+}
+
 // One special-free segment of the input, starting at byte `base` of the input.
 void BpeTokenizer::Impl::encode_segment(std::string_view seg, size_t base, Encoding& enc) const {
   std::string normalized;
   std::string_view text = seg;
   bool exact_offsets = true;
   if (nfc) {
-    normalized = unicode::nfc(seg);
+    normalized = unicode::nfc_hf(seg);
     if (normalized != seg) exact_offsets = false;
     text = normalized;
   }
-  std::vector<std::pair<size_t, size_t>> pieces{{0, text.size()}}, next;
-  for (const auto& re : splits) {
-    next.clear();
-    for (auto [b, e] : pieces) re->split(text.substr(b, e - b), b, next);
-    pieces.swap(next);
-  }
   std::vector<int32_t> ids;
-  for (auto [b, e] : pieces) {
+  for (auto [b, e] : pre_tokenize(text)) {
     ids.clear();
     piece_ids(text.substr(b, e - b), ids);
     size_t at = b;
@@ -448,6 +526,14 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json_text(std::string_view text
 
     // --- pre-tokenizer
     bool byte_level = false;
+    auto add_regex = [&](const std::string& hf_pattern) {
+      Split split;
+      const std::string plain = hf_regex_to_pcre2(hf_pattern, source, false);
+      const std::string recent = hf_regex_to_pcre2(hf_pattern, source, true);
+      split.plain = std::make_unique<Regex>(plain, source);
+      if (recent != plain) split.recent = std::make_unique<Regex>(recent, source);
+      m.splits.push_back(std::move(split));
+    };
     auto parse_pre = [&](const json& pt, auto& self) -> void {
       if (pt.is_null()) return;
       std::string t = pt.value("type", std::string());
@@ -461,19 +547,18 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json_text(std::string_view text
                   ": Split pre-tokenizer with behavior \"", behavior,
                   "\" / invert is not supported (Isolated only)");
         const json& pat = pt.at("pattern");
-        std::string re;
         if (pat.contains("Regex")) {
-          re = hf_regex_to_pcre2(pat["Regex"].get<std::string>(), source);
-        } else {
-          // Literal string pattern: quote it.
-          re = "\\Q" + pat.at("String").get<std::string>() + "\\E";
+          add_regex(pat["Regex"].get<std::string>());
+        } else {  // literal string pattern: quote it
+          Split split;
+          split.plain = std::make_unique<Regex>("\\Q" + pat.at("String").get<std::string>() + "\\E",
+                                                source);
+          m.splits.push_back(std::move(split));
         }
-        m.splits.push_back(std::make_unique<Regex>(re, source));
       } else if (t == "ByteLevel") {
         VLM_CHECK(!pt.value("add_prefix_space", false), source,
                   ": ByteLevel add_prefix_space = true is not supported");
-        if (pt.value("use_regex", true))
-          m.splits.push_back(std::make_unique<Regex>(hf_regex_to_pcre2(kGpt2Pattern, source), source));
+        if (pt.value("use_regex", true)) add_regex(kGpt2Pattern);
         byte_level = true;
       } else {
         throw Error(str(source, ": pre-tokenizer \"", t, "\" is not supported (Split, ByteLevel)"));
@@ -572,14 +657,8 @@ bool BpeTokenizer::is_special(int64_t id) const {
 }
 
 std::vector<std::string> BpeTokenizer::pre_tokenize(std::string_view text) const {
-  std::vector<std::pair<size_t, size_t>> pieces{{0, text.size()}}, next;
-  for (const auto& re : impl_->splits) {
-    next.clear();
-    for (auto [b, e] : pieces) re->split(text.substr(b, e - b), b, next);
-    pieces.swap(next);
-  }
   std::vector<std::string> out;
-  for (auto [b, e] : pieces) out.emplace_back(text.substr(b, e - b));
+  for (auto [b, e] : impl_->pre_tokenize(text)) out.emplace_back(text.substr(b, e - b));
   return out;
 }
 

@@ -26,12 +26,12 @@ Layout layout_chat(const std::vector<ChatTurn>& turns, const ChatOptions& opt) {
   Layout l;
   auto turn = [&](const std::string& role, const std::vector<ChatItem>& items) {
     l.text += kImStart;
-    l.text += unicode::nfc(role);
+    l.text += unicode::nfc_hf(role);
     l.text += '\n';
     const size_t answer_begin = l.text.size();
     std::string pending;  // consecutive text items are normalised together
     auto flush = [&] {
-      l.text += unicode::nfc(pending);
+      l.text += unicode::nfc_hf(pending);
       pending.clear();
     };
     for (const auto& item : items) {

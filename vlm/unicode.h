@@ -21,9 +21,14 @@ char32_t next_code_point(std::string_view s, size_t& i);
 // Appends the UTF-8 encoding of `cp` to `out`.
 void append_utf8(std::string& out, char32_t cp);
 
-// Canonical composition (NFC) via utf8proc. ASCII input is returned unchanged without a
-// call into utf8proc. Throws vlm::Error on invalid UTF-8 (with the byte offset).
+// Canonical composition (NFC) via utf8proc (its Unicode version). ASCII input is returned
+// unchanged without a call into utf8proc. Throws vlm::Error on invalid UTF-8 (with the
+// byte offset). The OCR metrics normalise with this.
 std::string nfc(std::string_view s);
+// NFC as HF tokenizers' normaliser computes it, with Unicode 9.0 data: code points
+// assigned after 9.0 are passed through and normalisation does not reach across them (see
+// unicode.cpp). The tokenizer and the chat template use this, so ids equal HF's.
+std::string nfc_hf(std::string_view s);
 // Canonical decomposition (NFD); used by tests to build NFC/NFD pairs.
 std::string nfd(std::string_view s);
 
