@@ -3,7 +3,7 @@
 //   LaunchOptions o = parse_launch_args(argv_after_launch, "/path/to/vlmtrain");
 //   int code = run_launcher(o);        // spawns, supervises, returns the exit code
 //
-// What each worker gets (the variables torchrun 1.13 sets, same names and meanings):
+// What each worker gets (the variables torchrun sets, same names and meanings):
 //   RANK = node_rank * nproc_per_node + local_rank   WORLD_SIZE = nnodes * nproc_per_node
 //   LOCAL_RANK, LOCAL_WORLD_SIZE = nproc_per_node     GROUP_RANK = node_rank
 //   GROUP_WORLD_SIZE = nnodes   ROLE_RANK = RANK   ROLE_WORLD_SIZE = WORLD_SIZE

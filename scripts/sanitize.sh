@@ -21,14 +21,9 @@ bash scripts/clang-deps.sh
 start=$(date +%s)
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_COMPILER=clang++-14 -DVLMTRAIN_FUZZ=ON -DVLMTRAIN_BUILD_BENCH=OFF >/dev/null
-# Only what `ctest -L unit` runs: the unit-test executables (tests/<dir>/<name>_test.cpp that
-# are not *_dist / *_net / *_slow) and the vlmtrain binary some of them start.
-targets=(vlmtrain)
-for src in tests/*/*_test.cpp; do
-  case "$src" in *_dist_test.cpp|*_net_test.cpp|*_slow_test.cpp) continue ;; esac
-  dir=$(basename "$(dirname "$src")")
-  targets+=("${dir}_$(basename "$src" .cpp)")
-done
+# The test executables (one per folder; `ctest -L unit` below picks the unit entries) and
+# the vlmtrain binary some of them start.
+targets=(vlmtrain vlm_tests sharding_tests collate_tests data_tests app_tests)
 cmake --build "$BUILD_DIR" -j "${JOBS:-2}" --target "${targets[@]}"
 echo "sanitize: build done in $(( $(date +%s) - start )) s ($BUILD_DIR)"
 

@@ -18,7 +18,7 @@
 // Worker tests are named DISABLED_* so that ctest (gtest_discover_tests) registers them as
 // disabled and does not pay a process start for each; workers run with
 // --gtest_also_run_disabled_tests. To run one by hand under a real launcher:
-//   VLMTEST_DIST_WORKER=1 torchrun --redirects 2 --tee 1 --no_python --nproc_per_node=2
+//   VLMTEST_DIST_WORKER=1 .venv/bin/torchrun --no-python --nproc-per-node=2
 //     <test exe> --gtest_also_run_disabled_tests --gtest_filter=Suite.DISABLED_XWorker
 // (one command line; no trailing backslash above, which would continue the // comment)
 //

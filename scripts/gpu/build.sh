@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Device-side build (GPU machine): the LibTorch-only core (vlm, sharding, collate), bench/
-# and the core tests against the CUDA LibTorch 2.x inside the installed PyTorch, with NCCL.
+# Device-side build (GPU machine) against the CUDA LibTorch inside the installed PyTorch.
+# NOT RUN SINCE THE TOOLCHAIN MOVED TO TORCH 2.11 (issue #21): the LibTorch-only "core"
+# build it was written for is gone (one build for CPU and GPU now), so the device needs the
+# Debian-only dependencies (OpenCV, toml11, spdlog, PCRE2, utf8proc, Gloo headers) carried
+# in build-gpu/deps, or the binaries built here (same torch 2.11.0+cu130) carried with the
+# shared libraries they need. Redoing this is part of the GPU-run issue (#23).
 #
 #   scripts/gpu/vendor_deps.sh          # on the dev machine first (offline GPU machines)
 #   scripts/gpu/build.sh [targets...]   # on the GPU machine; default: step_bench + core tests
@@ -29,8 +33,8 @@ CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc || echo /usr/loca
 [[ -x "$CUDA_HOME/bin/nvcc" ]] || echo "gpu build: warning: no nvcc under $CUDA_HOME (torch's CMake config may fail: set CUDA_HOME)" >&2
 export CUDA_HOME PATH="$CUDA_HOME/bin:$PATH"
 
-args=(-DCMAKE_BUILD_TYPE=Release -DVLMTRAIN_CORE_ONLY=ON -DVLMTRAIN_BUILD_BENCH=ON
-      "-DCMAKE_CXX_FLAGS=-DVLMTRAIN_WITH_NCCL -D_GLIBCXX_USE_CXX11_ABI=$TORCH_ABI"
+args=(-DCMAKE_BUILD_TYPE=Release -DVLMTRAIN_BUILD_BENCH=ON "-DVLMTRAIN_PYTHON=$(command -v "$PY")"
+      "-DCMAKE_CXX_FLAGS=-D_GLIBCXX_USE_CXX11_ABI=$TORCH_ABI"
       "-DCMAKE_CUDA_COMPILER=$CUDA_HOME/bin/nvcc" "-DCUDAToolkit_ROOT=$CUDA_HOME")
 prefix="$TORCH_PREFIX"
 if [[ ! -f /usr/include/nlohmann/json.hpp ]]; then
