@@ -1,27 +1,99 @@
 #!/usr/bin/env python3
 """A second, straightforward implementation of the Qwen2-VL / Qwen2.5-VL forward in plain
-PyTorch, written from shared/spec/qwen2_vl.md (no transformers), for machines without
-transformers. It writes goldens in the same layout as make_goldens.py, from random
-weights, so that tests/vlm/hf_parity_test.cpp can be pointed at them:
+PyTorch, written from shared/spec/qwen2_vl.md (no transformers). It writes, from random
+weights, for each of qwen2_vl_small and qwen2_5_vl_small under --out:
 
-    python3 scripts/spec_reference.py --out /tmp/spec_goldens
-    VLMTRAIN_GOLDEN_DIR=/tmp/spec_goldens build/tests/vlm_hf_parity_test
+  <name>.config.json          the config (legacy top-level layout, parsed by parse_hf_config)
+  <name>.weights.safetensors  the weights under the legacy HF names (visual.*, model.*, lm_head.weight)
+  <name>.io.safetensors       input_ids, attention_mask, pixel_values, image_grid_thw, labels,
+                              logits [B, L, V] fp32, loss_sum (sum of shifted token CE), n_tokens
 
-This checks the C++ model against an independent reading of the spec (index
-bookkeeping, permutations, rotary layout); it does NOT replace the HF goldens, because a
-misreading of the spec shared by both implementations would go unnoticed. Loops are
-written per token / per segment on purpose, in a different style from the C++ code.
+    python3 scripts/spec_reference.py --out /tmp/spec_ref
+
+tests/vlm/hf_parity_test.cpp (SpecReference) runs it and compares. This checks the C++
+model against an independent reading of the spec (index bookkeeping, permutations, rotary
+layout); the HF transformers comparison (scripts/hf_reference.py, HfParity) is the other
+half, since a misreading of the spec shared by both implementations would go unnoticed
+here. Loops are written per token / per segment on purpose, in a different style from the
+C++ code. Writes its own safetensors (no `safetensors` package needed).
 """
 import argparse
 import json
 import math
 import os
+import struct
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import make_goldens as mg  # noqa: E402  (configs, batch, safetensors writer)
+DTYPES = {torch.float32: "F32", torch.int64: "I64"}
+
+# Small shapes: vision head_dim 32 (2D rotary 8+8 frequencies), text head_dim 32
+# (mrope_section sums to 16), window 56 px = 2x2 merged tokens so windows are exercised
+# by the 4x4 and 4x8 patch images below.
+COMMON_TEXT = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-6, rope_theta=10000.0,
+    max_position_embeddings=512, hidden_act="silu", tie_word_embeddings=False,
+    rope_scaling={"type": "mrope", "rope_type": "default", "mrope_section": [4, 6, 6]},
+    image_token_id=250, video_token_id=251, vision_start_token_id=248, vision_end_token_id=249,
+    vision_token_id=252, bos_token_id=0, eos_token_id=1, attention_dropout=0.0,
+    use_sliding_window=False, torch_dtype="float32",
+)
+
+CONFIGS = {
+    "qwen2_vl_small": dict(
+        COMMON_TEXT, model_type="qwen2_vl", architectures=["Qwen2VLForConditionalGeneration"],
+        vision_config=dict(depth=2, embed_dim=64, hidden_size=64, mlp_ratio=2.0, num_heads=2,
+                           in_chans=3, in_channels=3, patch_size=14, spatial_merge_size=2,
+                           temporal_patch_size=2, hidden_act="quick_gelu")),
+    "qwen2_5_vl_small": dict(
+        COMMON_TEXT, model_type="qwen2_5_vl", architectures=["Qwen2_5_VLForConditionalGeneration"],
+        tie_word_embeddings=True,
+        vision_config=dict(depth=3, hidden_size=64, out_hidden_size=64, intermediate_size=96,
+                           num_heads=2, in_chans=3, in_channels=3, patch_size=14,
+                           spatial_merge_size=2, temporal_patch_size=2, hidden_act="silu",
+                           window_size=56, fullatt_block_indexes=[1], tokens_per_second=2)),
+}
+
+
+def write_safetensors(path, tensors):
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        t = t.detach().cpu().contiguous()
+        data = t.numpy().tobytes()
+        header[name] = {"dtype": DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def batch(c):
+    img, vs, ve = c["image_token_id"], c["vision_start_token_id"], c["vision_end_token_id"]
+    # Prompt 0: image (1,4,4) -> 4 tokens; prompt 1: image (1,4,8) -> 8 tokens. Left-padded.
+    s0 = [5, 6, 7, vs] + [img] * 4 + [ve, 20, 21, 22, 23, 24, 25]
+    s1 = [8, vs] + [img] * 8 + [ve, 30, 31, 32, 33, 34, 35, 36, 37]
+    ans = (6, 8)
+    L = max(len(s0), len(s1))
+    ids = torch.full((2, L), 3, dtype=torch.int64)
+    mask = torch.zeros((2, L), dtype=torch.int64)
+    labels = torch.full((2, L), -100, dtype=torch.int64)
+    for i, (s, a) in enumerate(((s0, ans[0]), (s1, ans[1]))):
+        off = L - len(s)
+        ids[i, off:] = torch.tensor(s)
+        mask[i, off:] = 1
+        labels[i, L - a:] = torch.tensor(s[-a:])
+    g = torch.Generator().manual_seed(11)
+    pixels = torch.randn(16 + 32, 3 * 2 * 14 * 14, generator=g)
+    grid = torch.tensor([[1, 4, 4], [1, 4, 8]], dtype=torch.int64)
+    return ids, mask, labels, pixels, grid
 
 
 def dims(c):
@@ -233,7 +305,7 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.set_default_dtype(torch.float32)
-    for name, c in mg.CONFIGS.items():
+    for name, c in CONFIGS.items():
         g = torch.Generator().manual_seed(5)
         W = {}
         for k, s in param_shapes(c).items():
@@ -243,14 +315,14 @@ def main():
                 W[k] = 1 + 0.1 * torch.randn(s, generator=g)
             else:
                 W[k] = 0.05 * torch.randn(s, generator=g)
-        ids, mask, labels, pixels, grid = mg.batch(c)
+        ids, mask, labels, pixels, grid = batch(c)
         with torch.no_grad():
             logits = forward(W, c, ids, mask, pixels, grid)
         lg = logits[:, :-1].reshape(-1, logits.shape[-1])
         lb = labels[:, 1:].reshape(-1)
         loss_sum = torch.nn.functional.cross_entropy(lg, lb, ignore_index=-100, reduction="sum")
-        mg.write_safetensors(os.path.join(args.out, f"{name}.weights.safetensors"), W)
-        mg.write_safetensors(os.path.join(args.out, f"{name}.io.safetensors"), {
+        write_safetensors(os.path.join(args.out, f"{name}.weights.safetensors"), W)
+        write_safetensors(os.path.join(args.out, f"{name}.io.safetensors"), {
             "input_ids": ids, "attention_mask": mask, "labels": labels, "pixel_values": pixels,
             "image_grid_thw": grid, "logits": logits, "loss_sum": loss_sum.reshape(1),
             "n_tokens": torch.tensor([int((lb != -100).sum())], dtype=torch.int64)})

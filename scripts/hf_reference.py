@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""HF transformers references for tests/vlm/hf_parity_test.cpp, produced at test time.
+
+For each family (qwen2_vl, qwen2_5_vl) it builds a tiny random model with transformers,
+with every weight re-drawn at a scale that keeps activations O(1) (so attention is far
+from uniform and rotary or mask bugs change the result) and with random norms and biases
+(so ones / zeros cannot hide a bug), and saves it. Then, for each pass in PASSES (float32
+with eager attention; float64 with sdpa) and each batch in BATCHES, it runs the forward on
+CPU with HF computing its own M-RoPE position ids (from input_ids, mm_token_type_ids,
+image_grid_thw and attention_mask), takes the summed shifted cross-entropy of the logits
+(upcast to fp32) and back-propagates it. Written under --out:
+
+  <family>/config.json, <family>/model.safetensors   model.save_pretrained (fp32; HF's
+      own config layout and tensor names)
+  <family>.<dtype>.<batch>.io.safetensors
+      input_ids, attention_mask, labels [B, L] int64; pixel_values [P, 1176] f32 and
+      image_grid_thw [N, 3] int64 (absent without images; the model casts the pixels to
+      its dtype); position_ids [3, B, L] int64 (what HF's rotary embedding was given);
+      logits [B, L, V] f32; loss_sum [1] f32; n_tokens [1] int64
+  <family>.<dtype>.<batch>.grads.safetensors
+      d loss_sum / d parameter in <dtype> for every parameter, under
+      model.named_parameters() names (model.visual.*, model.language_model.*, lm_head.weight
+      unless tied); zeros where HF leaves the gradient None (the vision tower on a
+      text-only batch)
+  manifest.json   {"transformers", "torch", "families", "dtypes", "batches"}
+
+Usage: python scripts/hf_reference.py --out DIR   (needs torch, transformers, safetensors)
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+# Tiny shapes: vision head_dim 32 (2D rotary, 8 + 8 frequencies), text head_dim 32
+# (mrope_section 4 + 6 + 6 = 16 frequencies), GQA 2 query heads on 1 kv head.
+# Qwen2.5: window_size 56 px = 2x2 merged tokens, block 1 of 3 full attention, so the
+# images below span several windows, partial ones included (6x10 patches = 3x5 merged).
+TEXT = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-6, rope_theta=10000.0,
+    max_position_embeddings=512, hidden_act="silu",
+    rope_scaling={"type": "mrope", "mrope_section": [4, 6, 6]},
+    image_token_id=250, video_token_id=251, vision_start_token_id=248, vision_end_token_id=249,
+    bos_token_id=0, eos_token_id=1, pad_token_id=3, attention_dropout=0.0,
+    use_sliding_window=False,
+)
+
+FAMILIES = {
+    "qwen2_vl": dict(
+        TEXT, tie_word_embeddings=False,
+        vision_config=dict(depth=2, embed_dim=64, hidden_size=64, mlp_ratio=2, num_heads=2,
+                           in_channels=3, patch_size=14, spatial_merge_size=2,
+                           temporal_patch_size=2, hidden_act="quick_gelu")),
+    "qwen2_5_vl": dict(
+        TEXT, tie_word_embeddings=True,
+        vision_config=dict(depth=3, hidden_size=64, out_hidden_size=64, intermediate_size=96,
+                           num_heads=2, in_channels=3, patch_size=14, spatial_merge_size=2,
+                           temporal_patch_size=2, hidden_act="silu", window_size=56,
+                           fullatt_block_indexes=[1], tokens_per_second=2)),
+}
+
+IMG, VS, VE, PAD = TEXT["image_token_id"], TEXT["vision_start_token_id"], TEXT["vision_end_token_id"], 3
+
+# A sequence is a list of items: an int n = n random text tokens, or (gh, gw) = an image of
+# gh x gw patches wrapped in <|vision_start|> ... <|vision_end|>. `answer` = how many final
+# real tokens are supervised. Sizes (merged tokens): 4x4 -> 4, 4x8 -> 8, 8x4 -> 8,
+# 6x10 -> 15, 2x2 -> 1.
+BATCHES = {
+    # one image per sequence, different sizes, left padding
+    "images_left": dict(pad="left", seqs=[([3, (4, 4), 6], 6), ([1, (4, 8), 8], 8)]),
+    # several images of different sizes in one sequence, right padding
+    "multi_image_right": dict(pad="right", seqs=[([2, (6, 10), 3, (2, 2), 5], 7),
+                                                 ([4, (8, 4), 2, (4, 4), 9], 5)]),
+    # one sequence with an image, one without, left padding
+    "mixed_left": dict(pad="left", seqs=[([9], 5), ([2, (6, 10), 4], 4)]),
+    # text only (no pixel_values at all), left and right padding
+    "text_left": dict(pad="left", seqs=[([14], 9), ([8], 5)]),
+    "text_right": dict(pad="right", seqs=[([7], 4), ([15], 10)]),
+}
+
+
+# Passes: dtype name -> (dtype, HF attention implementation). float32 is the parity the
+# model promises; float64 (the same fp32 weights and pixels, cast) takes rounding out of
+# the comparison so that small systematic differences (an eps, a cast at the wrong place)
+# cannot hide under fp32 noise. transformers 5.23's eager attention gives NaN on every row
+# of a left-padded sequence in float64, hence sdpa there.
+PASSES = {"float32": (torch.float32, "eager"), "float64": (torch.float64, "sdpa")}
+
+
+def build(family, cfg_dict):
+    if family == "qwen2_5_vl":
+        from transformers import Qwen2_5_VLConfig as C, Qwen2_5_VLForConditionalGeneration as M
+    else:
+        from transformers import Qwen2VLConfig as C, Qwen2VLForConditionalGeneration as M
+    model = M._from_config(C(**cfg_dict), attn_implementation="eager", dtype=torch.float32)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith(".bias"):
+                p.normal_(0.0, 0.1)
+            elif "norm" in n or "ln_q" in n:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif "embed_tokens" in n:
+                p.normal_(0.0, 0.25)
+            else:  # matrices (and the conv3d patch embedding): fan-in scaling
+                p.normal_(0.0, (p.numel() // p.shape[0]) ** -0.5)
+    return model.eval()
+
+
+def make_batch(spec, gen):
+    seqs, images, answers = [], [], []
+    for items, answer in spec["seqs"]:
+        ids = []
+        for it in items:
+            if isinstance(it, int):
+                ids += torch.randint(4, VS, (it,), generator=gen).tolist()
+            else:
+                gh, gw = it
+                ids += [VS] + [IMG] * (gh * gw // 4) + [VE]
+                images.append(it)
+        seqs.append(ids)
+        answers.append(answer)
+    L = max(len(s) for s in seqs)
+    B = len(seqs)
+    input_ids = torch.full((B, L), PAD, dtype=torch.int64)
+    mask = torch.zeros((B, L), dtype=torch.int64)
+    labels = torch.full((B, L), -100, dtype=torch.int64)
+    for i, (s, a) in enumerate(zip(seqs, answers)):
+        off = L - len(s) if spec["pad"] == "left" else 0
+        input_ids[i, off:off + len(s)] = torch.tensor(s)
+        mask[i, off:off + len(s)] = 1
+        labels[i, off + len(s) - a:off + len(s)] = torch.tensor(s[len(s) - a:])
+    out = dict(input_ids=input_ids, attention_mask=mask, labels=labels)
+    if images:
+        out["image_grid_thw"] = torch.tensor([[1, gh, gw] for gh, gw in images], dtype=torch.int64)
+        rows = sum(gh * gw for gh, gw in images)
+        out["pixel_values"] = torch.randn(rows, 3 * 2 * 14 * 14, generator=gen)
+    return out
+
+
+def run_batch(model, io, dtype):
+    captured = {}
+
+    def grab(_module, args):
+        captured["position_ids"] = args[1].detach().clone()
+
+    hook = model.model.language_model.rotary_emb.register_forward_pre_hook(grab)
+    model.zero_grad(set_to_none=True)
+    kwargs = dict(input_ids=io["input_ids"], attention_mask=io["attention_mask"])
+    if "pixel_values" in io:
+        kwargs.update(pixel_values=io["pixel_values"].to(dtype), image_grid_thw=io["image_grid_thw"],
+                      mm_token_type_ids=(io["input_ids"] == IMG).to(torch.int32))
+    out = model(**kwargs)
+    hook.remove()
+    logits = out.logits.float()  # as HF's own causal-LM loss (and vlmtrain) do
+    V = logits.shape[-1]
+    lb = io["labels"][:, 1:].reshape(-1)
+    loss_sum = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, V), lb,
+                                                 ignore_index=-100, reduction="sum")
+    loss_sum.backward()
+    pos = captured["position_ids"]
+    if pos.dim() == 2:
+        pos = pos[None]
+    pos = pos.expand(3, *io["input_ids"].shape).contiguous()
+    res = dict(io, position_ids=pos, logits=logits.detach().contiguous(),
+               loss_sum=loss_sum.detach().reshape(1),
+               n_tokens=torch.tensor([int((lb != -100).sum())], dtype=torch.int64))
+    grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().contiguous()
+             for n, p in model.named_parameters()}
+    return res, grads
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    import transformers
+    from safetensors.torch import save_file
+    torch.set_num_threads(1)  # tiny tensors: threads only cost time (20x on a loaded 2-core box)
+    os.makedirs(args.out, exist_ok=True)
+    for fi, (family, cfg_dict) in enumerate(FAMILIES.items()):
+        torch.manual_seed(1000 + fi)
+        model = build(family, cfg_dict)
+        model.save_pretrained(os.path.join(args.out, family))
+        for dtype_name, (dtype, attn) in PASSES.items():
+            model.to(dtype).set_attn_implementation(attn)
+            for bi, (bname, spec) in enumerate(BATCHES.items()):
+                gen = torch.Generator().manual_seed(100 * fi + bi)
+                res, grads = run_batch(model, make_batch(spec, gen), dtype)
+                base = os.path.join(args.out, f"{family}.{dtype_name}.{bname}")
+                save_file(res, base + ".io.safetensors")
+                save_file(grads, base + ".grads.safetensors")
+                print(f"{family}.{dtype_name}.{bname}: loss_sum {res['loss_sum'].item():.6f} over "
+                      f"{res['n_tokens'].item()} tokens, logits {tuple(res['logits'].shape)}, "
+                      f"max |logit| {res['logits'].abs().max().item():.3f}", file=sys.stderr)
+    with open(os.path.join(args.out, "manifest.json"), "w") as f:
+        json.dump({"transformers": transformers.__version__, "torch": torch.__version__,
+                   "families": list(FAMILIES), "dtypes": list(PASSES), "batches": list(BATCHES)}, f)
+    print(json.dumps({"transformers": transformers.__version__, "torch": torch.__version__}))
+
+
+if __name__ == "__main__":
+    main()
