@@ -15,6 +15,7 @@
 #include <fstream>
 #include <thread>
 
+#include "app/batch_dump.h"
 #include "app/checkpoint.h"
 #include "app/evaluator.h"
 #include "app/logging.h"
@@ -318,6 +319,7 @@ TrainSummary run_training(const Recipe& recipe) {
     int64_t window_steps = 0, window_tokens = 0, window_images = 0, window_samples = 0;
     const auto run_start = std::chrono::steady_clock::now();
     const int64_t first_step = st.step;
+    const std::string dump_dir = batch_dump_dir();  // VLMTRAIN_DUMP_BATCHES (debugging, parity tests)
 
     // ---------------------------------------------------------------- the step loop
     while (st.step < steps_total) {
@@ -328,6 +330,7 @@ TrainSummary run_training(const Recipe& recipe) {
 
       // Data: this rank's micro-batches (the same count on every rank).
       StepData sd = data.next(st.cursor);
+      if (!dump_dir.empty()) dump_micro_batches(dump_dir, st.step + 1, rank, sd.micro_batches);
       int64_t local_sup = 0;
       for (const auto& mb : sd.micro_batches) local_sup += mb.supervised_tokens;
       const int64_t global_sup = vlm::sharding::global_token_count(comm, local_sup);
