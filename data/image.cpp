@@ -146,6 +146,52 @@ void check_pixel_count(int64_t width, int64_t height, const std::string& what) {
             " (hint: a decompression bomb or a corrupt header; downscale the image if it is real)");
 }
 
+// Samples -> 8 bits as Pillow decodes them: 16-bit keeps the high byte (v >> 8, Pillow's
+// RGB;16B / RGBA;16B raw modes), float is scaled from [0, 1]. raw: any depth, 1-4 channels.
+cv::Mat to_8bit(const cv::Mat& raw, const std::string& what) {
+  switch (raw.depth()) {
+    case CV_8U: return raw;
+    case CV_16U: {
+      cv::Mat m8(raw.size(), CV_MAKETYPE(CV_8U, raw.channels()));
+      const int n = raw.cols * raw.channels();
+      for (int y = 0; y < raw.rows; ++y) {
+        const uint16_t* src = raw.ptr<uint16_t>(y);
+        uint8_t* dst = m8.ptr<uint8_t>(y);
+        for (int i = 0; i < n; ++i) dst[i] = static_cast<uint8_t>(src[i] >> 8);
+      }
+      return m8;
+    }
+    case CV_32F:
+    case CV_64F: {
+      cv::Mat m8;
+      raw.convertTo(m8, CV_8U, 255.0);
+      return m8;
+    }
+    default:
+      throw vlm::Error(vlm::str("image '", what, "' has unsupported pixel depth ", raw.depth(),
+                                " (hint: convert it to 8- or 16-bit)"));
+  }
+}
+
+// Gray+alpha or BGRA (8-bit) -> RGB composited over opaque white, bit-identical to
+// PIL.Image.alpha_composite(white, image) (HF's convert_to_rgb): out = round((c a + 255 (255
+// - a)) / 255) in integers (no ties: 255 is odd).
+cv::Mat composite_over_white(const cv::Mat& m8) {
+  const int nc = m8.channels();
+  cv::Mat rgb(m8.size(), CV_8UC3);
+  for (int y = 0; y < m8.rows; ++y) {
+    const uint8_t* src = m8.ptr<uint8_t>(y);
+    uint8_t* dst = rgb.ptr<uint8_t>(y);
+    for (int x = 0; x < m8.cols; ++x, src += nc, dst += 3) {
+      const uint32_t a = src[nc - 1];
+      const uint8_t bgr[3] = {src[0], src[nc == 4 ? 1 : 0], src[nc == 4 ? 2 : 0]};
+      for (int c = 0; c < 3; ++c)
+        dst[c] = static_cast<uint8_t>((bgr[2 - c] * a + 255 * (255 - a) + 127) / 255);
+    }
+  }
+  return rgb;
+}
+
 }  // namespace
 
 std::vector<uint8_t> read_file_bytes(const std::string& path) {
@@ -215,40 +261,13 @@ cv::Mat decode_image_rgb(const std::vector<uint8_t>& bytes, const std::string& w
             "' (", bytes.size(), " bytes; hint: corrupt file or unsupported format; ",
             "supported: JPEG, PNG, WebP, TIFF, BMP)");
   check_pixel_count(raw.cols, raw.rows, what);  // formats without a header parser here
-  // Depth -> 8 bit.
-  cv::Mat m8;
-  switch (raw.depth()) {
-    case CV_8U: m8 = raw; break;
-    case CV_16U: raw.convertTo(m8, CV_8U, 1.0 / 257.0); break;
-    case CV_32F:
-    case CV_64F: raw.convertTo(m8, CV_8U, 255.0); break;
-    default:
-      throw vlm::Error(vlm::str("image '", what, "' has unsupported pixel depth ",
-                                raw.depth(), " (hint: convert it to 8- or 16-bit)"));
-  }
-  // Channels -> RGB (OpenCV decodes to BGR / BGRA).
+  const cv::Mat m8 = to_8bit(raw, what);
   cv::Mat rgb;
-  switch (m8.channels()) {
+  switch (m8.channels()) {  // OpenCV decodes to BGR / BGRA
     case 1: cv::cvtColor(m8, rgb, cv::COLOR_GRAY2RGB); break;
     case 3: cv::cvtColor(m8, rgb, cv::COLOR_BGR2RGB); break;
     case 2:
-    case 4: {
-      std::vector<cv::Mat> ch;
-      cv::split(m8, ch);
-      cv::Mat alpha = ch.back();
-      ch.pop_back();
-      cv::Mat color;
-      if (ch.size() == 1) cv::cvtColor(ch[0], color, cv::COLOR_GRAY2RGB);
-      else { cv::merge(ch, color); cv::cvtColor(color, color, cv::COLOR_BGR2RGB); }
-      // Composite over white: out = c * a + 255 * (1 - a).
-      cv::Mat a3, cf, af;
-      cv::cvtColor(alpha, a3, cv::COLOR_GRAY2RGB);
-      color.convertTo(cf, CV_32FC3);
-      a3.convertTo(af, CV_32FC3, 1.0 / 255.0);
-      cv::Mat outf = cf.mul(af) + (cv::Scalar::all(1.0) - af) * 255.0;
-      outf.convertTo(rgb, CV_8UC3);
-      break;
-    }
+    case 4: rgb = composite_over_white(m8); break;
     default:
       throw vlm::Error(vlm::str("image '", what, "' has ", m8.channels(),
                                 " channels; expected 1 to 4"));
