@@ -4,11 +4,15 @@
 #include <opencv2/imgproc.hpp>
 
 #include <algorithm>
+#include <csetjmp>
+#include <cstdio>  // before jpeglib.h (FILE, size_t)
 #include <cstring>
 #include <fstream>
 #include <iterator>
 
 #include "vlm/check.h"
+
+#include <jpeglib.h>
 
 namespace vlm::data {
 namespace {
@@ -192,6 +196,74 @@ cv::Mat composite_over_white(const cv::Mat& m8) {
   return rgb;
 }
 
+// ---- CMYK / YCCK JPEG: OpenCV converts CMYK with its own approximation (x k >> 8), so
+// these files are decoded here with libjpeg, as Pillow decodes them.
+struct JpegError {
+  jpeg_error_mgr mgr;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+void jpeg_error_exit(j_common_ptr cinfo) {
+  auto* err = reinterpret_cast<JpegError*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, err->message);
+  std::longjmp(err->jump, 1);
+}
+
+void jpeg_quiet(j_common_ptr, int) {}  // warnings (e.g. a truncated file) are not printed
+
+// Decodes a 4-component JPEG to its raw samples [h, w, 4] (Adobe-inverted CMYK, as stored)
+// into `cmyk`. Returns 0 for a JPEG with another number of components (left to OpenCV),
+// 1 when decoded, -1 on a libjpeg error (message in `error`). No C++ object with a
+// destructor lives in this frame across setjmp.
+int decode_jpeg_4channel(const std::vector<uint8_t>& bytes, cv::Mat& cmyk, char* error) {
+  jpeg_decompress_struct cinfo;
+  JpegError err;
+  cinfo.err = jpeg_std_error(&err.mgr);
+  err.mgr.error_exit = jpeg_error_exit;
+  err.mgr.emit_message = jpeg_quiet;
+  if (setjmp(err.jump)) {
+    std::memcpy(error, err.message, JMSG_LENGTH_MAX);
+    jpeg_destroy_decompress(&cinfo);
+    return -1;
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, bytes.data(), static_cast<unsigned long>(bytes.size()));
+  jpeg_read_header(&cinfo, TRUE);
+  if (cinfo.num_components != 4) {
+    jpeg_destroy_decompress(&cinfo);
+    return 0;
+  }
+  cinfo.out_color_space = JCS_CMYK;  // YCCK is converted to CMYK by libjpeg
+  jpeg_start_decompress(&cinfo);
+  cmyk.create(static_cast<int>(cinfo.output_height), static_cast<int>(cinfo.output_width), CV_8UC4);
+  while (cinfo.output_scanline < cinfo.output_height) {
+    JSAMPROW row = cmyk.ptr<uint8_t>(static_cast<int>(cinfo.output_scanline));
+    jpeg_read_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_decompress(&cinfo);
+  jpeg_destroy_decompress(&cinfo);
+  return 1;
+}
+
+// Adobe-inverted CMYK [h, w, 4] -> RGB [h, w, 3] as Pillow: rawmode "CMYK;I" (C = 255 - c'),
+// then cmyk2rgb: R = (255 - K) - MULDIV255(C, 255 - K), the same for G (M) and B (Y).
+cv::Mat inverted_cmyk_to_rgb(const cv::Mat& cmyk) {
+  cv::Mat rgb(cmyk.size(), CV_8UC3);
+  for (int y = 0; y < cmyk.rows; ++y) {
+    const uint8_t* src = cmyk.ptr<uint8_t>(y);
+    uint8_t* dst = rgb.ptr<uint8_t>(y);
+    for (int x = 0; x < cmyk.cols; ++x, src += 4, dst += 3) {
+      const int nk = src[3];  // 255 - K
+      for (int c = 0; c < 3; ++c) {
+        const int t = (255 - src[c]) * nk + 128;
+        dst[c] = static_cast<uint8_t>(nk - (((t >> 8) + t) >> 8));
+      }
+    }
+  }
+  return rgb;
+}
+
 }  // namespace
 
 std::vector<uint8_t> read_file_bytes(const std::string& path) {
@@ -251,6 +323,13 @@ cv::Mat decode_image_rgb(const std::vector<uint8_t>& bytes, const std::string& w
   VLM_CHECK(!bytes.empty(), "image '", what, "' is an empty file");
   if (std::optional<ImageInfo> info = parse_image_header(bytes))
     check_pixel_count(info->width, info->height, what);  // before OpenCV allocates anything
+  if (bytes.size() > 2 && bytes[0] == 0xFF && bytes[1] == 0xD8) {  // JPEG: CMYK?
+    cv::Mat cmyk;
+    char error[JMSG_LENGTH_MAX] = {0};
+    const int r = decode_jpeg_4channel(bytes, cmyk, error);
+    VLM_CHECK(r >= 0, "cannot decode image '", what, "' (CMYK JPEG): ", error);
+    if (r == 1) return apply_orientation(inverted_cmyk_to_rgb(cmyk), exif_orientation(bytes));
+  }
   cv::Mat raw;
   try {
     raw = cv::imdecode(bytes, cv::IMREAD_UNCHANGED);

@@ -73,9 +73,10 @@ def exif_bytes(orientation):
 
 
 def png_16bit(path, arr):
-    """Writes a 16-bit PNG (gray [h, w] or RGB [h, w, 3] uint16); Pillow cannot write RGB;16."""
+    """Writes a 16-bit PNG (gray [h, w], RGB [h, w, 3] or RGBA [h, w, 4] uint16); Pillow
+    cannot write these."""
     h, w = arr.shape[:2]
-    color_type = 0 if arr.ndim == 2 else 2
+    color_type = 0 if arr.ndim == 2 else {3: 2, 4: 6}[arr.shape[2]]
     rows = arr.astype(">u2").reshape(h, -1).tobytes()
     stride = len(rows) // h
     raw = b"".join(b"\x00" + rows[i * stride:(i + 1) * stride] for i in range(h))
@@ -127,11 +128,18 @@ def write_cases(out):
         im.save(p, transparency=5)  # one fully transparent palette index
     add("palette_trns_png", "png", palette)
     add("palette_png", "png", lambda p: Image.fromarray(base).quantize(64).save(p))
+
+    def palette_alpha(p):  # tRNS with partial alpha per index: Pillow's P->RGB drops it
+        im = Image.fromarray(base).quantize(32, dither=Image.Dither.NONE)
+        im.save(p, transparency=bytes((37 * i) % 256 for i in range(32)))
+    add("palette_alpha_png", "png", palette_alpha, reference="pil_image")
     g16 = (content(77, 123, 3)[..., 0].astype(np.uint16) * 257 +
            np.random.default_rng(4).integers(0, 257, (77, 123))).astype(np.uint16)
     add("gray16_png", "png", lambda p: png_16bit(p, g16), reference="high_byte")
     rgb16 = (base.astype(np.uint16) * 256 + np.random.default_rng(5).integers(0, 256, base.shape)).astype(np.uint16)
     add("rgb16_png", "png", lambda p: png_16bit(p, rgb16))
+    a16 = (alpha.astype(np.uint16) * 257).astype(np.uint16)
+    add("rgba16_png", "png", lambda p: png_16bit(p, np.dstack([rgb16, a16])), reference="pil_image")
     add("lossless_webp", "webp", lambda p: Image.fromarray(base).save(p, lossless=True))
     add("lossy_webp", "webp", lambda p: Image.fromarray(base).save(p, quality=80))
     add("tiny_10x10", "png", lambda p: Image.fromarray(content(10, 10, 6)).save(p))
