@@ -94,10 +94,13 @@ PilCoeffs pil_coeffs(int n_in, int n_out) {
   return c;
 }
 
-inline uint8_t pil_clip8(int64_t v) {
+// Sums fit in int32 as in Pillow: |sum| <= 255 x sum |w| x 2^22 < 1.4e9.
+inline uint8_t pil_clip8(int32_t v) {
   v >>= kPrecisionBits;
   return static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
 }
+
+constexpr int32_t kHalf = 1 << (kPrecisionBits - 1);
 
 // Horizontal pass: [h, w_in, 3] -> [h, w_out, 3].
 cv::Mat pil_resample_horizontal(const cv::Mat& in, int w_out) {
@@ -106,14 +109,18 @@ cv::Mat pil_resample_horizontal(const cv::Mat& in, int w_out) {
   for (int y = 0; y < in.rows; ++y) {
     const uint8_t* src = in.ptr<uint8_t>(y);
     uint8_t* dst = out.ptr<uint8_t>(y);
-    for (int o = 0; o < w_out; ++o) {
+    for (int o = 0; o < w_out; ++o, dst += 3) {
       const int32_t* k = &c.kk[size_t(o) * c.ksize];
       const uint8_t* s = src + 3 * c.bounds[2 * o];
-      int64_t acc[3] = {1 << (kPrecisionBits - 1), 1 << (kPrecisionBits - 1),
-                        1 << (kPrecisionBits - 1)};
-      for (int j = 0; j < c.bounds[2 * o + 1]; ++j)
-        for (int ch = 0; ch < 3; ++ch) acc[ch] += int64_t(s[3 * j + ch]) * k[j];
-      for (int ch = 0; ch < 3; ++ch) dst[3 * o + ch] = pil_clip8(acc[ch]);
+      int32_t r = kHalf, g = kHalf, b = kHalf;
+      for (int j = 0, n = c.bounds[2 * o + 1]; j < n; ++j, s += 3) {
+        r += s[0] * k[j];
+        g += s[1] * k[j];
+        b += s[2] * k[j];
+      }
+      dst[0] = pil_clip8(r);
+      dst[1] = pil_clip8(g);
+      dst[2] = pil_clip8(b);
     }
   }
   return out;
@@ -124,13 +131,14 @@ cv::Mat pil_resample_vertical(const cv::Mat& in, int h_out) {
   const PilCoeffs c = pil_coeffs(in.rows, h_out);
   const int n = in.cols * 3;
   cv::Mat out(h_out, in.cols, CV_8UC3);
-  std::vector<int64_t> acc(static_cast<size_t>(n));
+  std::vector<int32_t> acc(static_cast<size_t>(n));
   for (int o = 0; o < h_out; ++o) {
-    std::fill(acc.begin(), acc.end(), int64_t(1) << (kPrecisionBits - 1));
+    std::fill(acc.begin(), acc.end(), kHalf);
     const int32_t* k = &c.kk[size_t(o) * c.ksize];
     for (int j = 0; j < c.bounds[2 * o + 1]; ++j) {
       const uint8_t* s = in.ptr<uint8_t>(c.bounds[2 * o] + j);
-      for (int i = 0; i < n; ++i) acc[i] += int64_t(s[i]) * k[j];
+      const int32_t w = k[j];
+      for (int i = 0; i < n; ++i) acc[i] += s[i] * w;
     }
     uint8_t* dst = out.ptr<uint8_t>(o);
     for (int i = 0; i < n; ++i) dst[i] = pil_clip8(acc[i]);
