@@ -214,7 +214,8 @@ void jpeg_quiet(j_common_ptr, int) {}  // warnings (e.g. a truncated file) are n
 
 // Decodes a 4-component JPEG to its raw samples [h, w, 4] (Adobe-inverted CMYK, as stored)
 // into `cmyk`. Returns 0 for a JPEG with another number of components (left to OpenCV),
-// 1 when decoded, -1 on a libjpeg error (message in `error`). No C++ object with a
+// 1 when decoded, -1 on a libjpeg error (message in `error`), -2 when the header announces
+// more than kMaxImagePixels. No C++ object with a
 // destructor lives in this frame across setjmp.
 int decode_jpeg_4channel(const std::vector<uint8_t>& bytes, cv::Mat& cmyk, char* error) {
   jpeg_decompress_struct cinfo;
@@ -233,6 +234,10 @@ int decode_jpeg_4channel(const std::vector<uint8_t>& bytes, cv::Mat& cmyk, char*
   if (cinfo.num_components != 4) {
     jpeg_destroy_decompress(&cinfo);
     return 0;
+  }
+  if (static_cast<uint64_t>(cinfo.image_width) * cinfo.image_height > kMaxImagePixels) {
+    jpeg_destroy_decompress(&cinfo);
+    return -2;
   }
   cinfo.out_color_space = JCS_CMYK;  // YCCK is converted to CMYK by libjpeg
   jpeg_start_decompress(&cinfo);
@@ -327,6 +332,8 @@ cv::Mat decode_image_rgb(const std::vector<uint8_t>& bytes, const std::string& w
     cv::Mat cmyk;
     char error[JMSG_LENGTH_MAX] = {0};
     const int r = decode_jpeg_4channel(bytes, cmyk, error);
+    VLM_CHECK(r != -2, "image '", what, "' (CMYK JPEG) announces more than ", kMaxImagePixels,
+              " pixels (hint: a decompression bomb or a corrupt header)");
     VLM_CHECK(r >= 0, "cannot decode image '", what, "' (CMYK JPEG): ", error);
     if (r == 1) return apply_orientation(inverted_cmyk_to_rgb(cmyk), exif_orientation(bytes));
   }

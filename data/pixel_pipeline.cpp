@@ -31,11 +31,11 @@ torch::Tensor patchify(const torch::Tensor& image_hwc, const vlm::VisionPatchGeo
   return x.reshape({bh * bw * m * m, c * T * p * p}).contiguous();
 }
 
+namespace {
+
 // lut[c][v] = (float32(v * (1 / 255.0)) - float32(mean[c])) / float32(std[c]), every step
 // rounded as HF's Pillow processor rounds it (rescale in float64 then cast to float32;
 // normalise in float32), so the values are bit-identical to its pixel_values.
-namespace {
-
 std::array<std::array<float, 256>, 3> normalize_lut(const PixelConfig& cfg) {
   std::array<std::array<float, 256>, 3> lut{};
   for (int c = 0; c < 3; ++c) {
@@ -66,6 +66,7 @@ struct PilCoeffs {
 };
 
 PilCoeffs pil_coeffs(int n_in, int n_out) {
+  // Pillow: (double)(in1 - in0) / outSize with the box edges in float, box = (0, n_in).
   const double scale = static_cast<double>(static_cast<float>(n_in) - 0.0f) / n_out;
   const double filterscale = std::max(scale, 1.0);
   const double support = 2.0 * filterscale;
