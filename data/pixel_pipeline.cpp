@@ -246,8 +246,8 @@ PixelImage process_image_file(const std::string& path, const PixelConfig& cfg) {
   try {
     return process_image(rgb, cfg);
   } catch (const vlm::Error& e) {
-    throw vlm::Error(vlm::str("image '", path, "' (", rgb.cols, "x", rgb.rows,
-                              " after EXIF orientation): ", e.what()));
+    throw vlm::Error(vlm::str("image '", path, "' (", rgb.rows, "x", rgb.cols,
+                              " h x w, after EXIF orientation): ", e.what()));
   }
 }
 
