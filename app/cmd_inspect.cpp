@@ -1,6 +1,8 @@
 // `vlmtrain inspect`: inspect a dataset or an image as the pipeline sees it.
 #include <cstdio>
 #include <memory>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -12,13 +14,15 @@
 #include "data/pixel_pipeline.h"
 #include "vlm/check.h"
 #include "vlm/image_geometry.h"
+#include "vlm/safetensors.h"
 #include "vlm/tokenizer.h"
 
 namespace vlmtrain {
 
 const char* help_inspect() {
   return R"(usage: vlmtrain inspect data RECIPE [--set KEY=VALUE]... [--json]
-       vlmtrain inspect image FILE [--min-pixels N] [--max-pixels N | --max-image-tokens N] [--json]
+       vlmtrain inspect image FILE [--min-pixels N] [--max-pixels N | --max-image-tokens N]
+                              [--pixels OUT.safetensors] [--json]
 
 inspect data: scans data.train and data.eval as training sees them (image sizes from the
 index beside each JSONL, no decoding; the index and the text token counts are cached there)
@@ -30,11 +34,16 @@ power-of-two buckets: value v counts under the smallest power of two >= v.
   --json                one JSON object: {"tokenizer", "max_image_tokens", "max_seq_len",
                         "splits": {"train": {...}, "eval": {...}}}
 
-inspect image: decodes FILE as training does (EXIF orientation, RGB), applies smart_resize
-and prints the original and resized size, grid_thw (patches) and the merged image tokens.
+inspect image: decodes FILE as training does (EXIF orientation applied, alpha composited
+over white, 16-bit reduced to its high byte), applies smart_resize and prints the original
+and resized size, grid_thw (patches) and the merged image tokens. pixel_values match HF
+transformers' Qwen2VLImageProcessorPil bit for bit (docs/image_parity.md).
   --min-pixels N        default 3136 (56x56)
   --max-pixels N        default 12845056 (28x28x16384)
   --max-image-tokens N  per-image cap in merged tokens (max_pixels = N x 784)
+  --pixels OUT          also write OUT (safetensors) with the model's inputs for this image,
+                        exactly as the training loader builds them: pixel_values F32
+                        [patches, 1176] and image_grid_thw I64 [1, 3] (t, h, w in patches)
   --json                one JSON object: original_height, original_width, resized_height,
                         resized_width, grid_thw [t,h,w], tokens, patches
 )";
@@ -56,28 +65,35 @@ int inspect_image(Args& args) {
               *max_tokens);
     cfg.max_image_tokens = *max_tokens;
   }
+  const std::optional<std::string> pixels_out = args.value("pixels");
   const std::string file = args.positional(1, "FILE");
   VLM_CHECK(args.positionals().size() == 2, "vlmtrain inspect image: expected one FILE, got ",
             args.positionals().size() - 1, " arguments");
   args.finish();
 
-  cv::Mat rgb = vlm::data::decode_image_rgb(file);
-  vlm::data::PixelImage img = vlm::data::process_image(rgb, cfg);
+  const vlm::data::PixelImage img = vlm::data::process_image_file(file, cfg);
   const auto& g = img.grid_thw;
+  if (pixels_out) {
+    const torch::Tensor thw = torch::tensor({g[0], g[1], g[2]}, torch::kInt64).view({1, 3});
+    vlm::save_safetensors(*pixels_out, {{"pixel_values", img.pixel_values}, {"image_grid_thw", thw}},
+                          {std::nullopt, {{"source", file}, {"format", "pt"}}});
+  }
   if (as_json) {
     nlohmann::json j = {{"file", file},
-                        {"original_height", rgb.rows},
-                        {"original_width", rgb.cols},
+                        {"original_height", img.source_height},
+                        {"original_width", img.source_width},
                         {"resized_height", img.resized_height},
                         {"resized_width", img.resized_width},
                         {"grid_thw", {g[0], g[1], g[2]}},
                         {"tokens", img.merged_tokens()},
                         {"patches", img.pixel_values.size(0)}};
+    if (pixels_out) j["pixels"] = *pixels_out;
     std::printf("%s\n", j.dump().c_str());
   } else {
     const vlm::PixelLimits lim = cfg.effective_limits();
     std::printf("file:           %s\n", file.c_str());
-    std::printf("original:       %d x %d (h x w, after EXIF orientation)\n", rgb.rows, rgb.cols);
+    std::printf("original:       %lld x %lld (h x w, after EXIF orientation)\n",
+                static_cast<long long>(img.source_height), static_cast<long long>(img.source_width));
     std::printf("pixel limits:   min %lld, max %lld\n", static_cast<long long>(lim.min_pixels),
                 static_cast<long long>(lim.max_pixels));
     std::printf("resized:        %lld x %lld\n", static_cast<long long>(img.resized_height),
@@ -88,6 +104,7 @@ int inspect_image(Args& args) {
                 static_cast<long long>(img.pixel_values.size(0)),
                 static_cast<long long>(img.pixel_values.size(1)));
     std::printf("merged tokens:  %lld\n", static_cast<long long>(img.merged_tokens()));
+    if (pixels_out) std::printf("pixels:         %s\n", pixels_out->c_str());
   }
   return 0;
 }

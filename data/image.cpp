@@ -4,11 +4,15 @@
 #include <opencv2/imgproc.hpp>
 
 #include <algorithm>
+#include <csetjmp>
+#include <cstdio>  // before jpeglib.h (FILE, size_t)
 #include <cstring>
 #include <fstream>
 #include <iterator>
 
 #include "vlm/check.h"
+
+#include <jpeglib.h>
 
 namespace vlm::data {
 namespace {
@@ -146,6 +150,125 @@ void check_pixel_count(int64_t width, int64_t height, const std::string& what) {
             " (hint: a decompression bomb or a corrupt header; downscale the image if it is real)");
 }
 
+// Samples -> 8 bits as Pillow decodes them: 16-bit keeps the high byte (v >> 8, Pillow's
+// RGB;16B / RGBA;16B raw modes), float is scaled from [0, 1]. raw: any depth, 1-4 channels.
+cv::Mat to_8bit(const cv::Mat& raw, const std::string& what) {
+  switch (raw.depth()) {
+    case CV_8U: return raw;
+    case CV_16U: {
+      cv::Mat m8(raw.size(), CV_MAKETYPE(CV_8U, raw.channels()));
+      const int n = raw.cols * raw.channels();
+      for (int y = 0; y < raw.rows; ++y) {
+        const uint16_t* src = raw.ptr<uint16_t>(y);
+        uint8_t* dst = m8.ptr<uint8_t>(y);
+        for (int i = 0; i < n; ++i) dst[i] = static_cast<uint8_t>(src[i] >> 8);
+      }
+      return m8;
+    }
+    case CV_32F:
+    case CV_64F: {
+      cv::Mat m8;
+      raw.convertTo(m8, CV_8U, 255.0);
+      return m8;
+    }
+    default:
+      throw vlm::Error(vlm::str("image '", what, "' has unsupported pixel depth ", raw.depth(),
+                                " (hint: convert it to 8- or 16-bit)"));
+  }
+}
+
+// Gray+alpha or BGRA (8-bit) -> RGB composited over opaque white, bit-identical to
+// PIL.Image.alpha_composite(white, image) (HF's convert_to_rgb): out = round((c a + 255 (255
+// - a)) / 255) in integers (no ties: 255 is odd).
+cv::Mat composite_over_white(const cv::Mat& m8) {
+  const int nc = m8.channels();
+  cv::Mat rgb(m8.size(), CV_8UC3);
+  for (int y = 0; y < m8.rows; ++y) {
+    const uint8_t* src = m8.ptr<uint8_t>(y);
+    uint8_t* dst = rgb.ptr<uint8_t>(y);
+    for (int x = 0; x < m8.cols; ++x, src += nc, dst += 3) {
+      const uint32_t a = src[nc - 1];
+      const uint8_t bgr[3] = {src[0], src[nc == 4 ? 1 : 0], src[nc == 4 ? 2 : 0]};
+      for (int c = 0; c < 3; ++c)
+        dst[c] = static_cast<uint8_t>((bgr[2 - c] * a + 255 * (255 - a) + 127) / 255);
+    }
+  }
+  return rgb;
+}
+
+// ---- CMYK / YCCK JPEG: OpenCV converts CMYK with its own approximation (x k >> 8), so
+// these files are decoded here with libjpeg, as Pillow decodes them.
+struct JpegError {
+  jpeg_error_mgr mgr;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+void jpeg_error_exit(j_common_ptr cinfo) {
+  auto* err = reinterpret_cast<JpegError*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, err->message);
+  std::longjmp(err->jump, 1);
+}
+
+void jpeg_quiet(j_common_ptr, int) {}  // warnings (e.g. a truncated file) are not printed
+
+// Decodes a 4-component JPEG to its raw samples [h, w, 4] (Adobe-inverted CMYK, as stored)
+// into `cmyk`. Returns 0 for a JPEG with another number of components (left to OpenCV),
+// 1 when decoded, -1 on a libjpeg error (message in `error`), -2 when the header announces
+// more than kMaxImagePixels. No C++ object with a
+// destructor lives in this frame across setjmp.
+int decode_jpeg_4channel(const std::vector<uint8_t>& bytes, cv::Mat& cmyk, char* error) {
+  jpeg_decompress_struct cinfo;
+  JpegError err;
+  cinfo.err = jpeg_std_error(&err.mgr);
+  err.mgr.error_exit = jpeg_error_exit;
+  err.mgr.emit_message = jpeg_quiet;
+  if (setjmp(err.jump)) {
+    std::memcpy(error, err.message, JMSG_LENGTH_MAX);
+    jpeg_destroy_decompress(&cinfo);
+    return -1;
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, bytes.data(), static_cast<unsigned long>(bytes.size()));
+  jpeg_read_header(&cinfo, TRUE);
+  if (cinfo.num_components != 4) {
+    jpeg_destroy_decompress(&cinfo);
+    return 0;
+  }
+  if (static_cast<uint64_t>(cinfo.image_width) * cinfo.image_height > kMaxImagePixels) {
+    jpeg_destroy_decompress(&cinfo);
+    return -2;
+  }
+  cinfo.out_color_space = JCS_CMYK;  // YCCK is converted to CMYK by libjpeg
+  jpeg_start_decompress(&cinfo);
+  cmyk.create(static_cast<int>(cinfo.output_height), static_cast<int>(cinfo.output_width), CV_8UC4);
+  while (cinfo.output_scanline < cinfo.output_height) {
+    JSAMPROW row = cmyk.ptr<uint8_t>(static_cast<int>(cinfo.output_scanline));
+    jpeg_read_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_decompress(&cinfo);
+  jpeg_destroy_decompress(&cinfo);
+  return 1;
+}
+
+// Adobe-inverted CMYK [h, w, 4] -> RGB [h, w, 3] as Pillow: rawmode "CMYK;I" (C = 255 - c'),
+// then cmyk2rgb: R = (255 - K) - MULDIV255(C, 255 - K), the same for G (M) and B (Y).
+cv::Mat inverted_cmyk_to_rgb(const cv::Mat& cmyk) {
+  cv::Mat rgb(cmyk.size(), CV_8UC3);
+  for (int y = 0; y < cmyk.rows; ++y) {
+    const uint8_t* src = cmyk.ptr<uint8_t>(y);
+    uint8_t* dst = rgb.ptr<uint8_t>(y);
+    for (int x = 0; x < cmyk.cols; ++x, src += 4, dst += 3) {
+      const int nk = src[3];  // 255 - K
+      for (int c = 0; c < 3; ++c) {
+        const int t = (255 - src[c]) * nk + 128;
+        dst[c] = static_cast<uint8_t>(nk - (((t >> 8) + t) >> 8));
+      }
+    }
+  }
+  return rgb;
+}
+
 }  // namespace
 
 std::vector<uint8_t> read_file_bytes(const std::string& path) {
@@ -205,6 +328,15 @@ cv::Mat decode_image_rgb(const std::vector<uint8_t>& bytes, const std::string& w
   VLM_CHECK(!bytes.empty(), "image '", what, "' is an empty file");
   if (std::optional<ImageInfo> info = parse_image_header(bytes))
     check_pixel_count(info->width, info->height, what);  // before OpenCV allocates anything
+  if (bytes.size() > 2 && bytes[0] == 0xFF && bytes[1] == 0xD8) {  // JPEG: CMYK?
+    cv::Mat cmyk;
+    char error[JMSG_LENGTH_MAX] = {0};
+    const int r = decode_jpeg_4channel(bytes, cmyk, error);
+    VLM_CHECK(r != -2, "image '", what, "' (CMYK JPEG) announces more than ", kMaxImagePixels,
+              " pixels (hint: a decompression bomb or a corrupt header)");
+    VLM_CHECK(r >= 0, "cannot decode image '", what, "' (CMYK JPEG): ", error);
+    if (r == 1) return apply_orientation(inverted_cmyk_to_rgb(cmyk), exif_orientation(bytes));
+  }
   cv::Mat raw;
   try {
     raw = cv::imdecode(bytes, cv::IMREAD_UNCHANGED);
@@ -215,40 +347,13 @@ cv::Mat decode_image_rgb(const std::vector<uint8_t>& bytes, const std::string& w
             "' (", bytes.size(), " bytes; hint: corrupt file or unsupported format; ",
             "supported: JPEG, PNG, WebP, TIFF, BMP)");
   check_pixel_count(raw.cols, raw.rows, what);  // formats without a header parser here
-  // Depth -> 8 bit.
-  cv::Mat m8;
-  switch (raw.depth()) {
-    case CV_8U: m8 = raw; break;
-    case CV_16U: raw.convertTo(m8, CV_8U, 1.0 / 257.0); break;
-    case CV_32F:
-    case CV_64F: raw.convertTo(m8, CV_8U, 255.0); break;
-    default:
-      throw vlm::Error(vlm::str("image '", what, "' has unsupported pixel depth ",
-                                raw.depth(), " (hint: convert it to 8- or 16-bit)"));
-  }
-  // Channels -> RGB (OpenCV decodes to BGR / BGRA).
+  const cv::Mat m8 = to_8bit(raw, what);
   cv::Mat rgb;
-  switch (m8.channels()) {
+  switch (m8.channels()) {  // OpenCV decodes to BGR / BGRA
     case 1: cv::cvtColor(m8, rgb, cv::COLOR_GRAY2RGB); break;
     case 3: cv::cvtColor(m8, rgb, cv::COLOR_BGR2RGB); break;
     case 2:
-    case 4: {
-      std::vector<cv::Mat> ch;
-      cv::split(m8, ch);
-      cv::Mat alpha = ch.back();
-      ch.pop_back();
-      cv::Mat color;
-      if (ch.size() == 1) cv::cvtColor(ch[0], color, cv::COLOR_GRAY2RGB);
-      else { cv::merge(ch, color); cv::cvtColor(color, color, cv::COLOR_BGR2RGB); }
-      // Composite over white: out = c * a + 255 * (1 - a).
-      cv::Mat a3, cf, af;
-      cv::cvtColor(alpha, a3, cv::COLOR_GRAY2RGB);
-      color.convertTo(cf, CV_32FC3);
-      a3.convertTo(af, CV_32FC3, 1.0 / 255.0);
-      cv::Mat outf = cf.mul(af) + (cv::Scalar::all(1.0) - af) * 255.0;
-      outf.convertTo(rgb, CV_8UC3);
-      break;
-    }
+    case 4: rgb = composite_over_white(m8); break;
     default:
       throw vlm::Error(vlm::str("image '", what, "' has ", m8.channels(),
                                 " channels; expected 1 to 4"));

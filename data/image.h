@@ -40,8 +40,11 @@ ImageInfo probe_image(const std::string& path);
 // EXIF orientation (1..8) of the bytes, 1 when absent or unreadable.
 int exif_orientation(const std::vector<uint8_t>& bytes);
 
-// Decodes to CV_8UC3 in RGB order with EXIF orientation applied. Grayscale is expanded,
-// alpha is composited over white, 16-bit is scaled to 8-bit (x / 257), float to [0,255].
+// Decodes to CV_8UC3 in RGB order with EXIF orientation applied (as PIL's
+// ImageOps.exif_transpose). Grayscale is expanded; alpha (RGBA, gray+alpha, palette tRNS) is
+// composited over white exactly as PIL.Image.alpha_composite; 16-bit keeps the high byte
+// (v >> 8, as Pillow decodes 16-bit RGB PNGs); float is scaled from [0, 1]. HF's own loaders
+// differ on alpha and 16-bit: docs/image_parity.md says where and why.
 // Throws vlm::Error naming `what` (usually the path) on failure, and before decoding when
 // the header announces more than kMaxImagePixels.
 cv::Mat decode_image_rgb(const std::vector<uint8_t>& bytes, const std::string& what);

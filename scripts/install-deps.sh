@@ -14,6 +14,7 @@ PKGS=(
   python3 python3-venv                # the environment for torch and the test references
   libgloo-dev                         # Gloo headers for c10d's ProcessGroupGloo.hpp (LibTorch ships none)
   libopencv-dev                       # image decode / resize, synthetic OCR rendering
+  libjpeg-dev                         # CMYK JPEGs decoded as Pillow does (data/image.cpp)
   libsentencepiece-dev sentencepiece  # .model tokenizers (+ spm_encode for tests)
   libtoml11-dev                       # recipes
   libspdlog-dev libfmt-dev            # logging

@@ -2,6 +2,7 @@
 // pixel mapping written out independently here), header probing vs decoded size.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 
 #include <opencv2/imgcodecs.hpp>
@@ -109,7 +110,7 @@ TEST(Image, ColourConversions) {
   cv::Mat gray(3, 3, CV_8UC1, cv::Scalar(77));
   rgb = decode_image_rgb(encode(".png", gray), "gray");
   EXPECT_EQ(rgb.at<cv::Vec3b>(1, 1), cv::Vec3b(77, 77, 77));
-  // 16-bit -> x / 257.
+  // 16-bit -> high byte (v >> 8, as Pillow decodes 16-bit PNGs).
   cv::Mat g16(2, 2, CV_16UC1, cv::Scalar(257 * 200));
   rgb = decode_image_rgb(encode(".png", g16), "16bit");
   EXPECT_EQ(rgb.at<cv::Vec3b>(0, 1), cv::Vec3b(200, 200, 200));
@@ -124,10 +125,10 @@ TEST(Image, ColourConversions) {
   rgb = decode_image_rgb(encode(".png", bgra), "alpha");
   EXPECT_EQ(rgb.at<cv::Vec3b>(0, 0), cv::Vec3b(255, 255, 255));
   EXPECT_EQ(rgb.at<cv::Vec3b>(0, 1), cv::Vec3b(200, 0, 0));
-  const double a = 128.0 / 255.0;
+  // PIL.Image.alpha_composite's integer result: round((c a + 255 (255 - a)) / 255).
   cv::Vec3b blend = rgb.at<cv::Vec3b>(0, 2);
-  EXPECT_NEAR(blend[0], 200 * a + 255 * (1 - a), 1.0);
-  EXPECT_NEAR(blend[1], 255 * (1 - a), 1.0);
+  EXPECT_EQ(blend[0], std::lround((200.0 * 128 + 255.0 * 127) / 255));  // 227
+  EXPECT_EQ(blend[1], std::lround(255.0 * 127 / 255));                   // 127
 }
 
 TEST(Image, PngOrientationMatchesExifSpec) {
