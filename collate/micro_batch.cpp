@@ -62,6 +62,8 @@ MicroBatch build_micro_batch(const std::vector<TokenizedSample>& samples, const 
   }
   mb.batch.position_ids =
       get_rope_index(ids, mb.batch.image_grid_thw, mask, cfg).position_ids;
+  mb.batch.loss_rows = vlm::supervised_rows(labels);  // host-side, so the device never counts
+  mb.batch.right_padded = true;
   return mb;
 }
 
@@ -72,6 +74,8 @@ MicroBatch filler_micro_batch(int64_t pad_token_id) {
   mb.batch.labels = torch::full({1, 1}, -100, torch::kLong);
   mb.batch.attention_mask = torch::ones({1, 1}, torch::kLong);
   mb.batch.position_ids = torch::zeros({3, 1, 1}, torch::kLong);
+  mb.batch.loss_rows = torch::zeros({0}, torch::kLong);
+  mb.batch.right_padded = true;
   return mb;
 }
 

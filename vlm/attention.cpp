@@ -8,14 +8,17 @@
 namespace vlm {
 
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                        const torch::Tensor& mask, double scale) {
+                        const torch::Tensor& mask, double scale, bool causal) {
   const int64_t h = q.size(1), hkv = k.size(1);
   VLM_ASSERT(h % hkv == 0, "heads ", h, " not a multiple of kv heads ", hkv);
+  VLM_ASSERT(!(causal && mask.defined()), "attention: give a mask or causal, not both");
+  VLM_ASSERT(!causal || q.size(2) == k.size(2), "attention: causal needs as many keys as queries (no cache)");
   // Bool mask: true = attend. enable_gqa lets the kernel read kv head j / (H / Hkv) for
-  // query head j without materialising repeated keys and values.
+  // query head j without materialising repeated keys and values. Without a mask the flash /
+  // memory-efficient kernels are eligible on CUDA.
   return at::scaled_dot_product_attention(
       q, k, v, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt, /*dropout_p=*/0.0,
-      /*is_causal=*/false, scale, /*enable_gqa=*/h != hkv);
+      causal, scale, /*enable_gqa=*/h != hkv);
 }
 
 torch::Tensor varlen_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -94,7 +97,8 @@ torch::Tensor TextAttentionImpl::forward(const torch::Tensor& x, const torch::Te
     cache->k = k;
     cache->v = v;
   }
-  auto o = attention(q, k, v, mask, 1.0 / std::sqrt(static_cast<double>(head_dim)));
+  // No mask: causal attention of right-padded rows (training; see LanguageModelImpl).
+  auto o = attention(q, k, v, mask, 1.0 / std::sqrt(static_cast<double>(head_dim)), !mask.defined());
   return o_proj(o.transpose(1, 2).reshape({b, l, num_heads * head_dim}));
 }
 

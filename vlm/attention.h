@@ -17,10 +17,11 @@ namespace vlm {
 // softmax(q k^T * scale + mask) v with GQA (query head j uses kv head j / (H / Hkv)).
 // q: [B, H, L, D], k/v: [B, Hkv, T, D], mask: bool broadcastable to [B, H, L, T]
 // (true = attend; every row must allow at least one key) or undefined (no mask).
-// at::scaled_dot_product_attention (flash / memory-efficient / cuDNN kernels where they apply).
-// Returns [B, H, L, D].
+// causal (mask undefined, T == L): query i attends keys 0..i, without a mask tensor.
+// at::scaled_dot_product_attention (flash / memory-efficient / cuDNN kernels where they apply:
+// on CUDA only without a mask). Returns [B, H, L, D].
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                        const torch::Tensor& mask, double scale);
+                        const torch::Tensor& mask, double scale, bool causal = false);
 
 // Block-diagonal attention over a packed sequence: segment i is rows
 // [cu_seqlens[i], cu_seqlens[i+1]); tokens attend only inside their segment. Consecutive

@@ -41,13 +41,17 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torc
   VLM_CHECK(position_ids.dim() == 3 && position_ids.size(0) == 3 && position_ids.size(1) == b &&
                 position_ids.size(2) == l,
             "position_ids: expected [3, ", b, ", ", l, "], got ", position_ids.sizes());
-  VLM_CHECK(attention_mask.dim() == 2 && attention_mask.size(0) == b && attention_mask.size(1) == past + l,
+  VLM_CHECK(attention_mask.defined() || cache == nullptr,
+            "attention_mask: decoding with a KV cache needs the mask of the cached + new tokens");
+  VLM_CHECK(!attention_mask.defined() || (attention_mask.dim() == 2 && attention_mask.size(0) == b &&
+                                          attention_mask.size(1) == past + l),
             "attention_mask: expected [", b, ", ", past + l, "] (cached + new tokens), got ",
-            attention_mask.sizes());
+            attention_mask.defined() ? attention_mask.sizes() : torch::IntArrayRef{});
   if (cache && cache->layers.empty()) cache->layers.resize(layers.size());
   auto cs = mrope_cos_sin(position_ids.to(embeds.device()), cfg.head_dim(), cfg.rope_theta,
                           cfg.mrope_section, embeds.scalar_type());  // [B, L, D]
-  auto mask = causal_padding_mask(attention_mask.to(embeds.device()), l);
+  // Undefined: causal attention without a mask tensor (flash attention on CUDA).
+  auto mask = attention_mask.defined() ? causal_padding_mask(attention_mask.to(embeds.device()), l) : torch::Tensor();
   auto h = embeds;
   for (size_t i = 0; i < layers.size(); ++i) {
     DecoderLayer& layer = layers[i];

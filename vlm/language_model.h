@@ -33,8 +33,10 @@ class LanguageModelImpl : public torch::nn::Module {
   LanguageModelImpl(const TextConfig& cfg, const torch::TensorOptions& opts);
   // input_ids: [B, L] -> embeddings [B, L, d] (unit "<prefix>.embed_tokens")
   torch::Tensor embed(const torch::Tensor& input_ids, UnitRunner& runner, const std::string& prefix = "model");
-  // embeds: [B, L, d]; position_ids: [3, B, L]; attention_mask: [B, T] (T = cached + L);
-  // cache: optional, extended in place -> final-normed hidden states [B, L, d]
+  // embeds: [B, L, d]; position_ids: [3, B, L]; attention_mask: [B, T] (T = cached + L),
+  // or undefined for plain causal attention without a mask tensor (no cache; rows whose
+  // padding, if any, is at the end: right padding); cache: optional, extended in place
+  // -> final-normed hidden states [B, L, d]
   // (units "<prefix>.layers.N", "<prefix>.norm").
   torch::Tensor forward(const torch::Tensor& embeds, const torch::Tensor& position_ids,
                         const torch::Tensor& attention_mask, KvCache* cache, UnitRunner& runner,

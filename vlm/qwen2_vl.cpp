@@ -1,6 +1,7 @@
 #include "vlm/qwen2_vl.h"
 
 #include "vlm/check.h"
+#include "vlm/chunked_cross_entropy.h"
 #include "vlm/rope_index.h"
 
 namespace vlm {
@@ -51,6 +52,18 @@ torch::Tensor Qwen2VLImpl::head(const torch::Tensor& hidden) {
                       [emb](const torch::Tensor& x) mutable { return torch::linear(x, emb->weight); });
 }
 
+torch::Tensor Qwen2VLImpl::head_loss(const torch::Tensor& hidden, const torch::Tensor& labels) {
+  if (lm_head) {
+    return runner_->run("lm_head", *lm_head, hidden, [head = lm_head, labels](const torch::Tensor& x) mutable {
+      return chunked_linear_cross_entropy(x, head->weight, labels);
+    });
+  }
+  auto& emb = model->embed_tokens;
+  return runner_->run("lm_head", *emb, hidden, [emb, labels](const torch::Tensor& x) mutable {
+    return chunked_linear_cross_entropy(x, emb->weight, labels);
+  });
+}
+
 torch::Tensor Qwen2VLImpl::embed_inputs(const Batch& batch, bool dummy_vision, torch::Tensor* zero_term) {
   const auto& ids = batch.input_ids;
   VLM_CHECK(ids.defined() && ids.dim() == 2, "input_ids: expected [B, L] int64, got ",
@@ -69,16 +82,24 @@ torch::Tensor Qwen2VLImpl::embed_inputs(const Batch& batch, bool dummy_vision, t
     if (zero_term) *zero_term = dummy.sum().to(torch::kFloat32) * 0.0;
   }
   auto embeds = model->embed(ids, *runner_, "model");  // [B, L, d]
-  auto is_image = ids == cfg.image_token_id;
-  const int64_t n_pad = is_image.sum().item<int64_t>();
   const int64_t n_feat = features.defined() ? features.size(0) : 0;
-  VLM_CHECK(n_pad == n_feat, "the batch has ", n_pad, " image tokens (id ", cfg.image_token_id,
-            ") but the images give ", n_feat, " features (hint: each image needs t*gh*gw/",
-            cfg.vision.merge_unit(), " <|image_pad|> tokens)");
+  if (ids.is_cpu()) {  // on a device the count would cost a sync: collate checked it on the host
+    const int64_t n_pad = (ids == cfg.image_token_id).sum().item<int64_t>();
+    VLM_CHECK(n_pad == n_feat, "the batch has ", n_pad, " image tokens (id ", cfg.image_token_id,
+              ") but the images give ", n_feat, " features (hint: each image needs t*gh*gw/",
+              cfg.vision.merge_unit(), " <|image_pad|> tokens)");
+  }
   if (n_feat == 0) return embeds;
-  const int64_t b = embeds.size(0), l = embeds.size(1), d = embeds.size(2);
-  auto idx = is_image.reshape({-1}).nonzero().reshape({-1});
-  return embeds.reshape({b * l, d}).index_copy(0, idx, features.to(embeds.scalar_type())).reshape({b, l, d});
+  // Image features replace the pad embeddings in order (HF's masked_scatter: the pad rows of
+  // embed_tokens get no gradient); no host sync.
+  auto is_image = (ids == cfg.image_token_id).unsqueeze(-1).expand_as(embeds);
+  return embeds.masked_scatter(is_image, features.to(embeds.scalar_type()));
+}
+
+torch::Tensor supervised_rows(const torch::Tensor& labels) {
+  VLM_CHECK(labels.dim() == 2 && labels.size(1) >= 1, "labels: expected [B, L], got ", labels.sizes());
+  const int64_t l = labels.size(1);
+  return (labels.narrow(1, 1, l - 1).reshape({-1}) != -100).nonzero().reshape({-1});
 }
 
 ForwardOutput Qwen2VLImpl::forward(const Batch& batch, bool return_logits) {
@@ -90,7 +111,9 @@ ForwardOutput Qwen2VLImpl::forward(const Batch& batch, bool return_logits) {
                                              : torch::ones({b, l}, ids.options().dtype(torch::kInt64));
   auto pos = batch.position_ids;
   if (!pos.defined()) pos = get_rope_index(ids, batch.image_grid_thw, mask, cfg).position_ids;
-  auto hidden = model->forward(embeds, pos, mask, nullptr, *runner_, "model");  // [B, L, d]
+  // Right-padded rows (training): causal attention without a mask tensor.
+  auto hidden = model->forward(embeds, pos, batch.right_padded ? torch::Tensor() : mask, nullptr, *runner_,
+                               "model");  // [B, L, d]
 
   ForwardOutput out;
   const bool want_loss = batch.labels.defined();
@@ -109,15 +132,14 @@ ForwardOutput Qwen2VLImpl::forward(const Batch& batch, bool return_logits) {
     }
     if (return_logits) out.logits = logits;
   } else {
-    // Head only on supervised positions: the [B, L, V] logits are never materialised.
-    auto lb = batch.labels.narrow(1, 1, l - 1).reshape({-1}).to(hidden.device(), torch::kInt64);
-    auto keep = (lb != -100).nonzero().reshape({-1});
+    // Head only on supervised positions, over row chunks (chunked_cross_entropy.h): neither
+    // the [B, L, V] nor the [n, V] logits exist whole. loss_rows from the host: no sync.
+    auto keep = batch.loss_rows.defined() ? batch.loss_rows.to(hidden.device()) : supervised_rows(batch.labels);
+    keep = keep.to(hidden.device());
     out.n_tokens = keep.size(0);
-    auto h = hidden.narrow(1, 0, l - 1).reshape({-1, d}).index_select(0, keep);
-    auto lg = head(h).to(torch::kFloat32);  // [n, V]
-    out.loss_sum = torch::nn::functional::cross_entropy(
-        lg, lb.index_select(0, keep),
-        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+    auto lb = batch.labels.narrow(1, 1, l - 1).reshape({-1}).to(hidden.device(), torch::kInt64).index_select(0, keep);
+    auto h = hidden.narrow(1, 0, l - 1).reshape({-1, d}).index_select(0, keep);  // [n, d]
+    out.loss_sum = head_loss(h, lb);
   }
   if (out.loss_sum.defined() && zero_term.defined()) out.loss_sum = out.loss_sum + zero_term;
   return out;

@@ -26,8 +26,17 @@ struct Batch {
   torch::Tensor labels;          // [B, L] int64, -100 = ignored; unshifted (token t predicts t+1)
   torch::Tensor position_ids;    // [3, B, L] int64; undefined = computed by get_rope_index
   torch::Tensor pixel_values;    // [P, C*T*P*P]; undefined or 0 rows = no image
-  torch::Tensor image_grid_thw;  // [N, 3] int64 (t, gh, gw) in patches
+  torch::Tensor image_grid_thw;  // [N, 3] int64 (t, gh, gw) in patches; kept on the host
+  // Optional, computed on the host by collate so that the device never has to tell the host
+  // a count inside the forward:
+  torch::Tensor loss_rows;       // [n] int64: flat positions b*(L-1)+t whose next-token label
+                                 // labels[b, t+1] is supervised; undefined = derived from labels
+  bool right_padded = false;     // padding (if any) only at row ends: the LLM attends causally
+                                 // without a mask tensor (flash attention on CUDA)
 };
+
+// loss_rows of labels [B, L] (host): the flat indices of labels[:, 1:] != -100.
+torch::Tensor supervised_rows(const torch::Tensor& labels);
 
 struct ForwardOutput {
   torch::Tensor loss_sum;  // fp32 scalar: sum of token cross-entropies over supervised tokens
@@ -59,6 +68,9 @@ class Qwen2VLImpl : public torch::nn::Module {
   torch::Tensor embed_inputs(const Batch& batch, bool dummy_vision, torch::Tensor* zero_term);
   // hidden: [..., d] -> logits [..., V] in the activation dtype (unit lm_head).
   torch::Tensor head(const torch::Tensor& hidden);
+  // Summed cross-entropy of head(hidden) against labels, chunked (unit "lm_head").
+  // hidden: [n, d], labels: [n] int64 -> fp32 scalar
+  torch::Tensor head_loss(const torch::Tensor& hidden, const torch::Tensor& labels);
 
   VlmConfig cfg;
   VisionEncoder visual{nullptr};

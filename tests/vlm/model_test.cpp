@@ -12,6 +12,7 @@
 #include "vlm/config.h"
 #include "vlm/meta_init.h"
 #include "vlm/qwen2_vl.h"
+#include "vlm/rope_index.h"
 
 namespace {
 
@@ -298,3 +299,52 @@ TEST_P(Tiny, OverfitsOneBatch) {
 }
 
 }  // namespace
+
+namespace {
+// The same sequences right-padded (what collate builds for training).
+Batch right_padded(const Batch& left) {
+  const int64_t b = left.input_ids.size(0), L = left.input_ids.size(1);
+  Batch r = left;
+  r.input_ids = torch::zeros_like(left.input_ids);
+  r.labels = torch::full_like(left.labels, -100);
+  r.attention_mask = torch::zeros_like(left.attention_mask);
+  for (int64_t i = 0; i < b; ++i) {
+    const int64_t n = left.attention_mask[i].sum().item<int64_t>();
+    r.input_ids[i].narrow(0, 0, n).copy_(left.input_ids[i].narrow(0, L - n, n));
+    r.labels[i].narrow(0, 0, n).copy_(left.labels[i].narrow(0, L - n, n));
+    r.attention_mask[i].narrow(0, 0, n).fill_(1);
+  }
+  return r;
+}
+
+std::vector<torch::Tensor> loss_and_grads(vlm::Qwen2VLImpl& m, const Batch& b) {
+  m.zero_grad();
+  auto out = m.forward(b);
+  out.loss_sum.backward();
+  std::vector<torch::Tensor> r{out.loss_sum.detach().reshape({1})};
+  for (const auto& p : m.parameters()) r.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+  return r;
+}
+}  // namespace
+
+// Training batches are right-padded: the LLM then attends causally without a mask tensor
+// (flash attention on CUDA), and the loss rows come precomputed from the host. Reference:
+// the same batch through the masked path with rows derived from the labels.
+TEST_P(Tiny, RightPaddedCausalPathEqualsMaskedPath) {
+  auto m = make_test_model(GetParam(), 4);
+  Batch b = right_padded(image_batch(m->cfg));
+  ASSERT_EQ(b.attention_mask[0][-1].item<int64_t>(), 0) << "row 0 must have padding at its end";
+  b.position_ids = vlm::get_rope_index(b.input_ids, b.image_grid_thw, b.attention_mask, m->cfg).position_ids;
+  const auto ref = loss_and_grads(*m, b);
+  Batch fast = b;
+  fast.right_padded = true;
+  fast.loss_rows = vlm::supervised_rows(b.labels);
+  EXPECT_EQ(fast.loss_rows.size(0), (b.labels.narrow(1, 1, b.labels.size(1) - 1) != -100).sum().item<int64_t>());
+  const auto got = loss_and_grads(*m, fast);
+  ASSERT_EQ(got.size(), ref.size());
+  EXPECT_GT(ref[0].item<float>(), 0.0f);
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double scale = std::max(1e-12, ref[i].abs().max().item<double>());
+    EXPECT_LE((got[i] - ref[i]).abs().max().item<double>() / scale, 1e-5) << (i == 0 ? "loss" : "a gradient");
+  }
+}
