@@ -143,6 +143,7 @@ int cmd_eval(Args& args) {
   sh::ParallelOptions popts;
   popts.timeout = std::chrono::milliseconds(static_cast<int64_t>(recipe.dist.timeout_s * 1000));
   popts.device = recipe.dist.device;
+  popts.backend = recipe.dist.backend;
   sh::ParallelDims dims = sh::ParallelDims::from_environment(popts);
   init_logging(dims.rank(), dims.world_size(), recipe.log.level, recipe.log.all_ranks);
   if (dims.distributed()) spdlog::info("{}", dims.env().describe());
@@ -168,7 +169,7 @@ int cmd_eval(Args& args) {
   opts.progress = dims.is_main();
 
   EvalSummary sum = evaluate(*lm.model, *lm.tokenizer, recipe, sets, opts,
-                             dims.distributed() ? &dims.comm() : nullptr);
+                             dims.distributed() ? &dims.control() : nullptr);
   if (dims.is_main()) {
     std::printf("%-24s %8s %8s", "dataset", "n", "skipped");
     for (const std::string& m : opts.score.metrics) std::printf(" %9s", m.c_str());
@@ -190,7 +191,7 @@ int cmd_eval(Args& args) {
                 sum.json["samples_per_s"].get<double>(), dims.world_size(),
                 dims.world_size() == 1 ? "" : "es", opts.output_dir.c_str(), opts.output_dir.c_str());
   }
-  if (dims.distributed()) dims.comm().barrier("eval: done");  // rank 0 may host the store
+  if (dims.distributed()) dims.control().barrier("eval: done");  // rank 0 may host the store
   return 0;
 }
 

@@ -7,7 +7,7 @@
 //   o.max_samples = recipe.eval.max_samples;          // periodic eval: a prefix per set
 //   o.lockstep = dims.distributed();                  // sharded model: same unit calls
 //   o.output_dir = run_dir + "/eval/step-200";        // "" = write nothing
-//   EvalSummary s = evaluate(*model, *tok, recipe, sets, o, &dims.comm());
+//   EvalSummary s = evaluate(*model, *tok, recipe, sets, o, &dims.control());
 //   for (auto& [k, v] : s.metrics) log(k, v);         // "eval/val/cer" -> 0.12
 //
 // Work split (N ranks, n samples = the first max_samples records of each set, in set order):

@@ -27,6 +27,7 @@
 #include "data/synth_ocr.h"
 #include "sharding/comm.h"
 #include "sharding/ddp.h"
+#include "sharding/device_context.h"
 #include "sharding/fingerprint.h"
 #include "sharding/parallel_dims.h"
 #include "sharding/sharded_model.h"
@@ -184,6 +185,7 @@ TrainSummary run_training(const Recipe& recipe) {
   vlm::sharding::ParallelOptions po;
   po.timeout = std::chrono::milliseconds(static_cast<int64_t>(recipe.dist.timeout_s * 1000));
   po.device = recipe.dist.device;
+  po.backend = recipe.dist.backend;
   const auto env = vlm::sharding::detect_dist_env(vlm::sharding::process_env());
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {  // one share of the cores per local rank
     const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -193,7 +195,9 @@ TrainSummary run_training(const Recipe& recipe) {
   const int rank = dims.rank(), world = dims.world_size();
   init_logging(rank, world, recipe.log.level, recipe.log.all_ranks);
   try {
-    vlm::sharding::Comm& comm = dims.comm();
+    // Every collective of this file is host-side agreement: the control plane (Gloo on CPU
+    // tensors, whatever the device). Parameters and gradients use dims.comm() inside sharding/.
+    vlm::sharding::Comm& comm = dims.control();
     const bool main = dims.is_main();
     const bool tty = main && isatty(STDERR_FILENO);
     const std::string out_dir = recipe.run.output_dir;
@@ -201,7 +205,8 @@ TrainSummary run_training(const Recipe& recipe) {
       spdlog::info("vlmtrain {} | {} | recipe {} (hash {})", VLMTRAIN_VERSION, env.describe(), recipe.source,
                    recipe_hash(recipe));
       if (!vlm::host_malloc_setting().empty()) spdlog::info("{}", vlm::host_malloc_setting());
-      if (dims.distributed()) spdlog::info("comm: {}", comm.transport());
+      if (dims.distributed())
+        spdlog::info("comm: data plane {} | control plane {}", dims.comm().transport(), comm.transport());
       spdlog::info("resolved recipe:\n{}", to_toml(recipe));
       spdlog::info("resolved recipe saved to {}", save_resolved_recipe(recipe, out_dir));
     }
@@ -320,6 +325,19 @@ TrainSummary run_training(const Recipe& recipe) {
     const auto run_start = std::chrono::steady_clock::now();
     const int64_t first_step = st.step;
     const std::string dump_dir = batch_dump_dir();  // VLMTRAIN_DUMP_BATCHES (debugging, parity tests)
+    // A step's micro-batches on the host (collate's) and on the device (the model's input).
+    struct Staged {
+      StepData host;
+      std::vector<vlm::Batch> device;
+    };
+    vlm::sharding::DeviceContext& device_ctx = dims.device_context();
+    auto stage = [&](StepData&& sd) {
+      auto out = std::make_unique<Staged>();
+      for (const auto& mb : sd.micro_batches) out->device.push_back(device_ctx.to_device(mb.batch));
+      out->host = std::move(sd);
+      return out;
+    };
+    std::unique_ptr<Staged> staged;
 
     // ---------------------------------------------------------------- the step loop
     while (st.step < steps_total) {
@@ -328,38 +346,50 @@ TrainSummary run_training(const Recipe& recipe) {
 
       maybe_fault_exit(st.step + 1, rank);
 
-      // Data: this rank's micro-batches (the same count on every rank).
-      StepData sd = data.next(st.cursor);
+      // Data: this rank's micro-batches (the same count on every rank), already on the
+      // device when the previous step staged them (see "prefetch" below).
+      if (!staged) staged = stage(data.next(st.cursor));
+      StepData sd = std::move(staged->host);
+      std::vector<vlm::Batch> batches = std::move(staged->device);
+      staged.reset();
       if (!dump_dir.empty()) dump_micro_batches(dump_dir, st.step + 1, rank, sd.micro_batches);
       int64_t local_sup = 0;
       for (const auto& mb : sd.micro_batches) local_sup += mb.supervised_tokens;
       const int64_t global_sup = vlm::sharding::global_token_count(comm, local_sup);
       const double scale = 1.0 / static_cast<double>(std::max<int64_t>(1, global_sup));
 
-      // Forward + backward per micro-batch; gradients reduce on the last one.
-      double loss_sum = 0;
+      // Forward + backward per micro-batch; gradients reduce on the last one. No host
+      // synchronisation in here: the loss sums on the device, token counts come from the
+      // host copies of the micro-batches.
+      torch::Tensor loss_acc = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(dims.device()));
       int64_t llm_tokens = 0, patches = 0;
       const size_t k_last = sd.micro_batches.size() - 1;
       for (size_t k = 0; k < sd.micro_batches.size(); ++k) {
         const auto& mb = sd.micro_batches[k];
         sm->set_sync(k == k_last);
-        vlm::ForwardOutput out = model->forward(mb.batch);
+        vlm::ForwardOutput out = model->forward(batches[k]);
         torch::Tensor loss = out.loss_sum;
         if (k == k_last && inject_nonfinite(st.step + 1, rank)) loss = loss * std::nan("");
         (loss * scale).backward();
         sm->finish_backward(ctx + ", backward");
-        loss_sum += loss.item<double>();
+        loss_acc += loss.detach().to(torch::kFloat64);
         if (!mb.filler) {
-          llm_tokens += mb.batch.attention_mask.sum().item<int64_t>();
+          llm_tokens += mb.batch.attention_mask.sum().item<int64_t>();  // host tensor
           if (mb.batch.pixel_values.defined()) patches += mb.batch.pixel_values.size(0);
         }
       }
+      batches.clear();
 
-      // One all-reduce for the step's statistics (and the stop request).
+      // Prefetch: the next step's micro-batches are read and their host -> device copies
+      // issued while this step's kernels still run (on CPU this only reorders the work).
+      if (st.step + 1 < steps_total) staged = stage(data.next(sd.next));
+
+      // One all-reduce for the step's statistics (and the stop request): the step's one
+      // device -> host synchronisation (the loss).
       const double step_flops = flop_model.flops(llm_tokens, patches);
-      torch::Tensor stats = torch::tensor({loss_sum, static_cast<double>(sd.samples), static_cast<double>(sd.images),
-                                           static_cast<double>(llm_tokens), step_flops,
-                                           static_cast<double>(sd.dropped), g_signal.load() != 0 ? 1.0 : 0.0},
+      torch::Tensor stats = torch::tensor({loss_acc.item<double>(), static_cast<double>(sd.samples),
+                                           static_cast<double>(sd.images), static_cast<double>(llm_tokens),
+                                           step_flops, static_cast<double>(sd.dropped), g_signal.load() != 0 ? 1.0 : 0.0},
                                           torch::kFloat64);
       comm.all_reduce(stats, ReduceOp::kSum, ctx + ", step statistics");
       auto s = stats.accessor<double, 1>();

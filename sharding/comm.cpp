@@ -214,17 +214,20 @@ void Comm::fail(uint64_t seq, const std::string& head, const std::string& reason
       e.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     });
   }
-  throw Error(str("comm: ", head, " failed on rank ", rank_, " of ", world_, " (",
+  std::string other;
+  if (other_ != nullptr && world_ > 1)
+    other = str("\n  last ops on this rank's ", other_->plane(), " plane, oldest first:\n", other_->flight_record());
+  throw Error(str("comm: ", head, " failed on rank ", rank_, " of ", world_, " (", plane_, " plane, ",
                   shm_ ? "shared memory" : backend_name(backend_),
                   ", timeout ", timeout_.count() / 1000.0, " s): ", reason,
                   "\n  hint: ", hint_for(reason),
-                  "\n  last ops on this rank, oldest first:\n",
-                  flight_record(), peer_report(seq)));
+                  "\n  last ops on this rank (", plane_, " plane), oldest first:\n",
+                  flight_record(), other, peer_report(seq)));
 }
 
 std::string Comm::peer_report(uint64_t failed_seq) {
   if (!store_ || world_ == 1) return "";
-  auto key = [](int r) { return str("vlm_comm/last_op/", r); };
+  auto key = [this](int r) { return str("vlm_comm/", plane_, "/last_op/", r); };
   std::string mine;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -321,8 +324,25 @@ Work Comm::launch_shm(uint64_t seq, std::shared_ptr<ShmTask> task) {
   return w;
 }
 
+Work Comm::staged(Work w, std::function<void()> copy_back) {
+  auto prev = std::move(w.epilogue_);
+  w.epilogue_ = [prev = std::move(prev), copy_back = std::move(copy_back)]() {
+    if (prev) prev();
+    copy_back();
+  };
+  return w;
+}
+
+bool Comm::stage_on_host(const torch::Tensor& t) const {
+  return world_ > 1 && t.is_cuda() && backend_ != Backend::kNccl;
+}
+
 Work Comm::all_reduce_async(const torch::Tensor& t, ReduceOp op, const std::string& ctx) {
   check_tensor(t, "all_reduce", "t");
+  if (stage_on_host(t)) {
+    torch::Tensor h = t.to(torch::kCPU);
+    return staged(all_reduce_async(h, op, ctx + " (staged on the host)"), [t, h]() { t.copy_(h); });
+  }
   VLM_CHECK(op != ReduceOp::kAvg || torch::isFloatingType(t.scalar_type()),
             "comm: all_reduce: avg needs a floating-point tensor, got ", describe(t),
             " (hint: use sum and divide yourself)");
@@ -351,6 +371,10 @@ Work Comm::all_gather_async(const torch::Tensor& out, const torch::Tensor& in,
   VLM_CHECK(out.numel() == in.numel() * world_, "comm: all_gather: out must hold world_size (",
             world_, ") x in.numel() (", in.numel(), ") = ", in.numel() * world_,
             " elements, got ", out.numel(), " (hint: pad the flat buffer to a multiple of N)");
+  if (stage_on_host(out)) {
+    torch::Tensor ho = torch::empty(out.sizes(), out.options().device(torch::kCPU)), hi = in.to(torch::kCPU);
+    return staged(all_gather_async(ho, hi, ctx + " (staged on the host)"), [out, ho]() { out.copy_(ho); });
+  }
   const double n = world_;
   const double m = static_cast<double>(out.numel()) * out.element_size();
   count(OpKind::kAllGather, (n - 1) / n * m, (n - 1) / n * m);
@@ -405,6 +429,10 @@ Work Comm::reduce_scatter_async(const torch::Tensor& out, const torch::Tensor& i
   VLM_CHECK(in.numel() == out.numel() * world_, "comm: reduce_scatter: in must hold world_size (",
             world_, ") x out.numel() (", out.numel(), ") = ", out.numel() * world_,
             " elements, got ", in.numel(), " (hint: pad the flat buffer to a multiple of N)");
+  if (stage_on_host(out)) {
+    torch::Tensor ho = torch::empty(out.sizes(), out.options().device(torch::kCPU)), hi = in.to(torch::kCPU);
+    return staged(reduce_scatter_async(ho, hi, op, ctx + " (staged on the host)"), [out, ho]() { out.copy_(ho); });
+  }
   const double n = world_;
   const double m = static_cast<double>(in.numel()) * in.element_size();
   const bool native_flat = native_flat_ops(backend_);
@@ -468,6 +496,10 @@ Work Comm::broadcast_async(const torch::Tensor& t, int root, const std::string& 
   check_tensor(t, "broadcast", "t");
   VLM_CHECK(root >= 0 && root < world_, "comm: broadcast: root must be in [0, ", world_,
             "), got ", root);
+  if (stage_on_host(t)) {
+    torch::Tensor h = t.to(torch::kCPU);
+    return staged(broadcast_async(h, root, ctx + " (staged on the host)"), [t, h]() { t.copy_(h); });
+  }
   const double m = world_ > 1 ? static_cast<double>(t.numel()) * t.element_size() : 0.0;
   count(OpKind::kBroadcast, m, m);
   const uint64_t seq = enter(OpKind::kBroadcast, str(describe(t), " from rank ", root), ctx);

@@ -24,7 +24,9 @@
 //                               bf16 at world > 2, as on NCCL)
 //   * 2-byte floats in all-gather / broadcast travel bit-exact as raw bytes (uint8)
 //   * avg                    -> sum, then divide by N (every backend, for identical numerics)
-// With NCCL the native flat ops are used.
+// With NCCL the native flat ops are used. CUDA tensors on Gloo (two ranks sharing one GPU,
+// where NCCL refuses to run) are staged through host copies, synchronously, and copied back
+// when the op is waited.
 // When every rank is on one host, ParallelDims gives Gloo jobs a shared-memory channel
 // (sharding/shm_channel.h) and every op goes there instead: flat ops and 2-byte float
 // reductions (in fp32) natively, a plain copy instead of TCP over loopback.
@@ -46,7 +48,7 @@
 // "step 12, unit model.layers.3"), the underlying reason, and the flight recorder (the
 // last ops this rank entered and completed). The Comm must outlive its Work handles.
 // With a store (ParallelDims sets the rendezvous store), a failing rank also publishes the
-// last op it entered under "vlm_comm/last_op/<rank>" and waits up to peer_report_wait (5 s)
+// last op it entered under "vlm_comm/<plane>/last_op/<rank>" and waits up to peer_report_wait (5 s)
 // for the other ranks' reports, so each error ends with what every rank last entered
 // (a rank that is dead or stuck outside the comm layer shows as "no report"). The extra
 // wait keeps a failing rank's exit within the collective timeout + 30 s.
@@ -146,6 +148,16 @@ class Comm {
   int world_size() const { return world_; }
   Backend backend() const { return backend_; }
 
+  // The plane this comm carries ("data" or "control", see ParallelDims), named in every
+  // error; `other` is the other plane, whose last ops each error also lists (a peer that
+  // died in a data-plane op shows up there when the control plane times out). `other` must
+  // outlive this comm.
+  void set_plane(std::string plane, const Comm* other) {
+    plane_ = std::move(plane);
+    other_ = other;
+  }
+  const std::string& plane() const { return plane_; }
+
   // t: [*] contiguous, float/bf16/fp16/int; in place.
   Work all_reduce_async(const torch::Tensor& t, ReduceOp op, const std::string& ctx);
   void all_reduce(const torch::Tensor& t, ReduceOp op, const std::string& ctx) {
@@ -203,8 +215,14 @@ class Comm {
               std::function<void()> epilogue);
 
   Work launch_shm(uint64_t seq, std::shared_ptr<ShmTask> task);
+  // CUDA tensors on Gloo (or shared memory) travel through host copies: whether `t` must,
+  // and the Work of the op on the copies with `copy_back` appended to its epilogue.
+  bool stage_on_host(const torch::Tensor& t) const;
+  Work staged(Work w, std::function<void()> copy_back);
 
   c10::intrusive_ptr<c10d::Backend> group_;
+  std::string plane_ = "data";
+  const Comm* other_ = nullptr;
   std::shared_ptr<ShmChannel> shm_;
   std::string transport_;
   c10::intrusive_ptr<c10d::Store> store_;

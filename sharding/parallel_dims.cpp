@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sharding/comm.h"
+#include "sharding/device_context.h"
 #include "sharding/shm_channel.h"
 #include "vlm/check.h"
 
@@ -309,6 +310,34 @@ auto wrap(const std::string& what, const std::string& hint, F&& f) -> decltype(f
   }
 }
 
+// A Gloo group of every rank through `store`, bound to the right interface (see the header).
+c10::intrusive_ptr<c10d::Backend> make_gloo_group(const DistEnv& env, const ParallelOptions& opts,
+                                                  const c10::intrusive_ptr<c10d::Store>& store,
+                                                  const std::string& who, const std::string& where) {
+  auto o = c10d::ProcessGroupGloo::Options::create(opts.timeout);
+  if (!env.gloo_ifname.empty()) {
+    o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(env.gloo_ifname));
+  } else if (is_loopback(env.master_addr)) {
+    o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  } else {
+    // Gloo's default device binds to the address this host's name resolves to, which is
+    // a loopback address on many machines (Debian maps the hostname to 127.0.1.1): peers on
+    // other nodes could not connect. Bind where the route to the master leaves instead.
+    const std::string local = local_address_towards(env.master_addr, env.master_port);
+    if (!local.empty())
+      o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(local));
+    else
+      o->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  }
+  o->threads = 2;
+  return wrap(str(who, ": Gloo rendezvous through ", where, " did not complete within ",
+                  opts.timeout.count() / 1000.0, " s"),
+              "did every rank start, with the same WORLD_SIZE and MASTER_ADDR/PORT?", [&] {
+                return c10::intrusive_ptr<c10d::Backend>(
+                    c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.world_size, o));
+              });
+}
+
 }  // namespace
 
 ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts) {
@@ -317,17 +346,24 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
   p.timeout_ = opts.timeout;
   VLM_CHECK(opts.device == "auto" || opts.device == "cpu" || opts.device == "cuda",
             "device: expected auto, cpu or cuda, got '", opts.device, "'");
+  VLM_CHECK(opts.backend == "auto" || opts.backend == "gloo" || opts.backend == "nccl",
+            "backend: expected auto, gloo or nccl, got '", opts.backend, "'");
   const bool cuda = opts.device == "cuda" || (opts.device == "auto" && torch::cuda::is_available());
   if (cuda) {
     VLM_CHECK(torch::cuda::is_available(), "device = cuda, but this LibTorch sees no CUDA device",
               " (hint: use device = \"cpu\" or a CUDA build of LibTorch)");
-    VLM_CHECK(env.local_rank < static_cast<int>(torch::cuda::device_count()), "LOCAL_RANK ",
-              env.local_rank, " has no GPU: this node has ", torch::cuda::device_count(),
-              " (hint: --nproc_per_node must not exceed the GPU count)");
-    p.device_ = torch::Device(torch::kCUDA, env.local_rank);
+    const int gpus = static_cast<int>(torch::cuda::device_count());
+    VLM_CHECK(env.local_rank < gpus || opts.backend == "gloo", "LOCAL_RANK ", env.local_rank,
+              " has no GPU: this node has ", gpus,
+              " (hint: --nproc_per_node must not exceed the GPU count; dist.backend = \"gloo\" lets ranks share one)");
+    p.device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank % gpus));
   }
+  p.device_context_ = std::make_shared<DeviceContext>(p.device_);  // sets this thread's device
   if (env.world_size == 1) {
     p.comm_ = std::make_shared<Comm>(c10::intrusive_ptr<c10d::Backend>(), 0, 1, Backend::kNone, opts.timeout);
+    p.control_ = std::make_shared<Comm>(c10::intrusive_ptr<c10d::Backend>(), 0, 1, Backend::kNone, opts.timeout);
+    p.control_->set_plane("control", p.comm_.get());
+    p.comm_->set_plane("data", p.control_.get());
     return p;
   }
 
@@ -353,7 +389,9 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
   p.store_ = store;
 
   // ---------------------------------------------------------------- process group
-  if (cuda) {
+  VLM_CHECK(cuda || opts.backend != "nccl", "dist.backend = \"nccl\" needs the CUDA device, but this rank runs on ",
+            "the CPU (hint: dist.device = \"cuda\", or dist.backend = \"auto\")");
+  if (cuda && opts.backend != "gloo") {
 #ifdef USE_C10D_NCCL
     auto o = c10d::ProcessGroupNCCL::Options::create();
     o->timeout = opts.timeout;
@@ -368,33 +406,22 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
                     "\"cpu\")"));
 #endif
   } else {
-    auto o = c10d::ProcessGroupGloo::Options::create(opts.timeout);
-    if (!env.gloo_ifname.empty()) {
-      o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(env.gloo_ifname));
-    } else if (is_loopback(env.master_addr)) {
-      o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    } else {
-      // Gloo's default device binds to the address this host's name resolves to, which is
-      // a loopback address on many machines (Debian maps the hostname to 127.0.1.1): peers on
-      // other nodes could not connect. Bind where the route to the master leaves instead.
-      const std::string local = local_address_towards(env.master_addr, env.master_port);
-      if (!local.empty())
-        o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(local));
-      else
-        o->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    }
-    o->threads = 2;
-    p.group_ = wrap(str(who, ": Gloo rendezvous through ", where, " did not complete within ",
-                        opts.timeout.count() / 1000.0, " s"),
-                    "did every rank start, with the same WORLD_SIZE and MASTER_ADDR/PORT?", [&] {
-                      return c10::intrusive_ptr<c10d::Backend>(
-                          c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank,
-                                                                      env.world_size, o));
-                    });
+    p.group_ = make_gloo_group(env, opts, store, who, where);
     p.backend_ = Backend::kGloo;
   }
   p.comm_ = std::make_shared<Comm>(p.group_, env.rank, env.world_size, p.backend_, opts.timeout);
   p.comm_->set_store(store);
+
+  // ---------------------------------------------------------------- control plane
+  // Small host-side agreement (token counts, statistics, votes, fingerprints, eval gathers,
+  // checkpoint barriers) on CPU tensors, over its own Gloo group: NCCL takes CUDA tensors
+  // only, and a separate group keeps these ops out of the data plane's order.
+  auto control_store = c10::make_intrusive<c10d::PrefixStore>("control", store);
+  p.control_group_ = make_gloo_group(env, opts, control_store, who, where);
+  p.control_ = std::make_shared<Comm>(p.control_group_, env.rank, env.world_size, Backend::kGloo, opts.timeout);
+  p.control_->set_store(control_store);
+  p.control_->set_plane("control", p.comm_.get());
+  p.comm_->set_plane("data", p.control_.get());
 
   // ---------------------------------------------------------------- shared memory (CPU)
   if (p.backend_ == Backend::kGloo) {

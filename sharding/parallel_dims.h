@@ -18,6 +18,10 @@
 //             Rank 0 hosts the TCPStore.
 //   single    none of the above: world size 1, no store, no group.
 //
+// Device: CUDA device LOCAL_RANK (made the calling thread's current device) when the
+// device is CUDA, else CPU.
+// Planes: the data plane (comm()) is NCCL when the device is CUDA, Gloo on CPU; the control
+// plane (control()) is a second group, Gloo on every backend, for CPU scalars.
 // Backend: NCCL when the device is CUDA (device index = LOCAL_RANK), Gloo on CPU. Gloo binds to GLOO_SOCKET_IFNAME
 // when set, to 127.0.0.1 when the master is a loopback address, else to the local address
 // of the route to the master (so a hostname that resolves to 127.0.1.1 cannot strand it).
@@ -36,6 +40,7 @@
 namespace vlm::sharding {
 
 class Comm;
+class DeviceContext;
 
 using EnvMap = std::map<std::string, std::string>;
 
@@ -88,6 +93,10 @@ struct ParallelOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   // "auto" (CUDA when available, else CPU), "cpu" or "cuda".
   std::string device = "auto";
+  // Data plane: "auto" (NCCL on CUDA, Gloo on CPU), "gloo" or "nccl". Gloo on CUDA stages
+  // through host copies and lets ranks share a GPU (device LOCAL_RANK mod the GPU count),
+  // which NCCL refuses: what tests of several ranks on one GPU use.
+  std::string backend = "auto";
 };
 
 // Copies share the store, the group and the comm. Without the agent store, rank 0's
@@ -111,6 +120,8 @@ class ParallelDims {
   bool distributed() const { return env_.world_size > 1; }
   Backend backend() const { return backend_; }
   torch::Device device() const { return device_; }
+  // The owner of this rank's device (current device, copy stream, pinned staging).
+  DeviceContext& device_context() const { return *device_context_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   const DistEnv& env() const { return env_; }
 
@@ -119,8 +130,15 @@ class ParallelDims {
   // The world process group backend; null for world 1.
   const c10::intrusive_ptr<c10d::Backend>& group() const { return group_; }
 
-  // The comm layer over the world group (counters and flight recorder live there).
+  // The data plane: the comm layer over the world group (NCCL on CUDA, Gloo or shared
+  // memory on CPU) for parameters and gradients; counters and flight recorder live there.
   Comm& comm() const { return *comm_; }
+  // The control plane: a Gloo group of its own for small host-side agreement on CPU tensors
+  // (token counts, step statistics, non-finite votes, fingerprints, eval gathers,
+  // checkpoint barriers), on every backend. Each plane's errors include the other's last ops.
+  Comm& control() const { return *control_; }
+  // The control plane's process group; null for world 1.
+  const c10::intrusive_ptr<c10d::Backend>& control_group() const { return control_group_; }
 
   // Writes torchrun's error file ({"message": ..., "timestamp": ...}) when
   // TORCHELASTIC_ERROR_FILE is set; returns whether a file was written.
@@ -134,7 +152,10 @@ class ParallelDims {
   std::chrono::milliseconds timeout_{0};
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> group_;
+  c10::intrusive_ptr<c10d::Backend> control_group_;
   std::shared_ptr<Comm> comm_;
+  std::shared_ptr<Comm> control_;
+  std::shared_ptr<DeviceContext> device_context_;
 };
 
 }  // namespace vlm::sharding

@@ -269,7 +269,7 @@ TEST(LaunchDist, SigkilledRankEndsEverySurvivor) {
     EXPECT_TRUE(has(r.output, "rank " + std::to_string(rank) + ": exit code 1")) << r.output;
     const std::string err = vlmtest::read_file(logs / ("rank" + std::to_string(rank) + ".error.json"));
     EXPECT_TRUE(has(err, "all_reduce #20 [1000] Float (context: step 20, unit loop.block)")) << err;
-    EXPECT_TRUE(has(err, "last ops on this rank, oldest first")) << err;
+    EXPECT_TRUE(has(err, "last ops on this rank (data plane), oldest first")) << err;
     EXPECT_TRUE(has(err, "#19 all_reduce [1000] Float [step 19, unit loop.block] done")) << err;
     EXPECT_TRUE(has(err, "[step 20, unit loop.block] FAILED")) << err;
     // The cross-rank report: the killed rank never answers.

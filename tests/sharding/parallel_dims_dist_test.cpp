@@ -48,6 +48,26 @@ void check_job(const ParallelDims& dims, const char* rank_var, const char* world
   torch::Tensor t = torch::full({3}, static_cast<double>(r), torch::kDouble);
   dims.comm().all_reduce(t, ReduceOp::kSum, "rank sum");
   EXPECT_TRUE(torch::equal(t, torch::full({3}, n * (n - 1) / 2.0, torch::kDouble)));
+  // The control plane is a group of its own: ranks may issue a control op and a data op in
+  // opposite orders (each plane keeps its own order) and both complete.
+  EXPECT_EQ(dims.comm().plane(), "data");
+  EXPECT_EQ(dims.control().plane(), "control");
+  ASSERT_TRUE(dims.control_group());
+  EXPECT_NE(dims.control_group().get(), dims.group().get());
+  torch::Tensor c = torch::full({1}, 1.0 + r, torch::kDouble), d = torch::full({5}, 2.0 * r, torch::kFloat);
+  vlm::sharding::Work wc, wd;
+  if (r % 2 == 0) {
+    wc = dims.control().all_reduce_async(c, ReduceOp::kSum, "control first");
+    wd = dims.comm().all_reduce_async(d, ReduceOp::kSum, "data second");
+  } else {
+    wd = dims.comm().all_reduce_async(d, ReduceOp::kSum, "data first");
+    wc = dims.control().all_reduce_async(c, ReduceOp::kSum, "control second");
+  }
+  wd.wait();
+  wc.wait();
+  EXPECT_EQ(c.item<double>(), n + n * (n - 1) / 2.0);
+  EXPECT_TRUE(torch::equal(d, torch::full({5}, static_cast<float>(n * (n - 1)), torch::kFloat)));
+  dims.control().barrier("end (control)");
   dims.comm().barrier("end");
 }
 
@@ -128,6 +148,36 @@ TEST(ParallelDimsDist, DISABLED_SlurmWorker) {
 }
 
 // ---------------------------------------------------------------- parents
+
+// A rank dies after a data-plane op; the survivor's next control-plane op times out and its
+// error names the control plane and lists the data plane's last ops (where the dead rank
+// was last seen on the data path).
+TEST(ParallelDimsDist, DISABLED_PlanesErrorWorker) {
+  VLM_DIST_WORKER_ONLY();
+  ParallelDims dims = init_from_env(std::chrono::seconds(4));
+  torch::Tensor d = torch::ones({7});
+  dims.comm().all_reduce(d, ReduceOp::kSum, "step 3, unit model.layers.1");
+  if (dims.rank() == 1) std::_Exit(0);
+  torch::Tensor c = torch::ones({1}, torch::kDouble);
+  try {
+    dims.control().all_reduce(c, ReduceOp::kSum, "step 3, step statistics");
+    ADD_FAILURE() << "the control op must fail: rank 1 is gone";
+  } catch (const vlm::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("(control plane, gloo"), std::string::npos) << m;
+    EXPECT_NE(m.find("step 3, step statistics"), std::string::npos) << m;
+    EXPECT_NE(m.find("last ops on this rank's data plane"), std::string::npos) << m;
+    EXPECT_NE(m.find("[step 3, unit model.layers.1] done"), std::string::npos) << m;
+  }
+}
+
+TEST(ParallelDimsDist, PlanesErrorNamesBothPlanes) {
+  vlmtest::DistRun run;
+  run.world_size = 2;
+  run.worker_test = "ParallelDimsDist.DISABLED_PlanesErrorWorker";
+  run.timeout = std::chrono::seconds(60);
+  EXPECT_TRUE(vlmtest::all_ok(vlmtest::run_workers(run)));
+}
 
 TEST(ParallelDimsDist, TorchrunStyle3) {
   vlmtest::DistRun run;
