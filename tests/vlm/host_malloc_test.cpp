@@ -57,9 +57,12 @@ TEST(HostMalloc, FreedMemoryIsReusedWithoutPageFaults) {
   std::printf("minor page faults for %d alloc/fill/free cycles of 8 MiB (%ld pages): glibc defaults %ld, "
               "tuned %ld\n", cycles, pages, before, after);
   // glibc's defaults map each 8 MiB block afresh (its dynamic threshold rises to the
-  // block's size, which still counts as "mmap"), so nearly every page faults again.
-  EXPECT_GT(before, pages / 2) << "glibc's defaults no longer refault: the control does not hold";
+  // block's size, which still counts as "mmap"), so its pages fault again: every one on most
+  // kernels, half of them where the kernel maps anonymous memory in larger folios (8,192 of
+  // 16,384 measured on this project's machines in November 2026).
+  EXPECT_GT(before, pages / 8) << "glibc's defaults no longer refault: the control does not hold";
   EXPECT_LT(after, pages / 20);
+  EXPECT_LT(after * 10, before) << "tuning must remove at least 90% of the refaults";
 #endif
 }
 
