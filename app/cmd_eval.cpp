@@ -28,8 +28,8 @@ const char* help_eval() {
                      [--max-new-tokens N] [--batch-size B] [--max-samples N] [--out DIR]
                      [--set KEY=VALUE]...
 
-Generates an answer greedily (KV cache; stops at <|im_end|> / <|endoftext|>) for every
-sample of the eval sets and scores it: CER, WER, NED, exact match, ANLS, OCRBench-style
+Generates an answer (KV cache; stops at the eos ids of the generation settings and at
+<|im_end|> / <|endoftext|>) for every sample of the eval sets and scores it: CER, WER, NED, exact match, ANLS, OCRBench-style
 accuracy, per set and overall (metrics and normalisation from the recipe's [eval] section,
 e.g. --set eval.case_sensitive=false --set 'eval.metrics=["cer","wer"]').
 
@@ -43,13 +43,18 @@ data (default: data.eval of the recipe; one set per file, named after the file s
 generation:
   --max-new-tokens N    default eval.max_new_tokens
   --batch-size B        prompts per batch on each process (default eval.batch_size)
+  decoding: each of eval.do_sample, eval.temperature, eval.top_k, eval.top_p,
+  eval.repetition_penalty (recipe or --set, e.g. --set eval.repetition_penalty=1.05) wins
+  over the model directory's generation_config.json, which wins over HF's defaults
+  (greedy, no penalty); eos / pad ids come from the file and the tokenizer. The resolved
+  settings are logged and written to eval_summary.json ("generation", with each key's origin)
 output (written by rank 0):
   --out DIR             default <run.output_dir>/eval
   DIR/predictions.jsonl one line per sample: id (file:line), dataset, index, prompt,
                         prediction, answers (the references), generated_tokens, scores;
                         `vlmtrain score --pred DIR/predictions.jsonl` gives the same numbers
   DIR/eval_summary.json metrics per set and overall, normalisation, skipped samples,
-                        model, seconds, samples/s
+                        model, generation settings, seconds, samples/s
 
 Runs under torchrun / srun / `vlmtrain launch`: every process loads the model and
 generates a strided share of the samples; results are gathered on rank 0. A progress bar

@@ -51,6 +51,62 @@ std::vector<EvalDataset> load_eval_datasets(const Recipe& recipe,
   return out;
 }
 
+EvalGeneration resolve_generation(const EvalSection& e, const std::string& model_dir) {
+  EvalGeneration g;
+  const vlm::GenerationConfig file = model_dir.empty() ? vlm::GenerationConfig{} : vlm::load_generation_config(model_dir);
+  g.config = file;
+  const std::string from_file = file.source.empty() ? "default" : file.source;
+  auto pick = [&](const char* key, auto& dst, const auto& over, bool in_file) {
+    if (over) {
+      dst = *over;
+      g.origin[key] = "recipe";
+    } else {
+      g.origin[key] = in_file ? from_file : "default";
+    }
+  };
+  // A key counts as "from the file" when the file exists (absent keys in it are HF's
+  // defaults, exactly what HF would use for that file).
+  const bool f = !file.source.empty();
+  pick("do_sample", g.config.do_sample, e.do_sample, f);
+  pick("temperature", g.config.temperature, e.temperature, f);
+  pick("top_k", g.config.top_k, e.top_k, f);
+  pick("top_p", g.config.top_p, e.top_p, f);
+  pick("repetition_penalty", g.config.repetition_penalty, e.repetition_penalty, f);
+  g.origin["eos_token_id"] = f && !file.eos_token_ids.empty() ? from_file : "tokenizer";
+  g.origin["pad_token_id"] = f && file.pad_token_id ? from_file : "tokenizer";
+  g.seed = static_cast<uint64_t>(e.seed);
+  VLM_CHECK(!g.config.do_sample || g.config.temperature > 0, "eval.temperature is ",
+            g.config.temperature, " with do_sample true (", g.origin["temperature"],
+            "); expected > 0 (hint: --set eval.do_sample=false for greedy decoding)");
+  return g;
+}
+
+nlohmann::json EvalGeneration::to_json() const {
+  nlohmann::json j = config.to_json();
+  j.erase("source");
+  j["seed"] = seed;
+  j["origin"] = origin;
+  return j;
+}
+
+std::string EvalGeneration::describe() const {
+  auto at = [&](const char* k) {
+    auto it = origin.find(k);
+    return it == origin.end() ? std::string() : " (" + it->second + ")";
+  };
+  std::string s = config.do_sample ? vlm::str("sampling: temperature ", config.temperature, at("temperature"),
+                                              ", top_k ", config.top_k, at("top_k"), ", top_p ",
+                                              config.top_p, at("top_p"), ", seed ", seed)
+                                   : std::string("greedy") + at("do_sample");
+  s += vlm::str(", repetition_penalty ", config.repetition_penalty, at("repetition_penalty"));
+  if (!config.eos_token_ids.empty()) {
+    s += ", eos";
+    for (int64_t id : config.eos_token_ids) s += vlm::str(" ", id);
+    s += at("eos_token_id");
+  }
+  return s;
+}
+
 EvalOptions eval_options(const Recipe& recipe) {
   const EvalSection& e = recipe.eval;
   EvalOptions o;
@@ -61,6 +117,7 @@ EvalOptions eval_options(const Recipe& recipe) {
   o.score.metrics = e.metrics;
   o.max_bad_fraction = recipe.data.max_bad_fraction;
   o.loader_workers = recipe.data.num_workers;
+  o.generation = resolve_generation(e, recipe.model.path);
   return o;
 }
 
@@ -290,11 +347,18 @@ EvalSummary evaluate(vlm::Qwen2VLImpl& model, const vlm::Tokenizer& tok, const R
   vlm::data::OrderedLoader<Prepared> loader(local, produce,
                                             {opts.loader_workers, std::max<int64_t>(2, opts.batch_size * 2)});
 
-  vlm::GenerationOptions gen;
+  vlm::GenerationOptions gen = vlm::to_options(opts.generation.config);
   gen.max_new_tokens = opts.max_new_tokens;
-  gen.stop_tokens = stop_tokens(tok, cfg);
-  gen.pad_token_id = tok.specials().pad.value_or(gen.stop_tokens.front());
+  // Stop at the settings' eos ids and at the tokenizer's end tokens.
+  std::vector<int64_t> stops = opts.generation.config.eos_token_ids;
+  for (int64_t id : stop_tokens(tok, cfg))
+    if (std::find(stops.begin(), stops.end(), id) == stops.end()) stops.push_back(id);
+  gen.stop_tokens = stops;
+  gen.pad_token_id = opts.generation.config.pad_token_id.value_or(
+      tok.specials().pad.value_or(gen.stop_tokens.front()));
+  gen.seed = opts.generation.seed;
   gen.dummy_vision = opts.lockstep;
+  if (rank == 0) spdlog::info("eval generation: {}", opts.generation.describe());
   const auto param = model.parameters().front();
   const torch::Device device = param.device();
 
@@ -481,6 +545,8 @@ EvalSummary evaluate(vlm::Qwen2VLImpl& model, const vlm::Tokenizer& tok, const R
               {"seconds", seconds},
               {"samples_per_s", sum.metrics["eval/samples_per_s"]},
               {"tokens_per_s", seconds > 0 ? double(total_tokens) / seconds : 0.0}};
+  sum.json["generation"] = opts.generation.to_json();
+  sum.json["generation"]["stop_tokens"] = gen.stop_tokens;
 
   if (rank == 0 && !opts.output_dir.empty()) {
     fs::create_directories(opts.output_dir);

@@ -1,4 +1,5 @@
-// The evaluator: greedy generation over eval datasets with an already built (possibly
+// The evaluator: generation (greedy by default; settings from generation_config.json and
+// the recipe, see resolve_generation) over eval datasets with an already built (possibly
 // sharded) model, gathered and scored with app/metrics.h. `vlmtrain eval` and the
 // trainer's periodic eval both call evaluate().
 //
@@ -36,7 +37,9 @@
 //   eval_summary.json   {"metrics", "normalization", "overall", "datasets": {name: {...}},
 //     "skipped": [{"id", "dataset", "reason"}], "model", "checkpoint", "step", "world_size",
 //     "batch_size", "max_new_tokens", "max_samples", "samples", "generated_tokens",
-//     "seconds", "samples_per_s", "tokens_per_s"}
+//     "seconds", "samples_per_s", "tokens_per_s", "generation": EvalGeneration::to_json()
+//     with "stop_tokens" (the ids generation stopped at: eos ids of the settings plus the
+//     tokenizer's <|im_end|> / <|endoftext|> / eos)}
 //
 // The model's train/eval mode is restored and no gradient is recorded (NoGradGuard): a
 // periodic eval leaves training state untouched.
@@ -51,6 +54,7 @@
 #include "app/metrics.h"
 #include "app/recipe.h"
 #include "data/dataset.h"
+#include "vlm/generation.h"
 #include "vlm/qwen2_vl.h"
 #include "vlm/tokenizer.h"
 
@@ -72,6 +76,23 @@ struct EvalDataset {
 std::vector<EvalDataset> load_eval_datasets(const Recipe& recipe,
                                             const std::vector<std::string>& jsonl_files);
 
+// The generation settings eval uses, and where each came from.
+struct EvalGeneration {
+  vlm::GenerationConfig config;               // do_sample, temperature, top_k, top_p, penalty, eos, pad
+  std::map<std::string, std::string> origin;  // key -> "recipe" | "<model>/generation_config.json" | "default"
+  uint64_t seed = 0;                          // sampling stream (eval.seed)
+
+  // {"do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "eos_token_id",
+  //  "pad_token_id", "seed", "origin": {key: where}} (written to eval_summary.json).
+  nlohmann::json to_json() const;
+  // One line for the log: "greedy, repetition_penalty 1.05 (generation_config.json), ...".
+  std::string describe() const;
+};
+
+// Precedence per key: eval.<key> of the recipe (or --set) > <model_dir>/generation_config.json
+// (model_dir "" or no file: skipped) > HF's GenerationConfig defaults.
+EvalGeneration resolve_generation(const EvalSection& eval, const std::string& model_dir);
+
 struct EvalOptions {
   int64_t max_samples = 0;        // per set: the first N records; 0 = all
   int64_t batch_size = 8;         // prompts per generate() call on each rank
@@ -85,10 +106,12 @@ struct EvalOptions {
   std::string model_source;       // echoed as "model" in eval_summary.json
   std::string checkpoint;         // echoed as "checkpoint" ("" = none)
   int64_t step = -1;              // training step echoed as "step" (-1 = none)
+  EvalGeneration generation;      // decoding settings (eval_options: resolve_generation)
 };
 
 // [eval] + [data] of the recipe: batch_size, max_new_tokens, metrics, normalisation,
-// max_bad_fraction, loader workers; max_samples 0 (all: what `vlmtrain eval` does;
+// max_bad_fraction, loader workers, generation settings (resolve_generation with
+// model.path: the generation_config.json of the model being trained or evaluated); max_samples 0 (all: what `vlmtrain eval` does;
 // the trainer sets recipe.eval.max_samples for periodic evals).
 EvalOptions eval_options(const Recipe& recipe);
 

@@ -1,5 +1,7 @@
 #include "app/model_source.h"
 
+#include <spdlog/spdlog.h>
+
 #include <filesystem>
 
 #include "vlm/check.h"
@@ -68,12 +70,14 @@ LoadedModel load_model(const ModelSection& model, const LoadModelOptions& opts,
             "(hint: `vlmtrain export` writes one; a preset needs model.preset)");
   vlm::VlmConfig cfg = vlm::load_hf_config(model.path);
   check_tokenizer_special_ids(cfg, *out.tokenizer, model.path + "/config.json");
+  const vlm::HfCheckpoint ckpt = vlm::HfCheckpoint::open(model.path);
+  const vlm::TiedHead tied = vlm::resolve_tied_head(cfg, ckpt);  // may untie cfg, as HF
+  if (!tied.note.empty()) spdlog::info("{}", tied.note);
   out.model = vlm::Qwen2VL(cfg, meta);
   vlm::MaterializeOptions mo{opts.device, opts.dtype, opts.seed};
   mo.init = false;
   vlm::materialize(*out.model, mo);
-  const vlm::HfCheckpoint ckpt = vlm::HfCheckpoint::open(model.path);
-  vlm::load_module_weights(*out.model, ckpt);
+  vlm::load_module_weights(*out.model, ckpt, tied.load);
   out.description = vlm::str("HF ", model.path, " (", ckpt.files().size(), " safetensors file",
                              ckpt.files().size() == 1 ? "" : "s", ")");
   return out;

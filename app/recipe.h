@@ -271,6 +271,16 @@ struct EvalSection {
   bool collapse_whitespace = true;
   bool strip_punctuation = false;
   bool nfc = true;
+  // Generation settings. Each key left out takes the value of the model directory's
+  // generation_config.json (model.path), else HF's default (greedy, no penalty): recipe /
+  // --set > generation_config.json > defaults. Resolved values and where each came from
+  // are logged and written to eval_summary.json under "generation".
+  std::optional<bool> do_sample;              // false: greedy
+  std::optional<double> temperature;          // sampling only, > 0
+  std::optional<int64_t> top_k;               // sampling only; 0 = off
+  std::optional<double> top_p;                // sampling only, (0, 1]
+  std::optional<double> repetition_penalty;   // > 0; 1 = off (HF's definition)
+  int64_t seed = 0;                           // sampling stream
 
   template <class V> void fields(V& v) {
     v("every", every, Range{0, 1e9});
@@ -283,6 +293,12 @@ struct EvalSection {
     v("collapse_whitespace", collapse_whitespace);
     v("strip_punctuation", strip_punctuation);
     v("nfc", nfc);
+    v("do_sample", do_sample);
+    v("temperature", temperature, Range{0, 1e6, true});
+    v("top_k", top_k, Range{0, 1e9});
+    v("top_p", top_p, Range{0, 1, true});
+    v("repetition_penalty", repetition_penalty, Range{0, 1e6, true});
+    v("seed", seed, Range{0, 9e15});
   }
 };
 

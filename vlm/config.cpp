@@ -57,11 +57,11 @@ T get_opt(const json& obj, const std::string& key, const T& dflt, const std::str
   return get_req<T>(obj, key, where, src);
 }
 
-// The rotary section: `rope_parameters` (newer) or `rope_scaling` (legacy), inside the text
-// section or at the top level.
+// The rotary section: `rope_scaling` (legacy; HF takes it first) or `rope_parameters`
+// (newer), of the text section.
 void parse_rope(const json& text, const json& top, TextConfig& t, const std::string& src) {
   for (const json* obj : {&text, &top}) {
-    for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    for (const char* key : {"rope_scaling", "rope_parameters"}) {  // HF: rope_scaling wins
       auto it = obj->find(key);
       if (it == obj->end() || !it->is_object()) continue;
       const std::string where = std::string(key) + ".";
@@ -102,21 +102,31 @@ VlmConfig parse_hf_config(const std::string& json_text, const std::string& src) 
                     "are supported)"));
   }
 
-  // Vision tower.
-  VLM_CHECK(top.contains("vision_config") && top["vision_config"].is_object(), src,
-            ": missing object 'vision_config'");
-  const json& vj = top["vision_config"];
+  // Absent keys take the defaults of transformers 5.23's Qwen2VLConfig / Qwen2_5_VLConfig
+  // (and their vision and text sub-configs), so that a stripped config.json means what it
+  // means to HF (tests/vlm/config_test.cpp has transformers parse the same files). Those
+  // defaults describe the 7B/72B models, not a small one: a config missing its sizes loads
+  // as HF would load it, and then fails on the checkpoint's shapes.
+  const json empty = json::object();
+
+  // Vision tower: `vision_config` (absent: all defaults). HF reads `in_channels`; the
+  // `in_chans` of hub configs is not a key it knows (ignored there, ignored here).
+  auto vit = top.find("vision_config");
+  VLM_CHECK(vit == top.end() || vit->is_null() || vit->is_object(), src,
+            ": key 'vision_config' must be an object, found a JSON ", vit->type_name());
+  const json& vj = vit != top.end() && vit->is_object() ? *vit : empty;
   const std::string vw = "vision_config.";
   VisionConfig& v = c.vision;
-  v.depth = get_req<int64_t>(vj, "depth", vw, src);
-  v.num_heads = get_req<int64_t>(vj, "num_heads", vw, src);
+  const bool v2 = c.family == Family::qwen2_vl;
+  v.depth = get_opt<int64_t>(vj, "depth", 32, vw, src);
+  v.num_heads = get_opt<int64_t>(vj, "num_heads", 16, vw, src);
   v.patch_size = get_opt<int64_t>(vj, "patch_size", 14, vw, src);
   v.temporal_patch_size = get_opt<int64_t>(vj, "temporal_patch_size", 2, vw, src);
   v.spatial_merge_size = get_opt<int64_t>(vj, "spatial_merge_size", 2, vw, src);
-  v.in_chans = get_opt<int64_t>(vj, "in_chans", get_opt<int64_t>(vj, "in_channels", 3, vw, src), vw, src);
-  if (c.family == Family::qwen2_vl) {
-    v.embed_dim = get_req<int64_t>(vj, "embed_dim", vw, src);
-    v.out_hidden_size = get_req<int64_t>(vj, "hidden_size", vw, src);  // merger output!
+  v.in_chans = get_opt<int64_t>(vj, "in_channels", 3, vw, src);
+  if (v2) {
+    v.embed_dim = get_opt<int64_t>(vj, "embed_dim", 1280, vw, src);
+    v.out_hidden_size = get_opt<int64_t>(vj, "hidden_size", 3584, vw, src);  // merger output!
     const double ratio = get_opt<double>(vj, "mlp_ratio", 4.0, vw, src);
     const double inter = static_cast<double>(v.embed_dim) * ratio;  // HF: int(embed_dim * mlp_ratio)
     VLM_CHECK(std::isfinite(inter) && inter >= 1 && inter <= double(kMaxConfigSize), src,
@@ -125,52 +135,71 @@ VlmConfig parse_hf_config(const std::string& json_text, const std::string& src) 
     v.intermediate_size = static_cast<int64_t>(inter);
     v.hidden_act = get_opt<std::string>(vj, "hidden_act", "quick_gelu", vw, src);
   } else {
-    v.embed_dim = get_req<int64_t>(vj, "hidden_size", vw, src);  // ViT width
-    v.out_hidden_size = get_req<int64_t>(vj, "out_hidden_size", vw, src);
-    v.intermediate_size = get_req<int64_t>(vj, "intermediate_size", vw, src);
+    v.embed_dim = get_opt<int64_t>(vj, "hidden_size", 3584, vw, src);  // ViT width
+    v.out_hidden_size = get_opt<int64_t>(vj, "out_hidden_size", 3584, vw, src);
+    v.intermediate_size = get_opt<int64_t>(vj, "intermediate_size", 3420, vw, src);
     v.hidden_act = get_opt<std::string>(vj, "hidden_act", "silu", vw, src);
-    v.window_size = get_req<int64_t>(vj, "window_size", vw, src);
-    v.fullatt_block_indexes = get_req<std::vector<int64_t>>(vj, "fullatt_block_indexes", vw, src);
-    v.tokens_per_second = get_opt<double>(vj, "tokens_per_second", 2.0, vw, src);
+    v.window_size = get_opt<int64_t>(vj, "window_size", 112, vw, src);
+    v.fullatt_block_indexes = get_opt<std::vector<int64_t>>(vj, "fullatt_block_indexes",
+                                                            {7, 15, 23, 31}, vw, src);
+    v.tokens_per_second = get_opt<double>(vj, "tokens_per_second", 4.0, vw, src);
   }
-  const std::string want_act = c.family == Family::qwen2_vl ? "quick_gelu" : "silu";
+  const std::string want_act = v2 ? "quick_gelu" : "silu";
   VLM_CHECK(v.hidden_act == want_act, src, ": vision_config.hidden_act is '", v.hidden_act,
             "', expected '", want_act, "' for ", model_type);
 
-  // Text decoder: `text_config` when present, the top level otherwise (and as fallback).
-  const json empty = json::object();
-  const json& tj = top.contains("text_config") && top["text_config"].is_object() ? top["text_config"] : empty;
-  auto text_key = [&](const std::string& key) -> const json& {
-    return tj.contains(key) ? tj : top;
-  };
-  auto tw = [&](const std::string& key) { return tj.contains(key) ? std::string("text_config.") : std::string(); };
-  auto ti = [&](const std::string& key) { return get_req<int64_t>(text_key(key), key, tw(key), src); };
+  // Text decoder: `text_config` when present (then, as in HF, the top-level text keys are
+  // not read at all), else the top level (the legacy layout).
+  auto tit = top.find("text_config");
+  const bool nested = tit != top.end() && tit->is_object();
+  const json& tj = nested ? *tit : top;
+  const std::string tw = nested ? "text_config." : "";
   TextConfig& t = c.text;
-  t.vocab_size = ti("vocab_size");
-  t.hidden_size = ti("hidden_size");
-  t.intermediate_size = ti("intermediate_size");
-  t.num_hidden_layers = ti("num_hidden_layers");
-  t.num_attention_heads = ti("num_attention_heads");
-  t.num_key_value_heads = get_opt<int64_t>(text_key("num_key_value_heads"), "num_key_value_heads",
-                                           t.num_attention_heads, tw("num_key_value_heads"), src);
-  t.rms_norm_eps = get_opt<double>(text_key("rms_norm_eps"), "rms_norm_eps", 1e-6, tw("rms_norm_eps"), src);
-  t.rope_theta = get_opt<double>(text_key("rope_theta"), "rope_theta", 1e6, tw("rope_theta"), src);
-  t.max_position_embeddings = get_opt<int64_t>(text_key("max_position_embeddings"),
-                                               "max_position_embeddings", 32768,
-                                               tw("max_position_embeddings"), src);
-  t.hidden_act = get_opt<std::string>(text_key("hidden_act"), "hidden_act", "silu", tw("hidden_act"), src);
+  auto ti = [&](const char* key, int64_t dflt) { return get_opt<int64_t>(tj, key, dflt, tw, src); };
+  t.vocab_size = ti("vocab_size", 152064);
+  t.hidden_size = ti("hidden_size", 8192);
+  t.intermediate_size = ti("intermediate_size", 29568);
+  t.num_hidden_layers = ti("num_hidden_layers", 80);
+  t.num_attention_heads = ti("num_attention_heads", 64);
+  // HF: 8 when absent, num_attention_heads when written as null.
+  t.num_key_value_heads = tj.contains("num_key_value_heads") && tj["num_key_value_heads"].is_null()
+                              ? t.num_attention_heads
+                              : ti("num_key_value_heads", 8);
+  t.rms_norm_eps = get_opt<double>(tj, "rms_norm_eps", 1e-5, tw, src);
+  t.rope_theta = get_opt<double>(tj, "rope_theta", 1e6, tw, src);
+  t.max_position_embeddings = ti("max_position_embeddings", 32768);
+  t.hidden_act = get_opt<std::string>(tj, "hidden_act", "silu", tw, src);
   VLM_CHECK(t.hidden_act == "silu", src, ": text hidden_act is '", t.hidden_act, "', expected 'silu'");
-  parse_rope(tj, top, t, src);
+  // Sliding-window attention (layers >= max_window_layers when use_sliding_window) is not
+  // implemented: refuse rather than attend over the full sequence where HF would not.
+  if (get_opt<bool>(tj, "use_sliding_window", false, tw, src)) {
+    const int64_t mwl = ti("max_window_layers", 80);
+    VLM_CHECK(mwl >= t.num_hidden_layers, src, ": ", tw, "use_sliding_window is true with ",
+              tw, "max_window_layers ", mwl, " < num_hidden_layers ", t.num_hidden_layers,
+              ": sliding-window attention is not supported (hint: every released Qwen2-VL / "
+              "Qwen2.5-VL config has use_sliding_window false)");
+  }
+  parse_rope(tj, empty, t, src);
 
-  c.tie_word_embeddings = get_opt<bool>(top, "tie_word_embeddings",
-                                        get_opt<bool>(tj, "tie_word_embeddings", false, "text_config.", src), "", src);
-  c.image_token_id = get_opt<int64_t>(top, "image_token_id", c.image_token_id, "", src);
-  c.video_token_id = get_opt<int64_t>(top, "video_token_id", c.video_token_id, "", src);
-  c.vision_start_token_id = get_opt<int64_t>(top, "vision_start_token_id", c.vision_start_token_id, "", src);
-  c.vision_end_token_id = get_opt<int64_t>(top, "vision_end_token_id", c.vision_end_token_id, "", src);
-  c.bos_token_id = get_opt<int64_t>(text_key("bos_token_id"), "bos_token_id", c.bos_token_id, tw("bos_token_id"), src);
-  if (text_key("eos_token_id").contains("eos_token_id") && text_key("eos_token_id")["eos_token_id"].is_number_integer())
-    c.eos_token_id = ti("eos_token_id");
+  // Tied head: the top-level key (default false), or true in text_config (HF turns the
+  // top-level flag on when the text config has it on).
+  c.tie_word_embeddings = get_opt<bool>(top, "tie_word_embeddings", false, "", src) ||
+                          (nested && get_opt<bool>(tj, "tie_word_embeddings", false, tw, src));
+  c.image_token_id = get_opt<int64_t>(top, "image_token_id", 151655, "", src);
+  c.video_token_id = get_opt<int64_t>(top, "video_token_id", 151656, "", src);
+  c.vision_start_token_id = get_opt<int64_t>(top, "vision_start_token_id", 151652, "", src);
+  c.vision_end_token_id = get_opt<int64_t>(top, "vision_end_token_id", 151653, "", src);
+  c.bos_token_id = get_opt<int64_t>(tj, "bos_token_id", 151643, tw, src);
+  // eos_token_id: an integer or a list (the first is kept; generation reads its stop ids
+  // from generation_config.json and the tokenizer).
+  auto eit = tj.find("eos_token_id");
+  if (eit == tj.end() || eit->is_null()) {
+    c.eos_token_id = 151645;
+  } else if (eit->is_array() && !eit->empty()) {
+    c.eos_token_id = integer_value((*eit)[0], tw + "eos_token_id[0]", src);
+  } else {
+    c.eos_token_id = integer_value(*eit, tw + "eos_token_id", src);
+  }
   c.torch_dtype = get_opt<std::string>(top, "torch_dtype", get_opt<std::string>(top, "dtype", "bfloat16", "", src), "", src);
   validate(c, src);
   return c;
@@ -204,7 +233,7 @@ void validate(const VlmConfig& c, const std::string& src) {
   in_range("vision_config.patch_size", v.patch_size, kMaxPatchGeometry);
   in_range("vision_config.temporal_patch_size", v.temporal_patch_size, kMaxPatchGeometry);
   in_range("vision_config.spatial_merge_size", v.spatial_merge_size, kMaxPatchGeometry);
-  in_range("vision_config.in_chans", v.in_chans, kMaxPatchGeometry);
+  in_range("vision_config.in_channels", v.in_chans, kMaxPatchGeometry);
   in_range("vocab_size", t.vocab_size, kMaxConfigSize);
   in_range("hidden_size", t.hidden_size, kMaxConfigSize);
   in_range("intermediate_size", t.intermediate_size, kMaxConfigSize);

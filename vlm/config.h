@@ -34,7 +34,8 @@ struct VisionConfig {
   std::string hidden_act;           // "quick_gelu" (2-VL, fc1/fc2) | "silu" (2.5, gated)
   int64_t window_size = 0;          // 2.5: window side in pixels (112 -> 4x4 merged tokens)
   std::vector<int64_t> fullatt_block_indexes;  // 2.5: blocks attending over the full image
-  double tokens_per_second = 2.0;   // 2.5: temporal position scale (videos only)
+  double tokens_per_second = 2.0;   // 2.5: temporal position scale (videos only; presets 2 as
+                                    // the released models, absent from config.json: 4 as HF)
   double norm_eps = 1e-6;           // ViT and merger norms (hard-coded in HF)
 
   int64_t head_dim() const { return embed_dim / num_heads; }
@@ -49,7 +50,8 @@ struct TextConfig {
   int64_t num_hidden_layers = 0;    // decoder layers
   int64_t num_attention_heads = 0;  // query heads
   int64_t num_key_value_heads = 0;  // kv heads (GQA)
-  double rms_norm_eps = 1e-6;       // read from the file (HF class default 1e-5 differs)
+  double rms_norm_eps = 1e-6;       // presets: 1e-6 as the released models; absent from
+                                    // config.json: 1e-5 (HF's class default)
   double rope_theta = 1e6;          // rotary base
   std::vector<int64_t> mrope_section{16, 24, 24};  // frequencies per stream (T, H, W)
   int64_t max_position_embeddings = 32768;
@@ -77,7 +79,10 @@ constexpr int64_t kMaxConfigSize = int64_t(1) << 24;   // widths, heads, vocab, 
 constexpr int64_t kMaxConfigLayers = 4096;             // depth, num_hidden_layers
 constexpr int64_t kMaxPatchGeometry = 1024;            // patch, temporal, merge, channels
 
-// Throws vlm::Error naming `source_name` and the key when something is missing or wrong.
+// Keys absent from the file take transformers 5.23's defaults (Qwen2VLConfig /
+// Qwen2_5_VLConfig and their sub-configs); with a `text_config` object the top-level text
+// keys are ignored, as in HF. Throws vlm::Error naming `source_name` and the key when a
+// value has the wrong type or is out of range.
 VlmConfig parse_hf_config(const std::string& json_text, const std::string& source_name);
 // `dir_or_file`: an HF model directory (reads config.json) or a config.json path.
 VlmConfig load_hf_config(const std::string& dir_or_file);

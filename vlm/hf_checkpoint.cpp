@@ -276,7 +276,9 @@ LoadReport load_module_weights(torch::nn::Module& module, const HfCheckpoint& ck
   const size_t n_params = module.named_parameters(true).size();
   NamedTensors state = module_state(module);
   for (size_t i = 0; i < state.size(); ++i) {
-    const std::string name = opts.prefix + state[i].first;
+    const std::string own = opts.prefix + state[i].first;
+    auto alias = opts.read_from.find(own);
+    const std::string name = alias == opts.read_from.end() ? own : alias->second;
     const torch::Tensor& dst = state[i].second;
     const bool is_param = i < n_params;
     module_names.insert(name);
@@ -313,7 +315,8 @@ LoadReport load_module_weights(torch::nn::Module& module, const HfCheckpoint& ck
                     " (hint: config.json does not match these weights)"));
   }
   for (const auto& name : ckpt.names())
-    if (starts_with(name, opts.prefix) && !module_names.count(name)) report.unexpected.push_back(name);
+    if (starts_with(name, opts.prefix) && !module_names.count(name) && !opts.ignore.count(name))
+      report.unexpected.push_back(name);
   VLM_CHECK(report.unexpected.empty() || opts.allow_unexpected, ckpt.path(), ": ", report.unexpected.size(),
             " checkpoint tensors have no parameter or buffer in the module: ", name_list(report.unexpected),
             " (hint: wrong model config, or pass allow_unexpected to ignore them)");
@@ -331,6 +334,40 @@ LoadReport load_module_weights(torch::nn::Module& module, const HfCheckpoint& ck
 
 LoadReport load_module_weights(torch::nn::Module& module, const std::string& dir_or_file, const LoadOptions& opts) {
   return load_module_weights(module, HfCheckpoint::open(dir_or_file), opts);
+}
+
+TiedHead resolve_tied_head(VlmConfig& cfg, const HfCheckpoint& ckpt, LoadOptions base) {
+  TiedHead out{std::move(base), ""};
+  const std::string head = out.load.prefix + "lm_head.weight";
+  const std::string embed = out.load.prefix + "model.embed_tokens.weight";
+  if (!cfg.tie_word_embeddings || !ckpt.contains(head)) return out;
+  if (!ckpt.contains(embed)) {
+    out.load.read_from[embed] = head;
+    out.note = str(ckpt.path(), ": tie_word_embeddings is true and the checkpoint holds ",
+                   "lm_head.weight but no model.embed_tokens.weight: the tied embedding is read ",
+                   "from lm_head.weight (as transformers does)");
+    return out;
+  }
+  torch::Tensor h = ckpt.get(head), e = ckpt.get(embed);
+  bool equal = h.sizes() == e.sizes();
+  if (equal) {
+    if (h.scalar_type() != e.scalar_type()) {
+      h = h.to(torch::kFloat64);
+      e = e.to(torch::kFloat64);
+    }
+    equal = torch::equal(h, e);
+  }
+  if (equal) {
+    out.load.ignore.insert(head);
+    out.note = str(ckpt.path(), ": tie_word_embeddings is true and the checkpoint also holds ",
+                   "lm_head.weight, equal to model.embed_tokens.weight: ignored, the head stays tied");
+  } else {
+    cfg.tie_word_embeddings = false;
+    out.note = str(ckpt.path(), ": tie_word_embeddings is true but the checkpoint's lm_head.weight ",
+                   "differs from model.embed_tokens.weight: NOT tied, both are loaded (as transformers ",
+                   "does; hint: set tie_word_embeddings false in config.json to say so)");
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------- writing

@@ -18,10 +18,12 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "vlm/config.h"
 #include "vlm/safetensors.h"
 
 namespace vlm {
@@ -95,6 +97,12 @@ struct LoadOptions {
   // prefix "visual." to load a vision tower alone). Checkpoint tensors outside the prefix
   // are not unexpected.
   std::string prefix;
+  // Checkpoint tensors left unread and not counted as unexpected (a tied model's redundant
+  // lm_head.weight; see resolve_tied_head).
+  std::set<std::string> ignore;
+  // Module tensor (full name) -> the checkpoint tensor to read it from instead of its own
+  // name (model.embed_tokens.weight <- lm_head.weight; see resolve_tied_head).
+  std::map<std::string, std::string> read_from;
 };
 
 struct LoadReport {
@@ -123,6 +131,23 @@ LoadReport load_module_weights(torch::nn::Module& module, const std::string& dir
 // The module's parameters then buffers, by recursive name, in registration order
 // (tied parameters appear under each of their names; save_hf_checkpoint drops repeats).
 NamedTensors module_state(const torch::nn::Module& module);
+
+// ---------------------------------------------------------------- tied head
+// What transformers 5.23 does when it loads a checkpoint into a model whose config says
+// tie_word_embeddings (PreTrainedModel.tie_weights during from_pretrained):
+//   checkpoint has embed_tokens only          -> tied (nothing to do);
+//   has both, equal values                    -> tied; lm_head.weight is ignored;
+//   has both, different values                -> NOT tied (HF warns and keeps both): cfg is
+//                                                untied, lm_head.weight is loaded as the head;
+//   has lm_head.weight only                   -> tied, the embedding is read from lm_head.weight.
+// A config that is not tied is left alone (a missing lm_head.weight is then an error at
+// load). Call between load_hf_config and building the model; pass the returned options to
+// load_module_weights.
+struct TiedHead {
+  LoadOptions load;  // ignore / read_from set as above
+  std::string note;  // one line for the log when the checkpoint held lm_head.weight; "" otherwise
+};
+TiedHead resolve_tied_head(VlmConfig& cfg, const HfCheckpoint& ckpt, LoadOptions base = {});
 
 // ---------------------------------------------------------------- writing
 struct SaveHfOptions {

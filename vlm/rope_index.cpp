@@ -33,7 +33,14 @@ RopeIndex get_rope_index(const torch::Tensor& input_ids, const torch::Tensor& im
     size_t k = 0;
     while (k < real.size()) {
       const int64_t j = real[k];
-      if (id[s * l + j] != cfg.image_token_id) {
+      const bool pad = id[s * l + j] == cfg.image_token_id;
+      const bool opens = pad && k > 0 && id[s * l + real[k - 1]] == cfg.vision_start_token_id;
+      VLM_CHECK(!pad || opens, "sequence ", s, ", position ", j, ": <|image_pad|> (id ", cfg.image_token_id,
+                ") that neither follows <|vision_start|> (id ", cfg.vision_start_token_id,
+                ") nor belongs to the image block before it (hint: an image is <|vision_start|> then "
+                "t*gh*gw/", merge * merge, " pads from its grid; a pad elsewhere, e.g. typed in the "
+                "text or one too many, has no image behind it)");
+      if (!opens) {
         for (int c = 0; c < 3; ++c) P[c][s][j] = next;
         ++next;
         ++k;
@@ -44,9 +51,9 @@ RopeIndex get_rope_index(const torch::Tensor& input_ids, const torch::Tensor& im
       const int64_t t = g[3 * image], hh = g[3 * image + 1] / merge, ww = g[3 * image + 2] / merge;
       const int64_t n = t * hh * ww;
       int64_t run = 0;
-      while (k + run < real.size() && id[s * l + real[k + run]] == cfg.image_token_id) ++run;
-      VLM_CHECK(run >= n, "sequence ", s, ": image ", image, " (grid ", t, "x", g[3 * image + 1], "x",
-                g[3 * image + 2], ") needs ", n, " image tokens but the run of <|image_pad|> has ", run,
+      while (k + run < real.size() && run < n && id[s * l + real[k + run]] == cfg.image_token_id) ++run;
+      VLM_CHECK(run == n, "sequence ", s, ": image ", image, " (grid ", t, "x", g[3 * image + 1], "x",
+                g[3 * image + 2], ") needs ", n, " image tokens after <|vision_start|> but has ", run,
                 " (hint: expand each image placeholder to t*gh*gw/", merge * merge, " tokens)");
       int64_t max_off = 0;
       for (int64_t tt = 0; tt < t; ++tt)

@@ -21,8 +21,10 @@ struct RopeIndex {
 
 // input_ids: [B, L] int64; image_grid_thw: [N, 3] int64 (images in order of appearance
 // across the batch; may be undefined when there are none); attention_mask: [B, L]
-// (undefined = all ones). Every image is a run of t*gh*gw/merge^2 image_token_id tokens;
-// a run of another length is an error.
+// (undefined = all ones). An image block is <|vision_start|> followed by exactly
+// t*gh*gw/merge^2 image_token_id tokens (the vision_start decides where an image begins, as
+// in HF's processor output, not a run of pads alone): fewer pads there, or a pad anywhere
+// else (typed in the text, one too many), is an error naming the sequence and position.
 RopeIndex get_rope_index(const torch::Tensor& input_ids, const torch::Tensor& image_grid_thw,
                          const torch::Tensor& attention_mask, const VlmConfig& cfg);
 

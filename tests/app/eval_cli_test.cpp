@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <thread>
 
 #include "app/evaluator.h"
@@ -111,6 +112,56 @@ TEST_F(EvalCli, TwoProcessesWriteWhatOneWrites) {
   const json sum = json::parse(vlmtest::read_file(*dir_ / "two/eval_summary.json"));
   EXPECT_EQ(sum["world_size"], 2);
   EXPECT_EQ(sum["overall"], json::parse(vlmtest::read_file(*dir_ / "one/eval_summary.json"))["overall"]);
+}
+
+// Generation settings: the model directory's generation_config.json is read, eval.* keys
+// (here through --set) win over it key by key, HF's defaults fill the rest, and
+// eval_summary.json records the values used and where each came from. The penalty is
+// applied: a huge one changes the predictions of a random model, whose greedy outputs
+// repeat tokens.
+TEST_F(EvalCli, GenerationConfigIsReadAndSetOverridesIt) {
+  vlmtest::write_file(*dir_ / "hf/generation_config.json",
+                      R"({"do_sample": false, "top_k": 1, "top_p": 0.001, "temperature": 0.01,
+                          "repetition_penalty": 1.0, "eos_token_id": [7, 9], "pad_token_id": 3})");
+  auto plain = vlmtest::run(eval_argv(*dir_ / "plain"), std::chrono::seconds(120));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const json g0 = json::parse(vlmtest::read_file(*dir_ / "plain/eval_summary.json"))["generation"];
+  const std::string file = *dir_ / "hf/generation_config.json";
+  EXPECT_EQ(g0["repetition_penalty"], 1.0);
+  EXPECT_EQ(g0["origin"]["repetition_penalty"], file);
+  EXPECT_EQ(g0["top_k"], 1);
+  EXPECT_EQ(g0["do_sample"], false);
+  EXPECT_EQ(g0["eos_token_id"], json::array({7, 9}));
+  EXPECT_EQ(g0["pad_token_id"], 3);
+  for (int64_t id : {7, 9})
+    EXPECT_NE(std::find(g0["stop_tokens"].begin(), g0["stop_tokens"].end(), id), g0["stop_tokens"].end());
+  EXPECT_NE(plain.output.find("eval generation: greedy"), std::string::npos) << plain.output;
+
+  auto argv = eval_argv(*dir_ / "penalty");
+  argv.insert(argv.end(), {"--set", "eval.repetition_penalty=1000000.0", "--set", "eval.top_k=5"});
+  auto pen = vlmtest::run(argv, std::chrono::seconds(120));
+  ASSERT_EQ(pen.exit_code, 0) << pen.output;
+  const json g1 = json::parse(vlmtest::read_file(*dir_ / "penalty/eval_summary.json"))["generation"];
+  EXPECT_EQ(g1["repetition_penalty"], 1e6);
+  EXPECT_EQ(g1["origin"]["repetition_penalty"], "recipe");
+  EXPECT_EQ(g1["top_k"], 5);
+  EXPECT_EQ(g1["origin"]["top_k"], "recipe");
+  EXPECT_EQ(g1["top_p"], 0.001);  // still the file's
+  EXPECT_EQ(g1["origin"]["top_p"], file);
+  EXPECT_NE(pen.output.find("repetition_penalty 1e+06 (recipe)"), std::string::npos) << pen.output;
+  // The penalty reached the decoder: the predictions change.
+  EXPECT_NE(vlmtest::read_file(*dir_ / "penalty/predictions.jsonl"),
+            vlmtest::read_file(*dir_ / "plain/predictions.jsonl"));
+
+  // No file: HF's defaults, said so.
+  std::filesystem::remove(*dir_ / "hf/generation_config.json");
+  auto none = vlmtest::run(eval_argv(*dir_ / "none"), std::chrono::seconds(120));
+  ASSERT_EQ(none.exit_code, 0) << none.output;
+  const json g2 = json::parse(vlmtest::read_file(*dir_ / "none/eval_summary.json"))["generation"];
+  EXPECT_EQ(g2["origin"]["repetition_penalty"], "default");
+  EXPECT_EQ(g2["repetition_penalty"], 1.0);
+  EXPECT_EQ(g2["do_sample"], false);
+  EXPECT_EQ(g2["eos_token_id"], json::array());
 }
 
 // (--checkpoint on a real training checkpoint: tests/app/train_resume_dist_test.cpp.)

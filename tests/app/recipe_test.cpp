@@ -106,6 +106,13 @@ TEST(Recipe, BrokenRecipesNameFileLineAndKey) {
        "expected a string"},
       {"bad metric", base + "[eval]\nmetrics = [\"bleu\"]\n", "bad.toml:9", "eval.metrics[0]",
        "expected one of"},
+      {"penalty not positive", base + "[eval]\nrepetition_penalty = 0.0\n", "bad.toml:9",
+       "eval.repetition_penalty", "out of range"},
+      {"top_p above one", base + "[eval]\ntop_p = 1.5\n", "bad.toml:9", "eval.top_p", "out of range"},
+      {"do_sample not a bool", base + "[eval]\ndo_sample = 1\n", "bad.toml:9", "eval.do_sample",
+       "expected true or false"},
+      {"misspelt generation key", base + "[eval]\nrepetition_penalti = 1.1\n", "bad.toml:9",
+       "eval.repetition_penalti", "did you mean 'eval.repetition_penalty'"},
   };
   // Cases whose text is easier to write whole.
   cases[4] = {"bad enum", std::string("[model]\npreset = \"tiny\"\n[data]\ntrain = [\"a\"]\n[schedule]\nsteps = 10\n") +

@@ -4,11 +4,17 @@
 // with labels = ids on "answer<|im_end|>\n" of assistant turns and -100 elsewhere.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
 #include "tests/testing.h"
 #include "tests/vlm/tokenizer_tiny_bpe.h"
 #include "vlm/bpe_tokenizer.h"
 #include "vlm/chat_template.h"
 #include "vlm/check.h"
+#include "vlm/tokenizer.h"
+#include "vlm/unicode.h"
 
 namespace {
 
@@ -217,3 +223,153 @@ TEST_F(ChatTemplate, Errors) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- HF parity
+// render_chat / render_chat_text against HF transformers at test time: Qwen2VLProcessor
+// (the real Qwen tokenizer of ../shared/reference/qwen3_tokenizer, HF's default image
+// processor, Qwen2-VL-Instruct's chat template) run by scripts/chat_template_reference.py on
+// the same conversations. For each case we require
+//   - render_chat_text == HF apply_chat_template(tokenize=False) (NFC of it: vlmtrain
+//     normalises text items to NFC when rendering, HF's tokenizer does it when encoding);
+//   - render_chat ids == HF apply_chat_template(tokenize=True) ids, with the image pads
+//     expanded by the processor from its own image_grid_thw (vlmtrain is given
+//     merged_image_tokens of that grid), every id equal, lengths equal;
+//   - image_spans == the runs HF marks with mm_token_type_ids == 1.
+// Cases: one image, several images (adjacent, at the end, image-only turn), none; default
+// system prompt and an explicit system turn (string content and item list); multi-turn;
+// with and without add_generation_prompt; non-NFC text; whitespace, digits, CJK, emoji.
+namespace chat_template_hf_test {
+
+using nlohmann::json;
+
+struct Case {
+  std::string name;
+  std::vector<ChatTurn> turns;
+  std::vector<std::pair<int, int>> image_sizes;  // (height, width) of each image item, in order
+  bool add_generation_prompt = false;
+  bool string_content = false;  // send one-text-item turns as a plain string (HF's other form)
+};
+
+std::string tokenizer_dir() { return vlmtest::source_dir() + "/../shared/reference/qwen3_tokenizer"; }
+
+json to_messages(const Case& c) {
+  json msgs = json::array();
+  size_t image = 0;
+  for (const auto& t : c.turns) {
+    json m = {{"role", t.role}};
+    if (c.string_content && t.content.size() == 1 && t.content[0].kind == ChatItem::Kind::kText) {
+      m["content"] = t.content[0].text;
+    } else {
+      json items = json::array();
+      for (const auto& it : t.content) {
+        if (it.kind == ChatItem::Kind::kText) {
+          items.push_back({{"type", "text"}, {"text", it.text}});
+        } else {
+          const auto [h, w] = c.image_sizes.at(image++);
+          items.push_back({{"type", "image"}, {"size", {h, w}}});
+        }
+      }
+      m["content"] = items;
+    }
+    msgs.push_back(m);
+  }
+  return msgs;
+}
+
+std::vector<Case> cases() {
+  const auto T = [](const char* s) { return ChatItem::Text(s); };
+  const auto I = [] { return ChatItem::Image(); };
+  std::vector<Case> out;
+  out.push_back({"one_image_default_system",
+                 {{"user", {I(), T("Read the text in the image.")}}, {"assistant", {T("HELLO world 42")}}},
+                 {{56, 84}}});
+  out.push_back({"one_image_generation_prompt", {{"user", {I(), T("Read the text.")}}}, {{140, 84}}, true});
+  out.push_back({"several_images_system_multi_turn",
+                 {{"system", {T("You read documents.")}},
+                  {"user", {T("first "), I(), T(" second"), I(), T("?")}},
+                  {"assistant", {T("two pages")}},
+                  {"user", {T("and this one:"), I()}},
+                  {"assistant", {T(" line 1\nline 2\n\n")}},
+                  {"user", {I(), I()}}},
+                 {{56, 56}, {60, 100}, {112, 56}, {84, 84}, {56, 140}},
+                 true});
+  out.push_back({"text_only_default_system",
+                 {{"user", {T("  leading spaces, 12345 digits,\ttabs\nnew lines")}},
+                  {"assistant", {T("\u4f60\u597d\u4e16\u754c \U0001F600 ok")}},
+                  {"user", {T("again?")}}},
+                 {},
+                 true});
+  out.push_back({"string_content_explicit_system",
+                 {{"system", {T("Be brief.")}}, {"user", {T("What is 2+2?")}}, {"assistant", {T("4")}}},
+                 {},
+                 false,
+                 true});
+  out.push_back({"image_only_turn_no_generation_prompt",
+                 {{"user", {I()}}, {"assistant", {T("caf\u00e9")}}},
+                 {{28 * 3, 28 * 5}}});
+  out.push_back({"non_nfc_text", {{"user", {T("cafe\u0301 A\u030a"), I()}}}, {{56, 56}}, true});
+  return out;
+}
+
+TEST(ChatTemplateHf, IdsEqualQwen2VLProcessorApplyChatTemplate) {
+  ASSERT_TRUE(vlmtest::file_exists(tokenizer_dir() + "/tokenizer.json"))
+      << "missing reference tokenizer " << tokenizer_dir()
+      << "/tokenizer.json (hint: the tests expect shared/reference/ beside the checkout)";
+  const std::string python = vlmtest::python_tool("python");  // throws, with a hint, if missing
+  vlmtest::TempDir dir("chat_hf");
+  const auto all = cases();
+  json js = json::array();
+  for (const auto& c : all)
+    js.push_back({{"messages", to_messages(c)}, {"add_generation_prompt", c.add_generation_prompt}});
+  vlmtest::write_file(dir / "cases.json", js.dump());
+  auto r = vlmtest::run({python, vlmtest::source_dir() + "/scripts/chat_template_reference.py",
+                         "--tokenizer", tokenizer_dir(), "--cases", dir / "cases.json", "--out",
+                         dir / "out.jsonl"},
+                        std::chrono::seconds(180));
+  ASSERT_EQ(r.exit_code, 0) << "scripts/chat_template_reference.py failed (" << python << "):\n"
+                            << r.output;
+  std::ifstream in(dir / "out.jsonl");
+  std::vector<json> ref;
+  for (std::string line; std::getline(in, line);) ref.push_back(json::parse(line));
+  ASSERT_EQ(ref.size(), all.size());
+
+  auto tok = vlm::load_tokenizer(tokenizer_dir());
+  int64_t equal_ids = 0;
+  for (size_t k = 0; k < all.size(); ++k) {
+    const Case& c = all[k];
+    SCOPED_TRACE("case " + c.name);
+    vlm::ChatOptions opt;
+    opt.add_generation_prompt = c.add_generation_prompt;
+    const std::string hf_text = ref[k]["text"].get<std::string>();
+    EXPECT_EQ(vlm::render_chat_text(c.turns, opt), vlm::unicode::nfc_hf(hf_text));
+    std::vector<int64_t> counts;
+    for (const auto& g : ref[k]["image_grid_thw"])
+      counts.push_back(vlm::merged_image_tokens(g[0].get<int64_t>(), g[1].get<int64_t>(), g[2].get<int64_t>()));
+    ASSERT_EQ(counts.size(), c.image_sizes.size());
+    const auto rendered = vlm::render_chat(*tok, c.turns, counts, opt);
+    const auto hf_ids = ref[k]["input_ids"].get<std::vector<int64_t>>();
+    ASSERT_EQ(rendered.input_ids.size(), hf_ids.size()) << "\nvlmtrain: " << tok->decode(rendered.input_ids)
+                                                        << "\nHF:       " << tok->decode(hf_ids);
+    for (size_t i = 0; i < hf_ids.size(); ++i)
+      ASSERT_EQ(rendered.input_ids[i], hf_ids[i]) << "first difference at token " << i;
+    ++equal_ids;
+    // Image spans = HF's runs of mm_token_type_ids == 1.
+    const auto types = ref[k]["mm_token_type_ids"].get<std::vector<int64_t>>();
+    std::vector<std::pair<int64_t, int64_t>> hf_runs;
+    for (size_t i = 0; i < types.size(); ++i) {
+      if (types[i] != 1) continue;
+      if (i > 0 && types[i - 1] == 1) ++hf_runs.back().second;
+      else hf_runs.push_back({int64_t(i), 1});
+    }
+    ASSERT_EQ(rendered.image_spans.size(), hf_runs.size());
+    for (size_t i = 0; i < hf_runs.size(); ++i) {
+      EXPECT_EQ(rendered.image_spans[i].begin, hf_runs[i].first);
+      EXPECT_EQ(rendered.image_spans[i].length, hf_runs[i].second);
+    }
+  }
+  EXPECT_EQ(equal_ids, static_cast<int64_t>(all.size()));
+  std::cout << "chat template: ids equal to HF Qwen2VLProcessor on " << equal_ids << " of " << all.size()
+            << " conversations\n";
+}
+
+}  // namespace chat_template_hf_test

@@ -5,6 +5,11 @@
 // layouts (legacy top-level text fields, newer text_config + rope_parameters).
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iostream>
+
+#include "tests/testing.h"
+
 #include "vlm/check.h"
 #include "vlm/config.h"
 #include "vlm/meta_init.h"
@@ -168,7 +173,7 @@ TEST(Config, HfJsonRoundTripsEveryPreset) {
 
 TEST(Config, ErrorsNameSourceAndKey) {
   auto j = nlohmann::json::parse(kQwen2Vl2b);
-  j["vision_config"].erase("depth");
+  j["vision_config"]["depth"] = "32";  // a string (a missing key takes HF's default)
   try {
     vlm::parse_hf_config(j.dump(), "my/config.json");
     FAIL() << "no error";
@@ -197,7 +202,7 @@ void expect_config_error(const nlohmann::json& j, const std::string& needle) {
 
 TEST(Config, RejectsZeroOrNegativePatchGeometry) {
   // Was: window_size % (spatial_merge_size * patch_size) divided by zero (SIGFPE).
-  for (const char* key : {"patch_size", "spatial_merge_size", "temporal_patch_size", "in_chans"}) {
+  for (const char* key : {"patch_size", "spatial_merge_size", "temporal_patch_size", "in_channels"}) {
     for (int64_t bad : {int64_t(0), int64_t(-1), int64_t(1) << 40}) {
       auto j = nlohmann::json::parse(kQwen25New);
       j["vision_config"][key] = bad;
@@ -266,3 +271,213 @@ TEST(Config, MaterializeIsDeterministicAndInitialises) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- HF defaults
+// Keys missing from config.json: parse_hf_config against transformers at test time.
+// scripts/config_reference.py loads every file with AutoConfig.from_pretrained and writes
+// the values the HF model is built from; we compare every VlmConfig field exactly (the same
+// decimal text parses to the same double on both sides). Files: three bases (Qwen2-VL-2B's
+// legacy layout, Qwen2.5-VL in the text_config layout, and a legacy file whose
+// text_config disagrees with its top-level keys), each base itself, then each base with
+// ONE key removed, for every key at the top level, in text_config, in vision_config and
+// in the rope section; plus whole sections removed, num_key_value_heads null, an eos list
+// and a tie flag only in text_config. When vlmtrain rejects a file (e.g. removing
+// hidden_size leaves HF's default 8192 beside a 1536-wide merger), the values HF resolved
+// must fail vlmtrain's validate() as well: the rejection is about the model, not the parsing.
+namespace config_hf_test {
+
+using nlohmann::json;
+
+// The VlmConfig that HF's resolved values describe (one row of config_reference.py).
+vlm::VlmConfig from_hf(const json& r) {
+  vlm::VlmConfig c;
+  c.family = r["family"] == "qwen2_vl" ? vlm::Family::qwen2_vl : vlm::Family::qwen2_5_vl;
+  const json& v = r["vision"];
+  c.vision.depth = v["depth"];
+  c.vision.num_heads = v["num_heads"];
+  c.vision.patch_size = v["patch_size"];
+  c.vision.temporal_patch_size = v["temporal_patch_size"];
+  c.vision.spatial_merge_size = v["spatial_merge_size"];
+  c.vision.in_chans = v["in_chans"];
+  c.vision.hidden_act = v["hidden_act"];
+  c.vision.embed_dim = v["embed_dim"];
+  c.vision.out_hidden_size = v["out_hidden_size"];
+  c.vision.intermediate_size = v["intermediate_size"];
+  if (c.family == vlm::Family::qwen2_5_vl) {
+    c.vision.window_size = v["window_size"];
+    c.vision.fullatt_block_indexes = v["fullatt_block_indexes"].get<std::vector<int64_t>>();
+    c.vision.tokens_per_second = v["tokens_per_second"];
+  }
+  const json& t = r["text"];
+  c.text.vocab_size = t["vocab_size"];
+  c.text.hidden_size = t["hidden_size"];
+  c.text.intermediate_size = t["intermediate_size"];
+  c.text.num_hidden_layers = t["num_hidden_layers"];
+  c.text.num_attention_heads = t["num_attention_heads"];
+  c.text.num_key_value_heads = t["num_key_value_heads"];
+  c.text.rms_norm_eps = t["rms_norm_eps"];
+  c.text.rope_theta = t["rope_theta"];
+  c.text.mrope_section = t["mrope_section"].get<std::vector<int64_t>>();
+  c.text.max_position_embeddings = t["max_position_embeddings"];
+  c.text.hidden_act = t["hidden_act"];
+  c.tie_word_embeddings = r["tie_word_embeddings"];
+  c.image_token_id = r["image_token_id"];
+  c.video_token_id = r["video_token_id"];
+  c.vision_start_token_id = r["vision_start_token_id"];
+  c.vision_end_token_id = r["vision_end_token_id"];
+  c.bos_token_id = r["bos_token_id"];
+  c.eos_token_id = r["eos_token_id"];
+  return c;
+}
+
+// Every field that builds the model (torch_dtype aside: HF keeps it apart from the config).
+void expect_same(const vlm::VlmConfig& a, const vlm::VlmConfig& b) {
+  EXPECT_EQ(a.family, b.family);
+  EXPECT_EQ(a.vision.depth, b.vision.depth);
+  EXPECT_EQ(a.vision.num_heads, b.vision.num_heads);
+  EXPECT_EQ(a.vision.patch_size, b.vision.patch_size);
+  EXPECT_EQ(a.vision.temporal_patch_size, b.vision.temporal_patch_size);
+  EXPECT_EQ(a.vision.spatial_merge_size, b.vision.spatial_merge_size);
+  EXPECT_EQ(a.vision.in_chans, b.vision.in_chans);
+  EXPECT_EQ(a.vision.hidden_act, b.vision.hidden_act);
+  EXPECT_EQ(a.vision.embed_dim, b.vision.embed_dim);
+  EXPECT_EQ(a.vision.out_hidden_size, b.vision.out_hidden_size);
+  EXPECT_EQ(a.vision.intermediate_size, b.vision.intermediate_size);
+  if (a.family == vlm::Family::qwen2_5_vl) {
+    EXPECT_EQ(a.vision.window_size, b.vision.window_size);
+    EXPECT_EQ(a.vision.fullatt_block_indexes, b.vision.fullatt_block_indexes);
+    EXPECT_EQ(a.vision.tokens_per_second, b.vision.tokens_per_second);
+  }
+  EXPECT_EQ(a.text.vocab_size, b.text.vocab_size);
+  EXPECT_EQ(a.text.hidden_size, b.text.hidden_size);
+  EXPECT_EQ(a.text.intermediate_size, b.text.intermediate_size);
+  EXPECT_EQ(a.text.num_hidden_layers, b.text.num_hidden_layers);
+  EXPECT_EQ(a.text.num_attention_heads, b.text.num_attention_heads);
+  EXPECT_EQ(a.text.num_key_value_heads, b.text.num_key_value_heads);
+  EXPECT_EQ(a.text.rms_norm_eps, b.text.rms_norm_eps);
+  EXPECT_EQ(a.text.rope_theta, b.text.rope_theta);
+  EXPECT_EQ(a.text.mrope_section, b.text.mrope_section);
+  EXPECT_EQ(a.text.max_position_embeddings, b.text.max_position_embeddings);
+  EXPECT_EQ(a.text.hidden_act, b.text.hidden_act);
+  EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
+  EXPECT_EQ(a.image_token_id, b.image_token_id);
+  EXPECT_EQ(a.video_token_id, b.video_token_id);
+  EXPECT_EQ(a.vision_start_token_id, b.vision_start_token_id);
+  EXPECT_EQ(a.vision_end_token_id, b.vision_end_token_id);
+  EXPECT_EQ(a.bos_token_id, b.bos_token_id);
+  EXPECT_EQ(a.eos_token_id, b.eos_token_id);
+}
+
+struct Variant {
+  std::string name;
+  json config;
+};
+
+std::vector<Variant> variants() {
+  json both = json::parse(kQwen2Vl2b);  // legacy keys AND a text_config that disagrees
+  both["text_config"] = {{"hidden_size", 1536}, {"intermediate_size", 8960}, {"num_hidden_layers", 2},
+                         {"num_attention_heads", 12}, {"num_key_value_heads", 4}, {"rms_norm_eps", 1e-3},
+                         {"vocab_size", 151936}, {"rope_theta", 5000.0},
+                         {"rope_scaling", {{"type", "mrope"}, {"mrope_section", {16, 24, 24}}}}};
+  json legacy25 = json::parse(kQwen25New);  // Qwen2.5 with top-level text keys, rope_scaling
+  for (auto& [k, val] : legacy25["text_config"].items()) legacy25[k] = val;
+  legacy25.erase("text_config");
+  legacy25["rope_scaling"] = {{"type", "mrope"}, {"mrope_section", {16, 24, 24}}};
+  legacy25.erase("rope_parameters");
+  const std::vector<std::pair<std::string, json>> bases = {
+      {"qwen2_vl_legacy", json::parse(kQwen2Vl2b)},
+      {"qwen2_5_vl_text_config", json::parse(kQwen25New)},
+      {"qwen2_vl_text_config_disagrees", both},
+      {"qwen2_5_vl_legacy", legacy25}};
+  std::vector<Variant> out;
+  for (const auto& [bname, base] : bases) {
+    out.push_back({bname, base});
+    for (const char* section : {"", "text_config", "vision_config"}) {
+      const json& obj = *section ? base.value(section, json::object()) : base;
+      for (const auto& [k, val] : obj.items()) {
+        if (std::string(section).empty() && (k == "model_type" || k == "text_config" || k == "vision_config"))
+          continue;
+        json v = base;
+        (*section ? v[section] : v).erase(k);
+        out.push_back({bname + " -" + (*section ? std::string(section) + "." : "") + k, v});
+        for (const char* rope : {"rope_scaling", "rope_parameters"}) {
+          if (k != rope || !val.is_object()) continue;
+          for (const auto& [rk, rv] : val.items()) {
+            json w = base;
+            (*section ? w[section] : w)[rope].erase(rk);
+            out.push_back({bname + " -" + (*section ? std::string(section) + "." : "") + rope + "." + rk, w});
+          }
+        }
+      }
+    }
+    for (const char* section : {"vision_config", "text_config"}) {
+      if (!base.contains(section)) continue;
+      json v = base;
+      v.erase(section);
+      out.push_back({bname + " -" + section + " (whole)", v});
+    }
+  }
+  json kv_null = json::parse(kQwen2Vl2b);
+  kv_null["num_key_value_heads"] = nullptr;
+  out.push_back({"num_key_value_heads null", kv_null});
+  json eos_list = json::parse(kQwen25New);
+  eos_list["text_config"]["eos_token_id"] = {151645, 151643};
+  out.push_back({"eos list", eos_list});
+  json tie_text = json::parse(kQwen25New);
+  tie_text.erase("tie_word_embeddings");
+  tie_text["text_config"]["tie_word_embeddings"] = true;
+  out.push_back({"tie only in text_config", tie_text});
+  json untie = json::parse(kQwen2Vl2b);
+  untie["tie_word_embeddings"] = false;
+  out.push_back({"tie false", untie});
+  return out;
+}
+
+TEST(ConfigHf, MissingKeysTakeTransformersDefaults) {
+  const std::string python = vlmtest::python_tool("python");  // throws, with a hint, if missing
+  vlmtest::TempDir dir("config_hf");
+  const auto all = variants();
+  json list = json::array();
+  for (const auto& v : all) list.push_back(v.config);
+  vlmtest::write_file(dir / "configs.json", list.dump());
+  auto r = vlmtest::run({python, vlmtest::source_dir() + "/scripts/config_reference.py", "--configs",
+                         dir / "configs.json", "--out", dir / "resolved.jsonl"},
+                        std::chrono::seconds(180));
+  ASSERT_EQ(r.exit_code, 0) << "scripts/config_reference.py failed (" << python << "):\n" << r.output;
+  std::ifstream in(dir / "resolved.jsonl");
+  std::vector<json> rows;
+  for (std::string line; std::getline(in, line);) rows.push_back(json::parse(line));
+  ASSERT_EQ(rows.size(), all.size());
+  int equal = 0, both_reject = 0, invalid_model = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    SCOPED_TRACE(all[i].name);
+    std::string ours_error;
+    vlm::VlmConfig ours;
+    try {
+      ours = vlm::parse_hf_config(all[i].config.dump(), all[i].name);
+    } catch (const vlm::Error& e) {
+      ours_error = e.what();
+    }
+    if (!rows[i]["ok"].get<bool>()) {
+      EXPECT_FALSE(ours_error.empty()) << "transformers refused the file (" << rows[i]["error"]
+                                       << ") but vlmtrain accepted it";
+      ++both_reject;
+      continue;
+    }
+    const vlm::VlmConfig hf = from_hf(rows[i]);
+    if (!ours_error.empty()) {
+      EXPECT_THROW(vlm::validate(hf, "HF values"), vlm::Error)
+          << "vlmtrain rejected the file (" << ours_error << ") but the values HF resolved are valid";
+      ++invalid_model;
+      continue;
+    }
+    expect_same(ours, hf);
+    ++equal;
+  }
+  std::cout << "config defaults: " << equal << " of " << all.size() << " config.json variants resolve "
+            << "to the same values as transformers; " << invalid_model << " rejected by vlmtrain for "
+            << "values HF resolved too (invalid model), " << both_reject << " refused by both\n";
+  EXPECT_GT(equal, static_cast<int>(all.size()) / 2);
+}
+
+}  // namespace config_hf_test

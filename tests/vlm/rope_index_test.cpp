@@ -3,7 +3,14 @@
 // spec's formulas (section 4 and 6 of shared/spec/qwen2_vl.md).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "tests/testing.h"
 
 #include "vlm/check.h"
 #include "vlm/config.h"
@@ -210,3 +217,151 @@ TEST(WindowIndex, MultipleImagesAndDivisibleSides) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- HF get_rope_index
+// Position ids against transformers' own get_rope_index (scripts/rope_index_reference.py,
+// at test time, with mm_token_type_ids marked as HF's processor marks them) on layouts
+// built here: several images per row, an image right after another (<|vision_end|>
+// <|vision_start|> between them), an image opening the row and one closing it, non-square
+// grids, a text-only row beside image rows, left padding; both families. Required: equal
+// position ids on every real (unmasked) token, and the same decoding offset (HF's delta is
+// relative to the real length, vlmtrain's to the padded length L: ours + L == HF + n_real).
+// Then the cases where a run of pads alone would mislead: a pad that does not follow
+// <|vision_start|>, too few pads, one pad too many: errors naming the sequence and position.
+namespace rope_hf_test {
+
+using nlohmann::json;
+
+struct Row {
+  std::vector<int64_t> ids;
+  std::vector<std::array<int64_t, 3>> grids;
+};
+
+// Items: n > 0 = n text tokens, {t, h, w} via image().
+struct RowBuilder {
+  Row row;
+  std::mt19937_64 rng{7};
+  RowBuilder& text(int n) {
+    for (int i = 0; i < n; ++i) row.ids.push_back(10 + int64_t(rng() % 5000));
+    return *this;
+  }
+  RowBuilder& image(int64_t h, int64_t w) {
+    row.ids.push_back(kVs);
+    for (int64_t i = 0; i < h * w / 4; ++i) row.ids.push_back(kImg);
+    row.ids.push_back(kVe);
+    row.grids.push_back({1, h, w});
+    return *this;
+  }
+};
+
+json batch_json(const std::string& family, const std::vector<Row>& rows, torch::Tensor* ids,
+                torch::Tensor* mask, torch::Tensor* grid) {
+  size_t L = 0;
+  for (const auto& r : rows) L = std::max(L, r.ids.size());
+  const int64_t B = static_cast<int64_t>(rows.size());
+  *ids = torch::full({B, int64_t(L)}, 151643, torch::kInt64);
+  *mask = torch::zeros({B, int64_t(L)}, torch::kInt64);
+  std::vector<int64_t> g;
+  for (int64_t b = 0; b < B; ++b) {
+    const size_t off = L - rows[b].ids.size();
+    for (size_t j = 0; j < rows[b].ids.size(); ++j) {
+      (*ids)[b][int64_t(off + j)] = rows[b].ids[j];
+      (*mask)[b][int64_t(off + j)] = 1;
+    }
+    for (const auto& gr : rows[b].grids) g.insert(g.end(), gr.begin(), gr.end());
+  }
+  *grid = torch::tensor(g, torch::kInt64).view({-1, 3});
+  auto to_list = [](const torch::Tensor& t) {
+    json out = json::array();
+    for (int64_t b = 0; b < t.size(0); ++b) {
+      json row = json::array();
+      for (int64_t j = 0; j < t.size(1); ++j) row.push_back(t[b][j].item<int64_t>());
+      out.push_back(row);
+    }
+    return out;
+  };
+  json grids = json::array();
+  for (size_t i = 0; i < g.size(); i += 3) grids.push_back({g[i], g[i + 1], g[i + 2]});
+  return {{"family", family}, {"input_ids", to_list(*ids)}, {"attention_mask", to_list(*mask)},
+          {"image_grid_thw", grids}};
+}
+
+TEST(RopeIndexHf, EqualsTransformersGetRopeIndex) {
+  const std::string python = vlmtest::python_tool("python");  // throws, with a hint, if missing
+  std::vector<std::vector<Row>> layouts;
+  layouts.push_back({RowBuilder().text(3).image(4, 6).text(2).image(2, 2).text(4).row,
+                     RowBuilder().image(6, 4).text(5).row, RowBuilder().text(9).row});
+  layouts.push_back({RowBuilder().text(2).image(2, 4).image(4, 4).text(1).row,  // adjacent images
+                     RowBuilder().text(4).image(10, 14).row});                   // image closes the row
+  layouts.push_back({RowBuilder().image(8, 2).row, RowBuilder().text(1).image(2, 2).text(30).row});
+  struct Case {
+    std::string family;
+    vlm::VlmConfig cfg;
+    torch::Tensor ids, mask, grid;
+  };
+  std::vector<Case> cases;
+  json js = json::array();
+  for (const auto& [family, preset] : {std::pair<std::string, std::string>{"qwen2_vl", "qwen2-vl-2b"},
+                                       {"qwen2_5_vl", "qwen2.5-vl-3b"}}) {
+    for (const auto& rows : layouts) {
+      Case c{family, vlm::preset(preset), {}, {}, {}};
+      js.push_back(batch_json(family, rows, &c.ids, &c.mask, &c.grid));
+      cases.push_back(c);
+    }
+  }
+  vlmtest::TempDir dir("rope_hf");
+  vlmtest::write_file(dir / "cases.json", js.dump());
+  auto r = vlmtest::run({python, vlmtest::source_dir() + "/scripts/rope_index_reference.py", "--cases",
+                         dir / "cases.json", "--out", dir / "out.jsonl"},
+                        std::chrono::seconds(180));
+  ASSERT_EQ(r.exit_code, 0) << "scripts/rope_index_reference.py failed (" << python << "):\n" << r.output;
+  std::ifstream in(dir / "out.jsonl");
+  int64_t compared = 0;
+  for (size_t k = 0; k < cases.size(); ++k) {
+    SCOPED_TRACE(cases[k].family + " layout " + std::to_string(k % layouts.size()));
+    std::string line;
+    ASSERT_TRUE(static_cast<bool>(std::getline(in, line)));
+    const json ref = json::parse(line);
+    const auto ours = vlm::get_rope_index(cases[k].ids, cases[k].grid, cases[k].mask, cases[k].cfg);
+    const int64_t B = cases[k].ids.size(0), L = cases[k].ids.size(1);
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t n_real = 0;
+      for (int64_t j = 0; j < L; ++j) {
+        if (cases[k].mask[b][j].item<int64_t>() == 0) continue;
+        ++n_real;
+        for (int c = 0; c < 3; ++c) {
+          ASSERT_EQ(ours.position_ids[c][b][j].item<int64_t>(), ref["position_ids"][c][b][j].get<int64_t>())
+              << "stream " << c << " row " << b << " col " << j;
+          ++compared;
+        }
+      }
+      EXPECT_EQ(ours.rope_deltas[b][0].item<int64_t>() + L, ref["rope_deltas"][b].get<int64_t>() + n_real)
+          << "row " << b;
+    }
+  }
+  std::cout << "rope index: " << compared << " position ids equal to HF get_rope_index over "
+            << cases.size() << " batches\n";
+}
+
+void expect_rope_error(const std::vector<int64_t>& ids, const std::vector<int64_t>& grid,
+                       const std::string& needle) {
+  try {
+    vlm::get_rope_index(ids_tensor(ids), torch::tensor(grid, torch::kInt64).view({-1, 3}), {}, cfg2b());
+    ADD_FAILURE() << "expected an error containing " << needle;
+  } catch (const vlm::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(RopeIndexHf, ImagesStartAtVisionStartNotAtAnyPad) {
+  // A pad typed in the text before a real image: no vision_start before it.
+  expect_rope_error({3, kImg, 4, kVs, kImg, kImg, kVe}, {1, 2, 4}, "position 1");
+  // Too few pads after vision_start for the grid.
+  expect_rope_error({3, kVs, kImg, kVe, 4}, {1, 2, 4}, "needs 2 image tokens");
+  // One pad too many: the third pad follows the block, not a vision_start.
+  expect_rope_error({3, kVs, kImg, kImg, kImg, kVe}, {1, 2, 4}, "position 4");
+  // Two images' pads run together with only one vision_start.
+  expect_rope_error({kVs, kImg, kImg, kImg, kImg, kVe}, {1, 2, 4, 1, 2, 4}, "position 3");
+}
+
+}  // namespace rope_hf_test

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Reference prompts from HF transformers' Qwen2VLProcessor: chat template + tokenizer +
+image-pad expansion, for tests/vlm/chat_template_test.cpp (and generate_reference.py).
+
+    .venv/bin/python scripts/chat_template_reference.py \\
+        --tokenizer ../shared/reference/qwen3_tokenizer --cases cases.json --out out.jsonl
+
+--tokenizer  a directory with tokenizer.json + tokenizer_config.json (AutoTokenizer).
+--cases      a JSON list; each case {"messages": [...], "add_generation_prompt": bool}. A
+             message is {"role", "content"}: content a string, or a list of items
+             {"type": "text", "text": ...} | {"type": "image", "size": [height, width]}.
+             An image item becomes a black RGB PNG of that size (written next to --out), so
+             the processor's own image loading and smart_resize decide the grid.
+--out        one JSON object per case, in order:
+             {"text": apply_chat_template(tokenize=False) (one <|image_pad|> per image),
+              "input_ids": [...] (apply_chat_template(tokenize=True): pads expanded),
+              "mm_token_type_ids": [...], "image_grid_thw": [[t, h, w], ...]}
+
+The chat template is Qwen2-VL-Instruct's (chat_template.json of the hub repos
+Qwen/Qwen2-VL-2B-Instruct and -7B-Instruct), kept verbatim in
+scripts/qwen2_vl_chat_template.jinja: the reference tokenizer directory holds Qwen3's
+template, which differs (no default system prompt, thinking blocks).
+"""
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TEMPLATE_FILE = os.path.join(HERE, "qwen2_vl_chat_template.jinja")
+
+
+def make_processor(tokenizer_dir):
+    """Qwen2VLProcessor with HF's default image processor and the Qwen2-VL chat template."""
+    try:
+        from transformers import (AutoTokenizer, Qwen2VLImageProcessor, Qwen2VLProcessor,
+                                  Qwen2VLVideoProcessor)
+    except ImportError as e:
+        sys.exit(f"chat_template_reference: cannot import transformers with {sys.executable} "
+                 f"({e}); run scripts/install-deps.sh (scripts/requirements.txt)")
+    if not os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json")):
+        sys.exit(f"chat_template_reference: no tokenizer.json in {tokenizer_dir}")
+    with open(TEMPLATE_FILE, encoding="utf-8") as f:
+        template = f.read()
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    return Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(), tokenizer=tok,
+                            video_processor=Qwen2VLVideoProcessor(), chat_template=template)
+
+
+def materialize_images(messages, image_dir, counter):
+    """Replaces {"type": "image", "size": [h, w]} items by PNG files the processor loads."""
+    import numpy as np
+    from PIL import Image
+    out = []
+    for m in messages:
+        content = m["content"]
+        if isinstance(content, list):
+            items = []
+            for it in content:
+                if it.get("type") == "image":
+                    h, w = it["size"]
+                    path = os.path.join(image_dir, f"img{counter[0]}.png")
+                    counter[0] += 1
+                    Image.fromarray(np.full((h, w, 3), 17 * counter[0] % 256, np.uint8)).save(path)
+                    items.append({"type": "image", "image": path})
+                else:
+                    items.append(it)
+            content = items
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def render(proc, messages, add_generation_prompt):
+    """What the processor gives for one conversation (images already materialized)."""
+    text = proc.apply_chat_template(messages, tokenize=False,
+                                    add_generation_prompt=add_generation_prompt)
+    enc = proc.apply_chat_template(messages, tokenize=True, return_dict=True,
+                                   add_generation_prompt=add_generation_prompt)
+    row = {"text": text, "input_ids": list(enc["input_ids"][0]),
+           "mm_token_type_ids": list(enc["mm_token_type_ids"][0]), "image_grid_thw": []}
+    if "image_grid_thw" in enc:
+        row["image_grid_thw"] = enc["image_grid_thw"].tolist()
+    return row, enc
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--cases", required=True)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    import transformers
+    proc = make_processor(args.tokenizer)
+    with open(args.cases, encoding="utf-8") as f:
+        cases = json.load(f)
+    image_dir = os.path.dirname(os.path.abspath(args.out))
+    counter = [0]
+    with open(args.out, "w", encoding="utf-8") as f:
+        for case in cases:
+            messages = materialize_images(case["messages"], image_dir, counter)
+            row, _ = render(proc, messages, bool(case.get("add_generation_prompt", False)))
+            f.write(json.dumps(row) + "\n")
+    print(f"chat_template_reference: transformers {transformers.__version__}, "
+          f"{len(cases)} cases, {counter[0]} images")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""How transformers resolves Qwen2-VL / Qwen2.5-VL config.json files, for
+tests/vlm/config_test.cpp: every file is loaded with AutoConfig.from_pretrained (as
+from_pretrained of the model would) and the values the model is built from are written
+under vlmtrain's field names (vlm/config.h).
+
+    .venv/bin/python scripts/config_reference.py --configs configs.json --out resolved.jsonl
+
+--configs  a JSON list of config.json objects.
+--out      one JSON object per config, in order: {"ok": true, "family", "vision": {...},
+           "text": {...}, "tie_word_embeddings", "image_token_id", "video_token_id",
+           "vision_start_token_id", "vision_end_token_id", "bos_token_id", "eos_token_id"}
+           or {"ok": false, "error": "..."} when transformers refuses the file.
+
+Where the value comes from (transformers 5.23):
+  text       config.text_config (the decoder reads it); rope_theta and mrope_section from
+             its rope_parameters (mrope_section absent: [16, 24, 24], as the rotary
+             embedding defaults it); eos_token_id: the first when a list.
+  vision     config.vision_config; Qwen2-VL's MLP width is int(embed_dim * mlp_ratio), as
+             the vision block computes it.
+  tie        config.tie_word_embeddings (what PreTrainedModel's tied-weights mapping reads).
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+
+def resolve(cfg):
+    t, v = cfg.text_config, cfg.vision_config
+    rope = t.rope_parameters or {}
+    fam = cfg.model_type
+    vision = dict(depth=v.depth, num_heads=v.num_heads, patch_size=v.patch_size,
+                  temporal_patch_size=v.temporal_patch_size, spatial_merge_size=v.spatial_merge_size,
+                  in_chans=v.in_channels, hidden_act=v.hidden_act)
+    if fam == "qwen2_vl":
+        vision.update(embed_dim=v.embed_dim, out_hidden_size=v.hidden_size,
+                      intermediate_size=int(v.embed_dim * v.mlp_ratio))
+    else:
+        vision.update(embed_dim=v.hidden_size, out_hidden_size=v.out_hidden_size,
+                      intermediate_size=v.intermediate_size, window_size=v.window_size,
+                      fullatt_block_indexes=list(v.fullatt_block_indexes),
+                      tokens_per_second=float(v.tokens_per_second))
+    eos = t.eos_token_id
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0]
+    text = dict(vocab_size=t.vocab_size, hidden_size=t.hidden_size,
+                intermediate_size=t.intermediate_size, num_hidden_layers=t.num_hidden_layers,
+                num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads,
+                rms_norm_eps=float(t.rms_norm_eps), rope_theta=float(rope["rope_theta"]),
+                mrope_section=list(rope.get("mrope_section", [16, 24, 24])),
+                max_position_embeddings=t.max_position_embeddings, hidden_act=t.hidden_act)
+    return dict(ok=True, family=fam, vision=vision, text=text,
+                tie_word_embeddings=bool(cfg.tie_word_embeddings),
+                image_token_id=cfg.image_token_id, video_token_id=cfg.video_token_id,
+                vision_start_token_id=cfg.vision_start_token_id,
+                vision_end_token_id=cfg.vision_end_token_id,
+                bos_token_id=t.bos_token_id, eos_token_id=eos)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--configs", required=True)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    try:
+        import transformers
+        from transformers import AutoConfig
+        from transformers.utils import logging
+    except ImportError as e:
+        sys.exit(f"config_reference: cannot import transformers with {sys.executable} ({e}); "
+                 f"run scripts/install-deps.sh (scripts/requirements.txt)")
+    logging.set_verbosity_error()
+    with open(args.configs, encoding="utf-8") as f:
+        configs = json.load(f)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, c in enumerate(configs):
+            d = os.path.join(tmp, str(i))
+            os.makedirs(d)
+            with open(os.path.join(d, "config.json"), "w") as f:
+                json.dump(c, f)
+            try:
+                rows.append(resolve(AutoConfig.from_pretrained(d)))
+            except Exception as e:  # noqa: BLE001  (reported to the test, which decides)
+                rows.append(dict(ok=False, error=f"{type(e).__name__}: {e}"))
+    with open(args.out, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    print(f"config_reference: transformers {transformers.__version__}, {len(rows)} configs "
+          f"({sum(not r['ok'] for r in rows)} refused)")
+
+
+if __name__ == "__main__":
+    main()
