@@ -37,13 +37,17 @@ policy and bytes per rank, plus totals.
                   merger_params, llm_params, modules [{path, params}]; with a RECIPE also
                   world_size, param_dtype, units [{path, aliases, policy, strategy, sharding,
                   rule, params, param_bytes, grad_bytes, optim_bytes, total_bytes,
-                  activation_checkpointing}], totals {...}, gathered_peak_bytes, warnings
+                  activation_checkpointing}], totals {...}, gathered_peak_bytes,
+                  reduce_scatter_peak_bytes, peak_bytes, warnings
   --leaves        list every parameter-owning layer instead of the sharding units
   --set KEY=VALUE override a recipe key (repeatable)
 
-Bytes per rank (P unit parameters, N ranks, p bytes of precision.param_dtype, S = ceil(P/N)):
-  freeze pP | ddp pP + pP + 12P (bf16; fp32: 8P) | ddp shard_optimizer: optimizer state S*12
-  fsdp shard_grad_op: grads and optimizer state sharded | fsdp full_shard: all sharded.
+Bytes per rank as the engine allocates them (P unit parameters, N ranks, p / r bytes of
+precision.param_dtype / reduce_dtype, S = ceil(P/N); sharding/memory_plan.h):
+  freeze pP | ddp pP + (p + r)P (.grad + bucket) + 12P (bf16; fp32: 8P)
+  ddp shard_optimizer: optimizer state S*12 | fsdp shard_grad_op and full_shard: params S*p,
+  fp32 grads S*4, optimizer S*12; shard_grad_op units are gathered whole during the step
+  (transient). Transient peaks: gathered flat buffers, reduce-scatter buffers in flight.
 The training runtime does not run fsdp units yet (issue #8): they train as ddp no_shard.
 )";
 }
@@ -152,7 +156,7 @@ int plan_recipe(Args& args, const std::optional<std::string>& preset_name, bool 
   const sh::ShardingOptions opts = sharding_options(recipe);
   vlm::Qwen2VL model(cfg, torch::TensorOptions().device(torch::kMeta).dtype(opts.param_dtype));
   const auto units = sh::resolve_units(*model, opts);
-  const sh::MemoryPlan mem = sh::plan_memory(units, world, opts.param_dtype);
+  const sh::MemoryPlan mem = sh::plan_memory(units, world, opts.param_dtype, opts.reduce_dtype);
   const int64_t total = vlm::count_parameters(*model);
   const char* pdtype = recipe.precision.param_dtype.c_str();
 
@@ -178,6 +182,8 @@ int plan_recipe(Args& args, const std::optional<std::string>& preset_name, bool 
     j["totals"] = {{"param_bytes", mem.total.param_bytes}, {"grad_bytes", mem.total.grad_bytes},
                    {"optim_bytes", mem.total.optim_bytes}, {"total_bytes", mem.total.total()}};
     j["gathered_peak_bytes"] = mem.gathered_peak_bytes;
+    j["reduce_scatter_peak_bytes"] = mem.reduce_scatter_peak_bytes;
+    j["peak_bytes"] = mem.peak_bytes();
     j["warnings"] = mem.warnings;
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -204,10 +210,12 @@ int plan_recipe(Args& args, const std::optional<std::string>& preset_name, bool 
               with_commas(total).c_str(), sh::human_bytes(mem.total.param_bytes).c_str(),
               sh::human_bytes(mem.total.grad_bytes).c_str(), sh::human_bytes(mem.total.optim_bytes).c_str(),
               sh::human_bytes(mem.total.total()).c_str());
-  if (mem.gathered_peak_bytes > 0)
-    std::printf("\ntransient: sharded units gathered at once (running + two prefetched, the three largest): %s "
-                "(activations not included)\n",
-                sh::human_bytes(mem.gathered_peak_bytes).c_str());
+  if (mem.gathered_peak_bytes > 0 || mem.reduce_scatter_peak_bytes > 0)
+    std::printf("\ntransient: gathered flat parameters %s (every shard_grad_op unit + the three largest full_shard "
+                "units: running + two prefetched), reduce-scatter buffers in flight %s (the two largest trainable "
+                "fsdp units, reduce dtype); peak per rank %s (activations not included)\n",
+                sh::human_bytes(mem.gathered_peak_bytes).c_str(), sh::human_bytes(mem.reduce_scatter_peak_bytes).c_str(),
+                sh::human_bytes(mem.peak_bytes()).c_str());
   for (const auto& warning : mem.warnings) std::printf("warning: %s\n", warning.c_str());
   bool any_fsdp = false;
   for (const auto& u : units) any_fsdp |= u.policy == sh::Policy::kFsdp;

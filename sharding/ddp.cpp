@@ -47,6 +47,7 @@ DdpReducer::DdpReducer(Comm& comm, std::vector<torch::Tensor> params, std::vecto
   const double elem = static_cast<double>(c10::elementSize(reduce_dtype));
   bucket_of_.assign(params_.size(), -1);
   ready_.assign(params_.size(), 0);
+  had_grad_.assign(params_.size(), 0);
   // Reverse registration order, cut at bucket_bytes.
   double bytes = 0;
   for (int64_t i = static_cast<int64_t>(params_.size()) - 1; i >= 0; --i) {
@@ -88,6 +89,18 @@ DdpReducer::~DdpReducer() {
   }
 }
 
+int64_t DdpReducer::index_of(const torch::Tensor& param) const {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return static_cast<int64_t>(i);
+  return -1;
+}
+
+double DdpReducer::buffer_bytes() const {
+  double bytes = 0;
+  for (const auto& b : buckets_) bytes += static_cast<double>(b.flat.numel() * b.flat.element_size());
+  return bytes;
+}
+
 void DdpReducer::on_grad_ready(int64_t i) {
   if (!sync_) return;
   std::lock_guard<std::mutex> lock(mu_);
@@ -110,6 +123,7 @@ void DdpReducer::launch_ready_locked(bool force, const std::string& ctx) {
       const torch::Tensor& p = params_[b.params[k]];
       torch::Tensor dst = b.flat.narrow(0, b.offsets[k], p.numel());
       const torch::Tensor& g = p.grad();
+      had_grad_[b.params[k]] = g.defined();
       if (g.defined())
         dst.copy_(g.reshape({-1}));
       else

@@ -63,6 +63,14 @@ class DdpReducer {
   int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
   // Parameter indices (into the constructor's list) of bucket b, in bucket order.
   const std::vector<int64_t>& bucket_params(int64_t b) const { return buckets_[b].params; }
+  // Whether parameter i had a gradient on this rank (a defined .grad when its bucket was
+  // launched, i.e. in some micro-batch of the step) in the last synced micro-batch; the
+  // optimizer skips parameters that had none on every rank.
+  bool had_grad(int64_t i) const { return had_grad_[i] != 0; }
+  // Index of `param` in the constructor's list, or -1.
+  int64_t index_of(const torch::Tensor& param) const;
+  // Bytes of the bucket buffers (persistent: [P] reduce dtype over the reducer's parameters).
+  double buffer_bytes() const;
   // Buckets launched from inside backward (before finish_backward) in the last synced
   // micro-batch: > 0 shows communication overlapped with backward.
   int64_t launched_during_backward() const { return last_launched_in_backward_; }
@@ -85,6 +93,7 @@ class DdpReducer {
   std::vector<std::string> names_;
   std::vector<int64_t> bucket_of_;  // param index -> bucket
   std::vector<char> ready_;         // param index -> fired in this micro-batch
+  std::vector<char> had_grad_;      // param index -> had a gradient at its bucket's launch
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive for the hooks
   torch::Dtype reduce_dtype_;

@@ -33,6 +33,46 @@ struct PreBackward : public torch::autograd::Function<PreBackward> {
 
 bool frees_after_forward(Sharding s) { return s == Sharding::kFullShard || s == Sharding::kFrozenSharded; }
 
+// A released flat buffer's StorageImpl is told to throw on any data access with the unit's
+// message (release_data_and_set_meta_custom_data_ptr_error_msg_, LibTorch's own mechanism
+// for storages without data, as torch.export's fake tensors use). LibTorch has no call
+// that lifts it again, so the re-gather clears the flag through an explicit template
+// instantiation, where C++ does not check access ([temp.spec.general]/6). A LibTorch that
+// renames the member fails to compile here instead of misbehaving; fsdp_dist_test covers
+// release -> read error -> re-gather -> read.
+template <typename Tag, typename Tag::type Member>
+struct ExposeMember {
+  friend typename Tag::type member_of(Tag) { return Member; }
+};
+struct ThrowOnReadFlag {
+  using type = bool c10::StorageImpl::*;
+  friend type member_of(ThrowOnReadFlag);
+};
+template struct ExposeMember<ThrowOnReadFlag, &c10::StorageImpl::throw_on_immutable_data_ptr_>;
+
+// Frees the storage's memory and makes every later data access throw `msg`.
+void poison_storage(c10::StorageImpl* impl, c10::Device device, const std::string& msg) {
+  impl->set_data_ptr_noswap(c10::DataPtr(nullptr, device));
+  impl->set_nbytes(0);
+  impl->release_data_and_set_meta_custom_data_ptr_error_msg_(msg);
+}
+
+// Lifts poison_storage's error and gives the storage `nbytes` of fresh memory.
+void refill_storage(c10::StorageImpl* impl, size_t nbytes) {
+  impl->*member_of(ThrowOnReadFlag{}) = false;
+  impl->set_data_ptr_noswap(impl->allocator()->allocate(nbytes));  // also recomputes the data-ptr checks
+  impl->set_nbytes(nbytes);
+}
+
+std::string released_message(const std::string& unit, const std::vector<UnitParam>& params) {
+  return str("fsdp: unit ", unit, " is released: its parameters (", params.front().name,
+             params.size() > 1 ? str(" and ", params.size() - 1, " more") : std::string(),
+             ") are views of a flat buffer that holds no memory outside a gather, so they cannot be read or "
+             "written here (hint: run the model through its runner, which gathers each unit around its call; "
+             "to read or export parameters directly, wrap the access in FsdpEngine::gather_all() / "
+             "release_all() (collective), or read the rank's local shard)");
+}
+
 }  // namespace
 
 double FsdpUnit::gathered_bytes() const { return static_cast<double>(full_nbytes_); }
@@ -79,6 +119,7 @@ FsdpEngine::FsdpEngine(Comm& comm, const std::vector<UnitPlan>& units,
     u->local_ = u->full_.narrow(0, r * u->shard_, u->shard_).clone();  // [S]
     if (u->trainable_) u->grad_ = torch::zeros({u->shard_}, p0.options().dtype(torch::kFloat32));
     u->full_nbytes_ = u->full_.storage().nbytes();
+    u->released_msg_ = released_message(u->path_, u->params_);
     u->state_ = FsdpUnit::State::kGathered;  // release() below frees the initial buffer
     gstats_.bytes += u->gathered_bytes();
     gstats_.units += 1;
@@ -101,6 +142,7 @@ FsdpEngine::FsdpEngine(Comm& comm, const std::vector<UnitPlan>& units,
   // Gradient-ready hooks.
   for (FsdpUnit* u : rs_order_) {
     u->fired_.assign(u->params_.size(), 0);
+    u->had_grad_.assign(u->params_.size(), 0);
     u->pending_ = static_cast<int64_t>(u->params_.size());
     for (size_t k = 0; k < u->params_.size(); ++k) {
       auto acc = torch::autograd::impl::grad_accumulator(u->params_[k].param);
@@ -140,9 +182,7 @@ int64_t FsdpEngine::position(const std::string& call_path) const {
 
 void FsdpEngine::gather_async(FsdpUnit& u, const std::string& why) {
   if (u.state_ != FsdpUnit::State::kFree) return;
-  auto* impl = u.full_.storage().unsafeGetStorageImpl();
-  impl->set_data_ptr_noswap(impl->allocator()->allocate(u.full_nbytes_));
-  impl->set_nbytes(u.full_nbytes_);
+  refill_storage(u.full_.storage().unsafeGetStorageImpl(), u.full_nbytes_);
   u.state_ = FsdpUnit::State::kGathering;
   gstats_.bytes += u.gathered_bytes();
   gstats_.units += 1;
@@ -161,9 +201,7 @@ void FsdpEngine::release(FsdpUnit& u) {
   if (u.state_ == FsdpUnit::State::kFree || pinned_) return;
   wait_gathered(u);
   // Keep the tensors (parameters and autograd's saved views), drop the memory.
-  auto* impl = u.full_.storage().unsafeGetStorageImpl();
-  impl->set_data_ptr_noswap(c10::DataPtr(nullptr, u.full_.device()));
-  impl->set_nbytes(0);
+  poison_storage(u.full_.storage().unsafeGetStorageImpl(), u.full_.device(), u.released_msg_);
   u.state_ = FsdpUnit::State::kFree;
   gstats_.bytes -= u.gathered_bytes();
   gstats_.units -= 1;
@@ -243,28 +281,49 @@ void FsdpEngine::launch_ready(bool force) {
 
 void FsdpEngine::launch_rs(FsdpUnit& u) {
   torch::NoGradGuard no_grad;
+  // Bound the reduce-dtype buffers alive at once: finish the oldest reduce-scatter first.
+  while (rs_inflight_.size() >= static_cast<size_t>(kMaxReduceScattersInFlight)) {
+    complete_rs(*rs_inflight_.front());
+    rs_inflight_.erase(rs_inflight_.begin());
+  }
   const int64_t n = comm_.world_size();
   torch::Tensor flat = torch::zeros({n * u.shard_}, u.local_.options().dtype(reduce_dtype_));  // [N*S]
   for (size_t k = 0; k < u.params_.size(); ++k) {
     torch::Tensor p = u.params_[k].param;
     const torch::Tensor& g = p.grad();
-    if (g.defined()) flat.narrow(0, u.offsets_[k], p.numel()).copy_(g.reshape({-1}));
+    if (g.defined()) {
+      flat.narrow(0, u.offsets_[k], p.numel()).copy_(g.reshape({-1}));
+      u.had_grad_[k] = 1;
+    }
     p.mutable_grad() = torch::Tensor();  // the unsharded gradient is not kept
   }
   u.rs_out_ = torch::empty({u.shard_}, flat.options());  // [S]
+  u.rs_in_ = flat;  // kept until complete_rs: the collective reads it until then
+  u.rs_nbytes_ = static_cast<double>((flat.numel() + u.rs_out_.numel()) * flat.element_size());
+  gstats_.rs_bytes += u.rs_nbytes_;
+  gstats_.rs_peak_bytes = std::max(gstats_.rs_peak_bytes, gstats_.rs_bytes);
   u.rs_ = comm_.reduce_scatter_async(u.rs_out_, flat, ReduceOp::kSum,
                                      str(ctx_, ", fsdp reduce-scatter of unit ", u.path_));
   u.rs_launched_ = true;
+  rs_inflight_.push_back(&u);
   release(u);  // its backward is over (every parameter has its gradient)
+}
+
+void FsdpEngine::complete_rs(FsdpUnit& u) {
+  torch::NoGradGuard no_grad;
+  u.rs_.wait();
+  u.grad_.add_(u.rs_out_);  // [S] fp32 += [S] reduce dtype (converted element-wise, no temporary)
+  u.rs_out_ = torch::Tensor();
+  u.rs_in_ = torch::Tensor();
+  gstats_.rs_bytes -= u.rs_nbytes_;
+  u.rs_nbytes_ = 0;
 }
 
 void FsdpEngine::finish_backward(const std::string& ctx) {
   launch_ready(/*force=*/true);
-  torch::NoGradGuard no_grad;
+  for (FsdpUnit* u : rs_inflight_) complete_rs(*u);
+  rs_inflight_.clear();
   for (FsdpUnit* u : rs_order_) {
-    u->rs_.wait();
-    u->grad_.add_(u->rs_out_.to(torch::kFloat32));
-    u->rs_out_ = torch::Tensor();
     u->rs_launched_ = false;
     std::fill(u->fired_.begin(), u->fired_.end(), 0);
     u->pending_ = static_cast<int64_t>(u->params_.size());
@@ -291,8 +350,18 @@ void FsdpEngine::release_all() {
 
 void FsdpEngine::zero_grad() {
   torch::NoGradGuard no_grad;
-  for (auto& u : units_)
+  for (auto& u : units_) {
     if (u->grad_.defined()) u->grad_.zero_();
+    std::fill(u->had_grad_.begin(), u->had_grad_.end(), 0);
+  }
+}
+
+void FsdpEngine::check_readable(const torch::Tensor& t, const std::string& what) const {
+  if (!t.defined() || !t.has_storage()) return;
+  const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  for (const auto& u : units_)
+    if (u->full_.storage().unsafeGetStorageImpl() == impl && u->state_ == FsdpUnit::State::kFree)
+      throw Error(str(what, ": ", u->released_msg_));
 }
 
 void FsdpEngine::load_params(FsdpUnit& u, const torch::Tensor& flat) {

@@ -12,7 +12,12 @@
 //                               is not gathered and reallocated with the storage's own
 //                               allocator before the next all-gather, so the parameter
 //                               tensors, and the tensors autograd saved from them, stay
-//                               valid and are refilled in place.
+//                               valid and are refilled in place. While released, any
+//                               read or write of the storage's data (a parameter touched
+//                               outside a gather: eval outside the runner, state_dict,
+//                               printing) throws a c10::Error that names the unit and the
+//                               way out (gather_all / release_all), instead of reading
+//                               through a null pointer.
 //   local  [S]     param dtype  this rank's shard of the parameters (persistent; the
 //                               optimizer writes its update here; zeros in the padding).
 //   grad   [S]     fp32         this rank's reduced gradient, accumulated over the
@@ -107,6 +112,11 @@ class FsdpUnit {
   // Persistent bytes on this rank: local shard, shard grad.
   double shard_param_bytes() const;
   double shard_grad_bytes() const;
+  // Bytes of the reduce-scatter buffers while in flight: input [N*S] + output [S], reduce dtype.
+  double reduce_scatter_bytes() const { return rs_nbytes_; }
+  // Whether parameter k (index into params()) had a gradient on this rank in a micro-batch
+  // since the last zero_grad() (trainable units).
+  bool had_grad(size_t k) const { return k < had_grad_.size() && had_grad_[k] != 0; }
 
  private:
   friend class FsdpEngine;
@@ -126,10 +136,14 @@ class FsdpUnit {
   bool needs_backward_ = false;  // an output of this micro-batch needs a gradient
   // Backward bookkeeping (trainable units).
   std::vector<char> fired_;  // per parameter: gradient complete in this micro-batch
+  std::vector<char> had_grad_;  // per parameter: a defined .grad since zero_grad()
+  double rs_nbytes_ = 0;
+  std::string released_msg_;  // the error a read of the released storage throws
   int64_t pending_ = 0;      // parameters not fired yet
   bool rs_launched_ = false;
   Work rs_;
   torch::Tensor rs_out_;     // [S] reduce dtype
+  torch::Tensor rs_in_;      // [N*S] reduce dtype, while the reduce-scatter is in flight
 };
 
 // Gathered-buffer accounting (FsdpEngine::gather_stats).
@@ -138,7 +152,12 @@ struct GatherStats {
   int64_t units = 0;
   double peak_bytes = 0;  // since the last reset_peak()
   int64_t peak_units = 0;
+  double rs_bytes = 0;       // reduce-scatter buffers (input + output) alive now
+  double rs_peak_bytes = 0;  // their peak since the last reset_peak()
 };
+
+// Reduce-scatters a backward keeps in flight at most (see the header comment).
+constexpr int kMaxReduceScattersInFlight = 2;
 
 class FsdpEngine {
  public:
@@ -179,7 +198,14 @@ class FsdpEngine {
   void release_all();
 
   const GatherStats& gather_stats() const { return gstats_; }
-  void reset_peak() { gstats_.peak_bytes = gstats_.bytes; gstats_.peak_units = gstats_.units; }
+  void reset_peak() {
+    gstats_.peak_bytes = gstats_.bytes;
+    gstats_.peak_units = gstats_.units;
+    gstats_.rs_peak_bytes = gstats_.rs_bytes;
+  }
+  // Throws vlm::Error naming the unit when `t` lies in a released unit's flat buffer
+  // (the explicit check for code about to read parameters; reads themselves also throw).
+  void check_readable(const torch::Tensor& t, const std::string& what) const;
 
  private:
   void gather_async(FsdpUnit& u, const std::string& why);
@@ -191,6 +217,7 @@ class FsdpEngine {
   void on_grad_ready(FsdpUnit& u, int64_t param);
   void launch_ready(bool force);
   void launch_rs(FsdpUnit& u);
+  void complete_rs(FsdpUnit& u);  // wait, add into the shard grad, drop the buffers
 
   Comm& comm_;
   torch::Dtype reduce_dtype_;
@@ -202,10 +229,11 @@ class FsdpEngine {
   int64_t last_pos_ = -1;                // the last call position with an FSDP unit
   std::vector<FsdpUnit*> rs_order_;      // trainable units, reverse unit order
   size_t next_rs_ = 0;
+  std::vector<FsdpUnit*> rs_inflight_;   // launched, not yet added into their shard grad
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   GatherStats gstats_;
-  std::string ctx_ = "step";
-  bool pinned_ = false;  // gather_all() in effect: release() does nothing  // context of the micro-batch in flight (last finish_backward's)
+  std::string ctx_ = "step";  // context of the micro-batch in flight (last finish_backward's)
+  bool pinned_ = false;  // gather_all() in effect: release() does nothing
 };
 
 }  // namespace vlm::sharding

@@ -4,13 +4,16 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "sharding/fsdp.h"
 #include "vlm/check.h"
 
 namespace vlm::sharding {
 
-UnitMemory unit_memory(Sharding sharding, int64_t numel, int world_size, torch::Dtype param_dtype) {
+UnitMemory unit_memory(Sharding sharding, int64_t numel, int world_size, torch::Dtype param_dtype,
+                       torch::Dtype reduce_dtype) {
   VLM_CHECK(world_size >= 1, "memory plan: world size must be >= 1, got ", world_size);
   const double p = static_cast<double>(c10::elementSize(param_dtype));
+  const double r = static_cast<double>(c10::elementSize(reduce_dtype));
   const double full = static_cast<double>(numel);
   const double shard = static_cast<double>((numel + world_size - 1) / world_size);
   const double optim_per_elem = (param_dtype == torch::kFloat32 ? 0.0 : 4.0) + 8.0;
@@ -18,44 +21,58 @@ UnitMemory unit_memory(Sharding sharding, int64_t numel, int world_size, torch::
   switch (sharding) {
     case Sharding::kFrozen: m.param_bytes = p * full; break;
     case Sharding::kFrozenSharded: m.param_bytes = p * shard; break;
-    case Sharding::kReplicated:
-      m = {p * full, p * full, optim_per_elem * full};
-      break;
-    case Sharding::kShardOptimizer: m = {p * full, p * full, optim_per_elem * shard}; break;
-    case Sharding::kShardGradOp: m = {p * full, p * shard, optim_per_elem * shard}; break;
-    case Sharding::kFullShard: m = {p * shard, p * shard, optim_per_elem * shard}; break;
+    case Sharding::kReplicated: m = {p * full, (p + r) * full, optim_per_elem * full}; break;
+    case Sharding::kShardOptimizer: m = {p * full, (p + r) * full, optim_per_elem * shard}; break;
+    case Sharding::kShardGradOp:
+    case Sharding::kFullShard: m = {p * shard, 4.0 * shard, optim_per_elem * shard}; break;
   }
   return m;
 }
 
-MemoryPlan plan_memory(const std::vector<UnitPlan>& units, int world_size, torch::Dtype param_dtype) {
+namespace {
+// Sum of the k largest values.
+double largest(std::vector<double> v, size_t k) {
+  std::sort(v.rbegin(), v.rend());
+  double sum = 0;
+  for (size_t i = 0; i < v.size() && i < k; ++i) sum += v[i];
+  return sum;
+}
+}  // namespace
+
+MemoryPlan plan_memory(const std::vector<UnitPlan>& units, int world_size, torch::Dtype param_dtype,
+                       torch::Dtype reduce_dtype) {
   MemoryPlan plan;
   plan.world_size = world_size;
   const double p = static_cast<double>(c10::elementSize(param_dtype));
-  std::vector<double> gathered;  // bytes of each unit gathered whole for forward
+  const double r = static_cast<double>(c10::elementSize(reduce_dtype));
+  std::vector<double> regathered, reduce_scattered;  // per unit: [N*S] x p, ([N*S] + [S]) x r
   for (const auto& u : units) {
-    UnitMemory m = unit_memory(u.sharding, u.numel, world_size, param_dtype);
+    UnitMemory m = unit_memory(u.sharding, u.numel, world_size, param_dtype, reduce_dtype);
     plan.units.push_back(m);
     plan.total.param_bytes += m.param_bytes;
     plan.total.grad_bytes += m.grad_bytes;
     plan.total.optim_bytes += m.optim_bytes;
     const double bytes = p * static_cast<double>(u.numel);
+    const double shard = static_cast<double>((u.numel + world_size - 1) / world_size);
+    const double flat = shard * world_size;  // [N*S]
     const bool sharded_params = u.sharding == Sharding::kFullShard || u.sharding == Sharding::kFrozenSharded;
-    const bool sharded_any = sharded_params || u.sharding == Sharding::kShardGradOp ||
-                             u.sharding == Sharding::kShardOptimizer;
-    if (sharded_params) gathered.push_back(bytes);
+    const bool fsdp = sharded_params || u.sharding == Sharding::kShardGradOp;
+    const bool sharded_any = fsdp || u.sharding == Sharding::kShardOptimizer;
+    if (sharded_params) regathered.push_back(p * flat);
+    if (u.sharding == Sharding::kShardGradOp) plan.gathered_peak_bytes += p * flat;  // all held at once
+    if (fsdp && u.trainable()) reduce_scattered.push_back(r * (flat + shard));
     if (world_size > 1 && sharded_any && bytes < kTinyShardBytes)
       plan.warnings.push_back(str("unit ", u.path, " is tiny (", human_bytes(bytes), ") but sharded (",
                                   sharding_name(u.sharding), "): the collectives cost more than the memory "
                                   "saved (hint: policy = \"ddp\")"));
     if (bytes > kGiantGatherBytes)
       plan.warnings.push_back(str("unit ", u.path, " is giant (", human_bytes(bytes), ") and ",
-                                  sharded_params ? "gathered whole for forward" : "held whole on every rank",
+                                  fsdp ? "gathered whole for forward" : "held whole on every rank",
                                   " (hint: split it into smaller units)"));
   }
   // FSDP gathers the running unit and prefetches the next two (fsdp.h): the three largest.
-  std::sort(gathered.rbegin(), gathered.rend());
-  for (size_t k = 0; k < gathered.size() && k < 3; ++k) plan.gathered_peak_bytes += gathered[k];
+  plan.gathered_peak_bytes += largest(regathered, 3);
+  plan.reduce_scatter_peak_bytes = largest(reduce_scattered, kMaxReduceScattersInFlight);
   return plan;
 }
 

@@ -1,17 +1,34 @@
 // Memory plan: bytes per rank of every unit's parameters, gradients and optimizer state
-// under its sharding, for world size N (REFERENCE.md "Memory"; P = unit parameters,
-// p = bytes of param_dtype, S(x) = ceil(P / N) * x: a rank's shard, padded to N equal parts):
+// under its sharding, for world size N, counted as the engine allocates them (fsdp.h,
+// ddp.h, optimizer.h). P = unit parameters, p = bytes of param_dtype, r = bytes of
+// reduce_dtype, S(x) = ceil(P / N) * x: a rank's shard, padded to N equal parts.
 //
-//   layout          params   grads    optimizer (fp32 master* + m + v)
-//   frozen          pP       0        0
-//   frozen sharded  S(p)     0        0
-//   replicated      pP       pP       (4* + 8) P
-//   ZeRO-1          pP       pP       S(4* + 8)
-//   ZeRO-2          pP       S(p)     S(4* + 8)
-//   ZeRO-3          S(p)     S(p)     S(4* + 8)
+// Persistent (held from apply_policies on):
+//   layout          params   grads               optimizer (fp32 master* + m + v)
+//   frozen          pP       0                   0
+//   frozen sharded  S(p)     0                   0
+//   replicated      pP       (p + r) P           (4* + 8) P
+//   ZeRO-1          pP       (p + r) P           S(4* + 8)
+//   ZeRO-2          S(p)     S(4)                S(4* + 8)
+//   ZeRO-3          S(p)     S(4)                S(4* + 8)
 //   * the fp32 master is separate only when param_dtype is not fp32 (else it is the param).
-// With bf16 params: replicated 16P, ZeRO-1 4P + 12P/N, ZeRO-2 2P + 14P/N, ZeRO-3 16P/N.
-// Transient memory (activations, one gathered FSDP unit + its two prefetched) is reported apart.
+//   replicated / ZeRO-1 grads: the parameter's .grad (param dtype) plus the DDP bucket
+//   buffer (reduce dtype, allocated once). FSDP grads: the fp32 shard grad [S], whatever
+//   param_dtype and reduce_dtype are (gradients accumulate there across micro-batches).
+// Transient (during a step), reported apart:
+//   gathered_peak_bytes        the flat buffers [N*S] x p gathered at once: every ZeRO-2
+//                              unit (kept from its forward to its reduce-scatter) plus the
+//                              three largest ZeRO-3 / frozen sharded units (running + two
+//                              prefetched)
+//   reduce_scatter_peak_bytes  the reduce-dtype buffers of the reduce-scatters in flight:
+//                              input [N*S] + output [S] x r of the kMaxReduceScattersInFlight
+//                              (2) largest trainable FSDP units (fsdp.h)
+// Not counted: activations, the autograd .grad of an FSDP unit's parameters between its
+// backward and its reduce-scatter (param dtype, one unit at a time), Gloo's receive copy of
+// a reduce-scatter input on CPU (comm.h), the caching allocator's slack.
+// With bf16 params and fp32 reduce: replicated 18P, ZeRO-1 8P + 12P/N, ZeRO-2 and ZeRO-3
+// 18P/N persistent (REFERENCE.md's 16P-family counts bf16 gradients, which this engine does
+// not keep: FSDP gradients are fp32, and DDP adds its fp32 buckets).
 #pragma once
 #include <string>
 #include <vector>
@@ -21,7 +38,7 @@
 namespace vlm::sharding {
 
 struct UnitMemory {
-  double param_bytes = 0;  // per rank
+  double param_bytes = 0;  // per rank, persistent
   double grad_bytes = 0;
   double optim_bytes = 0;
   double total() const { return param_bytes + grad_bytes + optim_bytes; }
@@ -31,17 +48,22 @@ struct UnitMemory {
 constexpr double kTinyShardBytes = 1 << 20;               // sharding < 1 MiB buys nothing
 constexpr double kGiantGatherBytes = 2.0 * (1ull << 30);  // > 2 GiB gathered at once
 
-UnitMemory unit_memory(Sharding sharding, int64_t numel, int world_size, torch::Dtype param_dtype);
+UnitMemory unit_memory(Sharding sharding, int64_t numel, int world_size, torch::Dtype param_dtype,
+                       torch::Dtype reduce_dtype = torch::kFloat32);
 
 struct MemoryPlan {
   int world_size = 1;
   std::vector<UnitMemory> units;   // parallel to the unit table
-  UnitMemory total;                // per rank
-  double gathered_peak_bytes = 0;  // the three largest FSDP units (running unit + two prefetched)
+  UnitMemory total;                // per rank, persistent
+  double gathered_peak_bytes = 0;        // see the header comment
+  double reduce_scatter_peak_bytes = 0;  // see the header comment
+  // Persistent + both transient peaks (an upper bound on the step's sharding memory).
+  double peak_bytes() const { return total.total() + gathered_peak_bytes + reduce_scatter_peak_bytes; }
   std::vector<std::string> warnings;
 };
 
-MemoryPlan plan_memory(const std::vector<UnitPlan>& units, int world_size, torch::Dtype param_dtype);
+MemoryPlan plan_memory(const std::vector<UnitPlan>& units, int world_size, torch::Dtype param_dtype,
+                       torch::Dtype reduce_dtype = torch::kFloat32);
 
 // "1.23 GiB", "512.0 KiB", "17 B".
 std::string human_bytes(double bytes);

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
+#include "sharding/ddp.h"
 #include "sharding/fsdp.h"
 #include "vlm/check.h"
 
@@ -15,8 +17,8 @@ std::pair<int64_t, int64_t> owned_range(int64_t numel, int64_t world, int64_t ra
 }
 
 ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const AdamWOptions& opts,
-                           FsdpEngine* fsdp)
-    : comm_(comm), opts_(opts), fsdp_(fsdp) {
+                           FsdpEngine* fsdp, Comm* control)
+    : comm_(comm), control_(control), opts_(opts), fsdp_(fsdp) {
   torch::NoGradGuard no_grad;
   const int64_t n = comm.world_size(), r = comm.rank();
   for (const auto& u : units) {
@@ -59,91 +61,234 @@ ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const
       s.v = torch::zeros({s.len}, view.options().dtype(torch::kFloat32));
       g.segments.push_back(std::move(s));
     }
+    g.ddp_index.assign(g.params.size(), -1);
+    g.param_steps.assign(g.params.size(), 0);
+    g.active.assign(g.params.size(), 0);
     groups_.push_back(std::move(g));
   }
 }
 
-double ShardedAdamW::clip_grad_norm(const std::string& ctx) {
-  torch::NoGradGuard no_grad;
-  double sumsq = 0;
+void ShardedAdamW::attach_ddp(const DdpReducer* ddp) {
+  ddp_ = ddp;
+  for (auto& g : groups_)
+    for (size_t k = 0; k < g.params.size(); ++k)
+      g.ddp_index[k] = (ddp != nullptr && g.fsdp == nullptr) ? ddp->index_of(g.params[k].param) : -1;
+}
+
+bool ShardedAdamW::local_had_grad(const Group& g, size_t k) const {
+  if (g.fsdp != nullptr) return g.fsdp->had_grad(k);
+  if (ddp_ != nullptr && g.ddp_index[k] >= 0) return ddp_->had_grad(g.ddp_index[k]);
+  return g.params[k].param.grad().defined();
+}
+
+torch::Tensor ShardedAdamW::param_grad(const Group& g, size_t k) const {
+  return g.params[k].param.grad();
+}
+
+torch::Tensor ShardedAdamW::segment_grad(const Group& g, const Segment& s) const {
+  if (g.fsdp != nullptr) return g.fsdp->shard_grad().narrow(0, s.flat_offset - g.lo, s.len);
+  const torch::Tensor grad = param_grad(g, static_cast<size_t>(s.param));
+  if (!grad.defined()) return torch::zeros_like(s.m);  // no gradient here, but on another rank
+  return grad.reshape({-1}).narrow(0, s.param_offset, s.len).to(torch::kFloat32);
+}
+
+std::vector<torch::Tensor> ShardedAdamW::norm_parts() const {
+  std::vector<torch::Tensor> parts;
   for (const auto& g : groups_) {
     if (g.fsdp != nullptr) {  // the reduced shard grad covers exactly R_r
-      torch::Tensor part = g.fsdp->shard_grad().to(torch::kDouble);
-      sumsq += part.dot(part).item<double>();
+      if (g.hi > g.lo) parts.push_back(g.fsdp->shard_grad());
       continue;
     }
     for (size_t k = 0; k < g.params.size(); ++k) {
-      const torch::Tensor& grad = g.params[k].param.grad();
+      const torch::Tensor grad = param_grad(g, k);
       if (!grad.defined()) continue;
       const int64_t a = std::max(g.lo, g.offsets[k]), b = std::min(g.hi, g.offsets[k] + grad.numel());
-      if (a >= b) continue;
-      torch::Tensor part = grad.reshape({-1}).narrow(0, a - g.offsets[k], b - a).to(torch::kDouble);
-      sumsq += part.dot(part).item<double>();
+      if (a < b) parts.push_back(grad.reshape({-1}).narrow(0, a - g.offsets[k], b - a));
     }
   }
-  if (comm_.world_size() > 1) {
-    torch::Tensor t = torch::tensor({sumsq}, torch::kDouble);
-    comm_.all_reduce(t, ReduceOp::kSum, ctx);
-    sumsq = t.item<double>();
+  return parts;
+}
+
+namespace {
+// sum of squares of every element of `parts` (any devices / float dtypes), in fp64: one
+// _foreach_norm per device (fp32 accumulation on CUDA, fp64 on CPU) and one host transfer
+// per device (one in practice).
+double sum_of_squares(const std::vector<torch::Tensor>& parts) {
+  std::vector<std::pair<c10::Device, std::vector<torch::Tensor>>> by_device;
+  for (const auto& t : parts) {
+    auto it = std::find_if(by_device.begin(), by_device.end(), [&](const auto& e) { return e.first == t.device(); });
+    if (it == by_device.end()) {
+      by_device.emplace_back(t.device(), std::vector<torch::Tensor>{});
+      it = by_device.end() - 1;
+    }
+    it->second.push_back(t);
   }
-  const double norm = std::sqrt(sumsq);
+  double sumsq = 0;
+  for (const auto& [device, list] : by_device) {
+    const auto acc = device.is_cuda() ? torch::kFloat32 : torch::kFloat64;
+    const std::vector<torch::Tensor> norms = at::_foreach_norm(list, 2, acc);  // [] each
+    sumsq += torch::stack(norms).to(torch::kFloat64).square().sum().item<double>();  // the host transfer
+  }
+  return sumsq;
+}
+}  // namespace
+
+double ShardedAdamW::agree(double local_sumsq, const std::string& ctx) {
+  int64_t flags = 0;
+  for (const auto& g : groups_) flags += static_cast<int64_t>(g.params.size());
+  torch::Tensor t = torch::empty({1 + flags}, torch::kFloat64);  // [sum of squares, had-grad flags...]
+  double* d = t.data_ptr<double>();
+  d[0] = local_sumsq;
+  int64_t i = 1;
+  for (const auto& g : groups_)
+    for (size_t k = 0; k < g.params.size(); ++k) d[i++] = local_had_grad(g, k) ? 1.0 : 0.0;
+  if (comm_.world_size() > 1) {
+    control().all_reduce(t, ReduceOp::kSum, ctx);
+    d = t.data_ptr<double>();
+  }
+  i = 1;
+  for (auto& g : groups_)
+    for (size_t k = 0; k < g.params.size(); ++k) g.active[k] = d[i++] > 0.5;
+  agreed_ = true;
+  return d[0];
+}
+
+double ShardedAdamW::clip_grad_norm(const std::string& ctx) {
+  torch::NoGradGuard no_grad;
+  const double norm = std::sqrt(agree(sum_of_squares(norm_parts()), ctx));
   if (opts_.grad_clip > 0) {
     const double coef = opts_.grad_clip / (norm + 1e-6);
-    if (coef < 1)
+    if (coef < 1) {  // NaN: no clip (the trainer skips the step)
+      std::vector<torch::Tensor> grads;
       for (auto& g : groups_) {
-        if (g.fsdp != nullptr) g.fsdp->shard_grad().mul_(coef);
-        for (auto& p : g.params)
-          if (p.param.grad().defined()) p.param.mutable_grad().mul_(coef);
+        if (g.fsdp != nullptr) {
+          grads.push_back(g.fsdp->shard_grad());
+          continue;
+        }
+        for (size_t k = 0; k < g.params.size(); ++k)
+          if (torch::Tensor grad = param_grad(g, k); grad.defined()) grads.push_back(grad);
       }
+      if (!grads.empty()) at::_foreach_mul_(grads, coef);
+    }
   }
   return norm;
 }
 
 void ShardedAdamW::step(double lr_scale, const std::string& ctx) {
   torch::NoGradGuard no_grad;
+  if (!agreed_) agree(0.0, ctx + ", gradient flags");
+  agreed_ = false;
   ++step_;
-  const double b1 = opts_.beta1, b2 = opts_.beta2;
-  const double bc1 = 1 - std::pow(b1, static_cast<double>(step_));
-  const double bc2 = 1 - std::pow(b2, static_cast<double>(step_));
+  Batch fused, foreach;
+  std::vector<torch::Tensor> targets, masters;  // low-precision parameters to write back
   for (auto& g : groups_) {
+    for (size_t k = 0; k < g.params.size(); ++k) g.param_steps[k] += g.active[k];
     for (auto& s : g.segments) {
+      if (!g.active[s.param]) continue;  // no gradient on any rank: skipped (torch.optim.AdamW)
       const UnitParam& up = g.params[s.param];
-      const double lr = up.lr * lr_scale;
-      torch::Tensor grad;  // [len] fp32
-      if (g.fsdp != nullptr)
-        grad = g.fsdp->shard_grad().narrow(0, s.flat_offset - g.lo, s.len);
-      else if (up.param.grad().defined())
-        grad = up.param.grad().reshape({-1}).narrow(0, s.param_offset, s.len).to(torch::kFloat32);
-      else
-        grad = torch::zeros_like(s.m);
-      if (up.weight_decay != 0) s.master.mul_(1 - lr * up.weight_decay);
-      s.m.mul_(b1).add_(grad, 1 - b1);
-      s.v.mul_(b2).addcmul_(grad, grad, 1 - b2);
-      torch::Tensor denom = (s.v.sqrt() / std::sqrt(bc2)).add_(opts_.eps);
-      s.master.addcdiv_(s.m, denom, -lr / bc1);
-      if (up.param.scalar_type() != torch::kFloat32)  // write back into the low-precision param
-        s.target.copy_(s.master);
-    }
-    if (!g.zero1 || comm_.world_size() == 1) continue;
-    // ZeRO-1: every rank's updated slice -> every rank's parameters.
-    const torch::Tensor& p0 = g.params.front().param;
-    torch::Tensor flat = torch::zeros({g.shard * comm_.world_size()}, p0.options().requires_grad(false));
-    for (auto& s : g.segments)
-      flat.narrow(0, s.flat_offset, s.len).copy_(g.params[s.param].param.detach().view({-1}).narrow(0, s.param_offset, s.len));
-    comm_.all_gather(flat, flat.narrow(0, comm_.rank() * g.shard, g.shard), str(ctx, ", ZeRO-1 unit ", g.path));
-    for (size_t k = 0; k < g.params.size(); ++k) {
-      torch::Tensor p = g.params[k].param.detach();
-      p.view({-1}).copy_(flat.narrow(0, g.offsets[k], p.numel()));
+      const double t = static_cast<double>(g.param_steps[s.param]);
+      torch::Tensor grad = segment_grad(g, s);
+      const bool cuda_fp32 = s.master.is_cuda() && grad.is_cuda() && grad.scalar_type() == torch::kFloat32;
+      Batch& b = (kernel_ == AdamWKernel::kFused || (kernel_ == AdamWKernel::kAuto && cuda_fp32)) ? fused : foreach;
+      b.master.push_back(s.master);
+      b.grad.push_back(std::move(grad));
+      b.m.push_back(s.m);
+      b.v.push_back(s.v);
+      b.lr.push_back(up.lr * lr_scale);
+      b.wd.push_back(up.weight_decay);
+      b.bc1.push_back(1 - std::pow(opts_.beta1, t));
+      b.bc2.push_back(1 - std::pow(opts_.beta2, t));
+      b.t.push_back(t);
+      if (up.param.scalar_type() != torch::kFloat32) {
+        targets.push_back(s.target);
+        masters.push_back(s.master);
+      }
     }
   }
+  if (!foreach.master.empty()) update_foreach(foreach);
+  if (!fused.master.empty()) update_fused(fused);
+  if (!targets.empty()) at::_foreach_copy_(targets, masters);  // write back into the low-precision params
+  for (auto& g : groups_)
+    if (g.zero1 && comm_.world_size() > 1) zero1_gather(g, ctx);
+}
+
+// torch::optim::AdamW's per-parameter ops, as foreach ops over the segments.
+void ShardedAdamW::update_foreach(Batch& b) {
+  const double b1 = opts_.beta1, b2 = opts_.beta2;
+  std::vector<torch::Tensor> decayed;
+  std::vector<at::Scalar> decay, bc2_sqrt, step_size;
+  for (size_t i = 0; i < b.master.size(); ++i) {
+    if (b.wd[i] != 0) {
+      decayed.push_back(b.master[i]);
+      decay.emplace_back(1 - b.lr[i] * b.wd[i]);
+    }
+    bc2_sqrt.emplace_back(std::sqrt(b.bc2[i]));
+    step_size.emplace_back(-b.lr[i] / b.bc1[i]);
+  }
+  if (!decayed.empty()) at::_foreach_mul_(decayed, decay);
+  at::_foreach_mul_(b.m, b1);
+  at::_foreach_add_(b.m, b.grad, 1 - b1);
+  at::_foreach_mul_(b.v, b2);
+  at::_foreach_addcmul_(b.v, b.grad, b.grad, 1 - b2);
+  std::vector<torch::Tensor> denom = at::_foreach_sqrt(b.v);
+  at::_foreach_div_(denom, bc2_sqrt);
+  at::_foreach_add_(denom, opts_.eps);
+  at::_foreach_addcdiv_(b.master, b.m, denom, step_size);
+}
+
+// at::_fused_adamw_, one call per (device, lr, weight decay); the step counts go in as a
+// device tensor (one host-to-device copy per call).
+void ShardedAdamW::update_fused(Batch& b) {
+  std::vector<size_t> order(b.master.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto key = [&](size_t i) { return std::make_tuple(b.master[i].device().type(), b.master[i].device().index(), b.lr[i], b.wd[i]); };
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return key(x) < key(y); });
+  for (size_t lo = 0; lo < order.size();) {
+    size_t hi = lo;
+    while (hi < order.size() && key(order[hi]) == key(order[lo])) ++hi;
+    std::vector<torch::Tensor> master, grad, m, v, steps;
+    std::vector<float> t;
+    for (size_t j = lo; j < hi; ++j) {
+      const size_t i = order[j];
+      master.push_back(b.master[i]);
+      grad.push_back(b.grad[i]);
+      m.push_back(b.m[i]);
+      v.push_back(b.v[i]);
+      t.push_back(static_cast<float>(b.t[i]));
+    }
+    torch::Tensor step_t = torch::tensor(t, torch::kFloat32).to(master.front().device(), /*non_blocking=*/true);
+    for (size_t j = 0; j < t.size(); ++j) steps.push_back(step_t[static_cast<int64_t>(j)]);
+    at::_fused_adamw_(master, grad, m, v, /*max_exp_avg_sqs=*/{}, steps, b.lr[order[lo]], opts_.beta1, opts_.beta2,
+                      b.wd[order[lo]], opts_.eps, /*amsgrad=*/false, /*maximize=*/false);
+    lo = hi;
+  }
+}
+
+// ZeRO-1: every rank's updated slice -> every rank's parameters.
+void ShardedAdamW::zero1_gather(Group& g, const std::string& ctx) {
+  const torch::Tensor& p0 = g.params.front().param;
+  torch::Tensor flat = torch::zeros({g.shard * comm_.world_size()}, p0.options().requires_grad(false));
+  for (auto& s : g.segments)
+    flat.narrow(0, s.flat_offset, s.len).copy_(g.params[s.param].param.detach().view({-1}).narrow(0, s.param_offset, s.len));
+  comm_.all_gather(flat, flat.narrow(0, comm_.rank() * g.shard, g.shard), str(ctx, ", ZeRO-1 unit ", g.path));
+  for (size_t k = 0; k < g.params.size(); ++k) {
+    torch::Tensor p = g.params[k].param.detach();
+    p.view({-1}).copy_(flat.narrow(0, g.offsets[k], p.numel()));
+  }
+}
+
+std::vector<int64_t> ShardedAdamW::param_steps(const std::string& unit_path) const {
+  for (const auto& g : groups_)
+    if (g.path == unit_path) return g.param_steps;
+  throw Error(str("optimizer: no trainable unit ", unit_path, " (hint: frozen units have no optimizer state)"));
 }
 
 void ShardedAdamW::zero_grad() {
   torch::NoGradGuard no_grad;
-  for (auto& g : groups_) {
+  for (auto& g : groups_)
     for (auto& p : g.params) p.param.mutable_grad() = torch::Tensor();
-    if (g.fsdp != nullptr) g.fsdp->shard_grad().zero_();
-  }
+  if (fsdp_ != nullptr) fsdp_->zero_grad();  // shard grads and their had-gradient flags
+  agreed_ = false;
 }
 
 std::vector<StateSlice> ShardedAdamW::state_slices() const {
@@ -168,9 +313,33 @@ std::vector<StateSlice> ShardedAdamW::state_slices() const {
     out.push_back(std::move(master));
     out.push_back(std::move(m));
     out.push_back(std::move(v));
+    // Step counts are the same on every rank; each writes its owned_range of them.
+    const int64_t np = static_cast<int64_t>(g.params.size());
+    const auto [slo, shi] = owned_range(np, comm_.world_size(), comm_.rank());
+    torch::Tensor steps = torch::tensor(g.param_steps, torch::kInt64).narrow(0, slo, shi - slo).clone();
+    out.push_back({g.path + "/step", np, slo, shi, steps});
   }
   return out;
 }
+
+namespace {
+// "<unit>/step" [np] from a checkpoint, or np x `fallback` when it has none (written before
+// per-parameter step counts; CheckpointReader says "no state named ..." then).
+std::vector<int64_t> read_param_steps(const StateReader& read, const std::string& unit, int64_t np,
+                                      int64_t fallback) {
+  torch::Tensor t;
+  try {
+    t = read(unit + "/step", 0, np);
+  } catch (const Error& e) {
+    if (std::string(e.what()).find("no state named") == std::string::npos) throw;
+    return std::vector<int64_t>(static_cast<size_t>(np), fallback);
+  }
+  VLM_CHECK(t.numel() == np, "checkpoint: ", unit, "/step has ", t.numel(), " elements, expected ", np,
+            " (one per parameter of the unit)");
+  t = t.to(torch::kFloat64).round().to(torch::kInt64).contiguous();  // readers may hand back floats
+  return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + np);
+}
+}  // namespace
 
 void ShardedAdamW::load_state(const StateReader& read, int64_t steps) {
   torch::NoGradGuard no_grad;
@@ -192,8 +361,10 @@ void ShardedAdamW::load_state(const StateReader& read, int64_t steps) {
       s.m.copy_(read(g.path + "/exp_avg", s.flat_offset, s.flat_offset + s.len));
       s.v.copy_(read(g.path + "/exp_avg_sq", s.flat_offset, s.flat_offset + s.len));
     }
+    g.param_steps = read_param_steps(read, g.path, static_cast<int64_t>(g.params.size()), steps);
   }
   step_ = steps;
+  agreed_ = false;
 }
 
 int64_t ShardedAdamW::state_numel() const {

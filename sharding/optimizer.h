@@ -13,15 +13,30 @@
 //                             Per-parameter lr / weight decay hold inside the flat unit: the
 //                             owned range is cut into one segment per parameter it touches.
 // State per parameter segment: fp32 master (a view of the parameter itself when the
-// parameter is fp32, else an fp32 copy), m, v (fp32). Frozen units have no state.
+// parameter is fp32, else an fp32 copy), m, v (fp32). Per parameter: its AdamW step count t.
+// Frozen units have no state.
 //
 // Update = LibTorch's torch::optim::AdamW (decoupled decay, then Adam with bias correction):
 //   master *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //   master -= lr / (1-b1^t) * m / (sqrt(v) / sqrt(1-b2^t) + eps);  param = master
+// Like torch.optim.AdamW, a parameter without a gradient is skipped: no decay, no moment
+// update, its t does not advance. "Without a gradient" is a global fact: the parameter had
+// no gradient on ANY rank since zero_grad() (FSDP: no defined .grad at any of its unit's
+// reduce-scatters, fsdp.h; DDP: none at its bucket's launch, ddp.h; otherwise an undefined
+// .grad). The per-parameter flags ride on the grad-norm all-reduce, so every rank takes the
+// same decision with no extra collective; step() without a clip_grad_norm() since the last
+// step / zero_grad() agrees them with one all-reduce of its own.
+// Kernels (same math): CPU foreach ops over the segments (torch::_foreach_*, the same
+// per-tensor ops in the same order as torch::optim::AdamW, so bitwise equal to it);
+// at::_fused_adamw_ (one multi-tensor kernel per (lr, weight decay) group) where every
+// tensor is CUDA fp32 (AdamWKernel::kAuto), or anywhere on request (kFused; its CPU kernel
+// rounds differently: within a few fp32 ulps of torch::optim::AdamW per step).
 // Clipping = torch::nn::utils::clip_grad_norm_: norm = ||all grads||_2 (every trainable
-// parameter of every unit and policy); if clip / (norm + 1e-6) < 1, grads *= that. The
-// norm costs one all-reduce: each rank sums the squares over its ranges R_r (fp64), so
-// replicated gradients are not counted N times.
+// parameter of every unit and policy); if clip / (norm + 1e-6) < 1, grads *= that. Each rank
+// sums the squares over its ranges R_r (so replicated gradients are not counted N times)
+// with one _foreach_norm over its gradient segments on their device, moves that one fp64
+// sum to the host, and all-reduces [sum, per-parameter flags] (fp64, CPU) once on the
+// control comm; the clip is one _foreach_mul_.
 #pragma once
 #include <torch/torch.h>
 
@@ -34,8 +49,13 @@
 
 namespace vlm::sharding {
 
+class DdpReducer;
 class FsdpEngine;
 class FsdpUnit;
+
+// kAuto: at::_fused_adamw_ for the segments whose tensors are all CUDA fp32, foreach ops
+// for the rest; kForeach / kFused: that kernel everywhere (tests, benchmarks).
+enum class AdamWKernel { kAuto, kForeach, kFused };
 
 // Checkpoint state, independent of the world size that wrote it. Each unit has a flat
 // index space [P] (its parameters in registration order); a piece of state is a vector
@@ -44,6 +64,9 @@ class FsdpUnit;
 //   exp_avg     AdamW m (fp32)
 //   exp_avg_sq  AdamW v (fp32)
 //   param       the parameters in param dtype (frozen units, which have no master)
+//   step        per-parameter AdamW step counts (int64 [number of the unit's parameters],
+//               not [P]; checkpoints written before it existed load with every count =
+//               the global optimizer step count)
 // A slice is the owned range R_r = [r*S, min((r+1)*S, P)), S = ceil(P/N), of one vector:
 // the N ranks' slices cover each vector exactly once, whatever the unit's sharding.
 struct StateSlice {
@@ -64,24 +87,35 @@ class ShardedAdamW {
  public:
   // units: the unit table (frozen units are skipped). Parameters must already be equal on
   // every rank (broadcast first). fsdp: the engine holding the units with sharding
-  // kFullShard / kShardGradOp (required when there are any).
+  // kFullShard / kShardGradOp (required when there are any). control: the comm for the
+  // grad-norm / flag all-reduce (a CPU fp64 tensor); null: `comm`.
   ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const AdamWOptions& opts,
-               FsdpEngine* fsdp = nullptr);
+               FsdpEngine* fsdp = nullptr, Comm* control = nullptr);
+  // The reducer of the replicated / ZeRO-1 units: which of their parameters had a gradient
+  // this step comes from it (its finish_backward fills missing .grad with the reduced sum).
+  void attach_ddp(const DdpReducer* ddp);
+  void set_kernel(AdamWKernel k) { kernel_ = k; }
 
   // Global L2 norm of the gradients before clipping; clips in place when opts.grad_clip > 0.
-  // Undefined grads count as zero. One all-reduce (none at world size 1).
+  // Undefined grads count as zero. One all-reduce on the control comm (none at world 1),
+  // which also agrees which parameters had a gradient (see the header comment).
   double clip_grad_norm(const std::string& ctx = "grad norm");
-  // One AdamW step with lr = (the parameter's group lr) * lr_scale (schedule factor).
+  // One AdamW step with lr = (the parameter's group lr) * lr_scale (schedule factor);
+  // parameters without a gradient on every rank are skipped.
   void step(double lr_scale = 1.0, const std::string& ctx = "optimizer step");
   // Drops every trainable gradient (set to undefined) and zeros the FSDP shard grads.
   void zero_grad();
 
-  int64_t steps() const { return step_; }
+  int64_t steps() const { return step_; }  // step() calls (the trainer's optimizer_steps)
+  // AdamW step count t of every parameter of trainable unit `unit_path` (registration order).
+  std::vector<int64_t> param_steps(const std::string& unit_path) const;
   // This rank's slices of every trainable unit's master / exp_avg / exp_avg_sq.
   std::vector<StateSlice> state_slices() const;
   // Restores masters, moments and the step count (bias correction) from `read`, and
   // writes the masters into the parameters (every element of every trainable parameter,
   // including those whose state another rank holds). Local: no collective.
+  // A checkpoint without "<unit>/step" (written before per-parameter counts) gives every
+  // parameter t = steps.
   void load_state(const StateReader& read, int64_t steps);
   // Elements of optimizer state on this rank (m + v + separate masters).
   int64_t state_numel() const;
@@ -108,12 +142,35 @@ class ShardedAdamW {
     int64_t numel = 0, shard = 0;  // P, S
     int64_t lo = 0, hi = 0;        // owned range R_r
     std::vector<Segment> segments; // parameters ∩ state range ([0,P) or R_r)
+    std::vector<int64_t> ddp_index;   // per parameter: index in the DDP reducer, or -1
+    std::vector<int64_t> param_steps; // per parameter: AdamW step count t
+    std::vector<char> active;         // per parameter: had a gradient on some rank (agreed)
   };
+  // Per-parameter list of one update (the segments that take part, with their scalars).
+  struct Batch {
+    std::vector<torch::Tensor> master, grad, m, v;  // [len] each, fp32
+    std::vector<double> lr, wd, bc1, bc2, t;  // per segment; t: the parameter's step count
+  };
+  Comm& control() { return control_ != nullptr ? *control_ : comm_; }
+  bool local_had_grad(const Group& g, size_t k) const;
+  torch::Tensor param_grad(const Group& g, size_t k) const;  // param-shaped or undefined
+  torch::Tensor segment_grad(const Group& g, const Segment& s) const;  // [len] fp32
+  std::vector<torch::Tensor> norm_parts() const;  // this rank's gradient segments, R_r
+  // All-reduces [local_sumsq, flags...] (fp64 CPU) and sets Group::active; returns the sum.
+  double agree(double local_sumsq, const std::string& ctx);
+  void update_foreach(Batch& b);
+  void update_fused(Batch& b);
+  void zero1_gather(Group& g, const std::string& ctx);
+
   Comm& comm_;
+  Comm* control_ = nullptr;
+  const DdpReducer* ddp_ = nullptr;
   AdamWOptions opts_;
   FsdpEngine* fsdp_ = nullptr;
+  AdamWKernel kernel_ = AdamWKernel::kAuto;
   std::vector<Group> groups_;
   int64_t step_ = 0;
+  bool agreed_ = false;  // Group::active holds this step's agreement
 };
 
 }  // namespace vlm::sharding

@@ -95,12 +95,14 @@ MemoryReport ShardedModel::memory() const {
       if (u.trainable()) m.grad_bytes += bytes;
     }
   }
+  if (reducer_) m.grad_bytes += reducer_->buffer_bytes();  // DDP bucket buffers (reduce dtype)
   m.optim_bytes = 4.0 * static_cast<double>(optimizer_->state_numel());
   if (fsdp_) {
     const GatherStats& g = fsdp_->gather_stats();
     m.gathered_bytes = g.bytes;
     m.gathered_peak_bytes = g.peak_bytes;
     m.gathered_peak_units = g.peak_units;
+    m.reduce_scatter_peak_bytes = g.rs_peak_bytes;
   }
   return m;
 }
@@ -198,6 +200,7 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl& model, const Shar
   model.set_runner(sm->runner_);
   // 7. Optimizer.
   sm->optimizer_ = std::make_unique<ShardedAdamW>(comm, sm->units_, opts.optim, sm->fsdp_.get());
+  sm->optimizer_->attach_ddp(sm->reducer_.get());
   return sm;
 }
 

@@ -77,13 +77,15 @@ class PolicyRunner : public vlm::UnitRunner {
 struct MemoryReport {
   double param_bytes = 0;   // persistent parameters: whole for replicated / ZeRO-1 / frozen
                             // units, the [S] local shard for FSDP units
-  double grad_bytes = 0;    // gradients: P x param dtype per trainable replicated / ZeRO-1
-                            // unit (its .grad), [S] fp32 shard grads of FSDP units
+  double grad_bytes = 0;    // gradients: per trainable replicated / ZeRO-1 unit its .grad
+                            // (P x param dtype) and its DDP bucket buffers (P x reduce
+                            // dtype); [S] fp32 shard grads of FSDP units
   double optim_bytes = 0;   // AdamW m + v and the separate fp32 masters
   double persistent() const { return param_bytes + grad_bytes + optim_bytes; }
   double gathered_bytes = 0;       // FSDP flat buffers gathered now (transient)
   double gathered_peak_bytes = 0;  // their peak since apply_policies / reset_gather_peak()
   int64_t gathered_peak_units = 0; // most units gathered at once since then
+  double reduce_scatter_peak_bytes = 0;  // FSDP reduce-scatter buffers in flight, peak since then
 };
 
 class ShardedModel {

@@ -21,7 +21,8 @@
 // order of lr (with eps = 1e-5 instead of 1e-8 the same runs agree within 1.2e-7); hence
 // lr 1e-4 here. Frozen parameters: bit-identical, no grad, no optimizer state.
 // Also checked: ZeRO-1 state is 1/N of the LLM's (closed form from the unit sizes), bytes
-// all-reduced in one step = 2(N-1)/N x (trainable fp32 bytes + 3 scalars of 8 bytes),
+// all-reduced in one step = 2(N-1)/N x (trainable fp32 bytes + 3 scalars of 8 bytes + one
+// 8-byte had-gradient flag per trainable parameter, riding on the grad-norm all-reduce),
 // bytes all-gathered = (N-1)/N x the ZeRO-1 units padded to N shards; frozen units move
 // nothing; at least one bucket is launched while backward still runs (overlap).
 #include <gtest/gtest.h>
@@ -167,17 +168,18 @@ ShardingOptions options(char config) {
 // Step 1's traffic (see the header comment for the formulas).
 void check_traffic(Comm& comm, vlm::Qwen2VLImpl& model, char config) {
   const double n = comm.world_size();
-  double trainable = 0, gathered = 0;
+  double trainable = 0, gathered = 0, flags = 0;
   for (const auto& u : model.units()) {
     if (!u.shares_params_with.empty()) continue;
     const int64_t p = vlm::count_parameters(*u.module);
     const bool vision = u.path.rfind("visual.", 0) == 0;
     if (config == 'b' && vision && u.path != "visual.merger") continue;  // frozen
     trainable += 4.0 * p;
+    flags += 8.0 * static_cast<double>(u.module->parameters().size());  // one fp64 had-grad flag each
     if (config == 'b' && !vision) gathered += 4.0 * ((p + comm.world_size() - 1) / comm.world_size()) * n;
   }
   const auto& st = comm.stats();
-  EXPECT_DOUBLE_EQ(st[OpKind::kAllReduce].logical_bytes, 2 * (n - 1) / n * (trainable + 24));
+  EXPECT_DOUBLE_EQ(st[OpKind::kAllReduce].logical_bytes, 2 * (n - 1) / n * (trainable + 24 + flags));
   EXPECT_DOUBLE_EQ(st[OpKind::kAllGather].logical_bytes, (n - 1) / n * gathered);
   EXPECT_EQ(st[OpKind::kBroadcast].calls, 0);
   std::printf("  step-1 traffic per rank: all-reduce %.0f B, all-gather %.0f B\n",
