@@ -51,7 +51,9 @@ def cmd_init(a):
     cfg.update(vocab_size=a.vocab_size, image_token_id=a.image_token_id, video_token_id=a.image_token_id,
                vision_start_token_id=a.vision_start_id, vision_end_token_id=a.vision_end_id,
                eos_token_id=a.eos_id, bos_token_id=a.eos_id)
-    cfg.pop("pad_token_id", None)  # set, HF freezes that embedding row (nn.Embedding padding_idx)
+    cfg.pop("pad_token_id", None)
+    if a.pad_token_id >= 0:  # HF then freezes that embedding row (nn.Embedding padding_idx)
+        cfg["pad_token_id"] = a.pad_token_id
     torch.manual_seed(a.seed)
     model = hf_reference.build(a.family, cfg)
     model.save_pretrained(a.out)
@@ -187,6 +189,7 @@ def main():
     i.add_argument("--vision-end-id", type=int, required=True)
     i.add_argument("--eos-id", type=int, required=True)
     i.add_argument("--seed", type=int, default=0)
+    i.add_argument("--pad-token-id", type=int, default=-1, help="config pad_token_id (-1: none)")
     t = sub.add_parser("train")
     t.add_argument("--model", required=True)
     t.add_argument("--batches", required=True)

@@ -166,6 +166,8 @@ VlmConfig parse_hf_config(const std::string& json_text, const std::string& src) 
                               ? t.num_attention_heads
                               : ti("num_key_value_heads", 8);
   t.rms_norm_eps = get_opt<double>(tj, "rms_norm_eps", 1e-5, tw, src);
+  if (auto p = tj.find("pad_token_id"); p != tj.end() && !p->is_null())
+    t.pad_token_id = integer_value(*p, tw + "pad_token_id", src);
   t.rope_theta = get_opt<double>(tj, "rope_theta", 1e6, tw, src);
   t.max_position_embeddings = ti("max_position_embeddings", 32768);
   t.hidden_act = get_opt<std::string>(tj, "hidden_act", "silu", tw, src);
@@ -293,6 +295,7 @@ nlohmann::json to_hf_json(const VlmConfig& c) {
   j["num_attention_heads"] = c.text.num_attention_heads;
   j["num_key_value_heads"] = c.text.num_key_value_heads;
   j["rms_norm_eps"] = c.text.rms_norm_eps;
+  if (c.text.pad_token_id >= 0) j["pad_token_id"] = c.text.pad_token_id;
   j["rope_theta"] = c.text.rope_theta;
   j["rope_scaling"] = {{"type", "mrope"}, {"rope_type", "default"}, {"mrope_section", c.text.mrope_section}};
   j["max_position_embeddings"] = c.text.max_position_embeddings;

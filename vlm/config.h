@@ -56,6 +56,9 @@ struct TextConfig {
   std::vector<int64_t> mrope_section{16, 24, 24};  // frequencies per stream (T, H, W)
   int64_t max_position_embeddings = 32768;
   std::string hidden_act = "silu";
+  // config.json's pad_token_id (absent or null: -1, none). HF makes it embed_tokens'
+  // padding_idx: that row never receives a gradient, so it is never trained.
+  int64_t pad_token_id = -1;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
 };

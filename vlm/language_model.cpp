@@ -18,7 +18,7 @@ torch::Tensor causal_padding_mask(const torch::Tensor& attention_mask, int64_t l
 }
 
 LanguageModelImpl::LanguageModelImpl(const TextConfig& c, const torch::TensorOptions& opts) : cfg(c) {
-  embed_tokens = register_module("embed_tokens", Embedding(cfg.vocab_size, cfg.hidden_size, opts));
+  embed_tokens = register_module("embed_tokens", Embedding(cfg.vocab_size, cfg.hidden_size, opts, cfg.pad_token_id));
   layers_list = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     layers.push_back(DecoderLayer(cfg, opts));

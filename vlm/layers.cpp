@@ -62,12 +62,15 @@ void NormImpl::rebind() {
 
 // ---------------------------------------------------------------- Embedding
 
-EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, const torch::TensorOptions& opts) {
+EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, const torch::TensorOptions& opts,
+                             int64_t pad)
+    : padding_idx(pad) {
+  VLM_CHECK(pad < num_embeddings, "embedding: padding_idx ", pad, " is outside the ", num_embeddings, " rows");
   weight = register_parameter("weight", torch::empty({num_embeddings, dim}, opts));
 }
 
 torch::Tensor EmbeddingImpl::forward(const torch::Tensor& ids) {
-  return torch::embedding(weight, ids);
+  return torch::embedding(weight, ids, padding_idx);
 }
 
 ParamInit EmbeddingImpl::init_rule(const std::string&) const { return ParamInit::normal; }

@@ -66,11 +66,13 @@ TORCH_MODULE(Norm);
 
 class EmbeddingImpl : public LayerBase {
  public:
-  EmbeddingImpl(int64_t num_embeddings, int64_t dim, const torch::TensorOptions& opts);
+  // padding_idx >= 0: that row gets no gradient (torch.nn.Embedding's padding_idx).
+  EmbeddingImpl(int64_t num_embeddings, int64_t dim, const torch::TensorOptions& opts, int64_t padding_idx = -1);
   // ids: [...] int64 -> [..., dim]
   torch::Tensor forward(const torch::Tensor& ids);
   ParamInit init_rule(const std::string& name) const override;
   torch::Tensor weight;  // [num_embeddings, dim]
+  int64_t padding_idx = -1;
 
  protected:
   void rebind() override;
