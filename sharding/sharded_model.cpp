@@ -199,7 +199,7 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl& model, const Shar
   sm->runner_ = std::make_shared<PolicyRunner>(sm->units_, sm->fsdp_.get());
   model.set_runner(sm->runner_);
   // 7. Optimizer.
-  sm->optimizer_ = std::make_unique<ShardedAdamW>(comm, sm->units_, opts.optim, sm->fsdp_.get());
+  sm->optimizer_ = std::make_unique<ShardedAdamW>(comm, sm->units_, opts.optim, sm->fsdp_.get(), &dims.control());
   sm->optimizer_->attach_ddp(sm->reducer_.get());
   return sm;
 }

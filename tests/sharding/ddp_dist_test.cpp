@@ -21,8 +21,9 @@
 // order of lr (with eps = 1e-5 instead of 1e-8 the same runs agree within 1.2e-7); hence
 // lr 1e-4 here. Frozen parameters: bit-identical, no grad, no optimizer state.
 // Also checked: ZeRO-1 state is 1/N of the LLM's (closed form from the unit sizes), bytes
-// all-reduced in one step = 2(N-1)/N x (trainable fp32 bytes + 3 scalars of 8 bytes + one
-// 8-byte had-gradient flag per trainable parameter, riding on the grad-norm all-reduce),
+// all-reduced in one step on the data plane = 2(N-1)/N x (trainable fp32 bytes + 2 scalars
+// of 8 bytes: token count, loss) and on the control plane 2(N-1)/N x (the grad norm's 8
+// bytes + one 8-byte had-gradient flag per trainable parameter),
 // bytes all-gathered = (N-1)/N x the ZeRO-1 units padded to N shards; frozen units move
 // nothing; at least one bucket is launched while backward still runs (overlap).
 #include <gtest/gtest.h>
@@ -166,7 +167,7 @@ ShardingOptions options(char config) {
 }
 
 // Step 1's traffic (see the header comment for the formulas).
-void check_traffic(Comm& comm, vlm::Qwen2VLImpl& model, char config) {
+void check_traffic(Comm& comm, Comm& control, vlm::Qwen2VLImpl& model, char config) {
   const double n = comm.world_size();
   double trainable = 0, gathered = 0, flags = 0;
   for (const auto& u : model.units()) {
@@ -179,7 +180,11 @@ void check_traffic(Comm& comm, vlm::Qwen2VLImpl& model, char config) {
     if (config == 'b' && !vision) gathered += 4.0 * ((p + comm.world_size() - 1) / comm.world_size()) * n;
   }
   const auto& st = comm.stats();
-  EXPECT_DOUBLE_EQ(st[OpKind::kAllReduce].logical_bytes, 2 * (n - 1) / n * (trainable + 24 + flags));
+  // Data plane: the gradients, the global token count and this test's loss (8 B each).
+  // Control plane: the grad norm's one all-reduce, [sum of squares, had-grad flags] in fp64.
+  EXPECT_DOUBLE_EQ(st[OpKind::kAllReduce].logical_bytes, 2 * (n - 1) / n * (trainable + 16));
+  EXPECT_DOUBLE_EQ(control.stats()[OpKind::kAllReduce].logical_bytes, 2 * (n - 1) / n * (8 + flags));
+  EXPECT_EQ(control.stats()[OpKind::kAllReduce].calls, n > 1 ? 1 : 0);
   EXPECT_DOUBLE_EQ(st[OpKind::kAllGather].logical_bytes, (n - 1) / n * gathered);
   EXPECT_EQ(st[OpKind::kBroadcast].calls, 0);
   std::printf("  step-1 traffic per rank: all-reduce %.0f B, all-gather %.0f B\n",
@@ -207,7 +212,10 @@ RunResult sharded_run(ParallelDims& dims, char config, int accum, const RunResul
       for (auto l : micro[j % accum].back().labels) local_tokens += l != -100;
     }
     // (labels[0] is -100 in every sample, so counting all labels = the model's shifted count)
-    if (step == 1) comm.reset_stats();
+    if (step == 1) {
+      comm.reset_stats();
+      dims.control().reset_stats();
+    }
     const int64_t tokens = global_token_count(comm, local_tokens);
     double loss_sum = 0;
     for (int k = 0; k < accum; ++k) {
@@ -245,7 +253,7 @@ RunResult sharded_run(ParallelDims& dims, char config, int accum, const RunResul
     sm->optimizer().clip_grad_norm();
     sm->optimizer().step();
     sm->optimizer().zero_grad();
-    if (step == 1) check_traffic(comm, *model, config);
+    if (step == 1) check_traffic(comm, dims.control(), *model, config);
     if (n > 1 && sm->reducer() != nullptr) {
       EXPECT_GT(sm->reducer()->num_buckets(), 4);
       EXPECT_GT(sm->reducer()->launched_during_backward(), 0) << "no bucket launched during backward";
