@@ -61,6 +61,29 @@ FAMILIES = {
                            fullatt_block_indexes=[1], tokens_per_second=2)),
 }
 
+# Real-shaped single layers: the released models' widths, heads, head dims, MLP sizes,
+# rotary sections and merger, with one vision block and one decoder layer (and a 512-token
+# vocabulary) so that the bookkeeping at real shapes (vision head_dim 80, text head_dim 128,
+# M-RoPE 16 + 24 + 24, GQA 12:2 / 16:2, the 5120-wide merger, Qwen2.5's 112-px windows)
+# is checked without the full models. fp32, two batch kinds (REAL_PASSES, REAL_BATCHES).
+REAL_TEXT = dict(TEXT, vocab_size=512, rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=32768,
+                 num_hidden_layers=1, rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]})
+REAL = {
+    "qwen2_vl_2b_layer": dict(  # Qwen2-VL-2B
+        REAL_TEXT, hidden_size=1536, intermediate_size=8960, num_attention_heads=12, num_key_value_heads=2,
+        tie_word_embeddings=True,
+        vision_config=dict(depth=1, embed_dim=1280, hidden_size=1536, mlp_ratio=4, num_heads=16, in_channels=3,
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, hidden_act="quick_gelu")),
+    "qwen2_5_vl_3b_layer": dict(  # Qwen2.5-VL-3B
+        REAL_TEXT, hidden_size=2048, intermediate_size=11008, num_attention_heads=16, num_key_value_heads=2,
+        tie_word_embeddings=True,
+        vision_config=dict(depth=1, hidden_size=1280, out_hidden_size=2048, intermediate_size=3420, num_heads=16,
+                           in_channels=3, patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+                           hidden_act="silu", window_size=112, fullatt_block_indexes=[],  # 3B: [7, 15, 23, 31]; block 0 windowed
+                           tokens_per_second=2)),
+}
+REAL_BATCHES = ["images_left", "multi_image_right"]
+
 IMG, VS, VE, PAD = TEXT["image_token_id"], TEXT["vision_start_token_id"], TEXT["vision_end_token_id"], 3
 
 # A sequence is a list of items: an int n = n random text tokens, or (gh, gw) = an image of
@@ -90,7 +113,7 @@ PASSES = {"float32": (torch.float32, "eager"), "float64": (torch.float64, "sdpa"
 
 
 def build(family, cfg_dict):
-    if family == "qwen2_5_vl":
+    if family.startswith("qwen2_5_vl"):
         from transformers import Qwen2_5_VLConfig as C, Qwen2_5_VLForConditionalGeneration as M
     else:
         from transformers import Qwen2VLConfig as C, Qwen2VLForConditionalGeneration as M
@@ -179,13 +202,16 @@ def main():
     from safetensors.torch import save_file
     torch.set_num_threads(1)  # tiny tensors: threads only cost time (20x on a loaded 2-core box)
     os.makedirs(args.out, exist_ok=True)
-    for fi, (family, cfg_dict) in enumerate(FAMILIES.items()):
+    plan = [(f, c, PASSES, list(BATCHES)) for f, c in FAMILIES.items()]
+    plan += [(f, c, {"float32": PASSES["float32"]}, REAL_BATCHES) for f, c in REAL.items()]
+    for fi, (family, cfg_dict, passes, batches) in enumerate(plan):
         torch.manual_seed(1000 + fi)
         model = build(family, cfg_dict)
         model.save_pretrained(os.path.join(args.out, family))
-        for dtype_name, (dtype, attn) in PASSES.items():
+        for dtype_name, (dtype, attn) in passes.items():
             model.to(dtype).set_attn_implementation(attn)
-            for bi, (bname, spec) in enumerate(BATCHES.items()):
+            for bi, bname in enumerate(batches):
+                spec = BATCHES[bname]
                 gen = torch.Generator().manual_seed(100 * fi + bi)
                 res, grads = run_batch(model, make_batch(spec, gen), dtype)
                 base = os.path.join(args.out, f"{family}.{dtype_name}.{bname}")
@@ -196,7 +222,8 @@ def main():
                       f"max |logit| {res['logits'].abs().max().item():.3f}", file=sys.stderr)
     with open(os.path.join(args.out, "manifest.json"), "w") as f:
         json.dump({"transformers": transformers.__version__, "torch": torch.__version__,
-                   "families": list(FAMILIES), "dtypes": list(PASSES), "batches": list(BATCHES)}, f)
+                   "families": list(FAMILIES), "dtypes": list(PASSES), "batches": list(BATCHES),
+                   "real_layers": list(REAL), "real_batches": REAL_BATCHES}, f)
     print(json.dumps({"transformers": transformers.__version__, "torch": torch.__version__}))
 
 
