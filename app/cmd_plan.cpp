@@ -44,7 +44,8 @@ policy and bytes per rank, plus totals.
 
 Bytes per rank as the engine allocates them (P unit parameters, N ranks, p / r bytes of
 precision.param_dtype / reduce_dtype, S = ceil(P/N); sharding/memory_plan.h):
-  freeze pP | ddp pP + (p + r)P (.grad + bucket) + 12P (bf16; fp32: 8P)
+  freeze pP | ddp pP + grads + 12P (bf16; fp32: 8P); grads = rP (the bucket, where they
+  accumulate) when r > p (bf16 params, fp32 reduce), else (p + r)P (.grad + bucket)
   ddp shard_optimizer: optimizer state S*12 | fsdp shard_grad_op and full_shard: params S*p,
   fp32 grads S*4, optimizer S*12; shard_grad_op units are gathered whole during the step
   (transient). Transient peaks: gathered flat buffers, reduce-scatter buffers in flight.

@@ -48,6 +48,14 @@ DdpReducer::DdpReducer(Comm& comm, std::vector<torch::Tensor> params, std::vecto
   bucket_of_.assign(params_.size(), -1);
   ready_.assign(params_.size(), 0);
   had_grad_.assign(params_.size(), 0);
+  in_bucket_.assign(params_.size(), 0);
+  accumulated_.assign(params_.size(), 0);
+  views_.resize(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const torch::Dtype pd = params_[i].scalar_type();
+    in_bucket_[i] = c10::isFloatingType(pd) && c10::isFloatingType(reduce_dtype) &&
+                    c10::elementSize(reduce_dtype) > c10::elementSize(pd);
+  }
   // Reverse registration order, cut at bucket_bytes.
   double bytes = 0;
   for (int64_t i = static_cast<int64_t>(params_.size()) - 1; i >= 0; --i) {
@@ -66,6 +74,10 @@ DdpReducer::DdpReducer(Comm& comm, std::vector<torch::Tensor> params, std::vecto
     const int64_t n = b.offsets.back() + params_[b.params.back()].numel();
     b.flat = torch::zeros({n}, params_[b.params.front()].options().dtype(reduce_dtype));
     b.pending = static_cast<int64_t>(b.params.size());
+    for (size_t k = 0; k < b.params.size(); ++k) {
+      const torch::Tensor& p = params_[b.params[k]];
+      views_[b.params[k]] = b.flat.narrow(0, b.offsets[k], p.numel()).view(p.sizes());
+    }
   }
   // One post-hook per AccumulateGrad node (kept alive here so every graph reuses it).
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -95,20 +107,46 @@ int64_t DdpReducer::index_of(const torch::Tensor& param) const {
   return -1;
 }
 
+double DdpReducer::kept_grad_bytes() const {
+  double bytes = 0;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!in_bucket_[i]) bytes += static_cast<double>(params_[i].numel() * params_[i].element_size());
+  return bytes;
+}
+
+torch::Tensor DdpReducer::grad(int64_t i) const {
+  if (!in_bucket_[i]) return params_[i].grad();
+  return accumulated_[i] ? views_[i] : torch::Tensor();
+}
+
 double DdpReducer::buffer_bytes() const {
   double bytes = 0;
   for (const auto& b : buckets_) bytes += static_cast<double>(b.flat.numel() * b.flat.element_size());
   return bytes;
 }
 
+void DdpReducer::fold_grad_locked(int64_t i) {
+  torch::Tensor& g = params_[i].mutable_grad();
+  if (!g.defined()) return;
+  torch::NoGradGuard no_grad;
+  if (accumulated_[i])
+    views_[i].add_(g);  // in the reduce dtype
+  else
+    views_[i].copy_(g);
+  accumulated_[i] = 1;
+  g = torch::Tensor();  // the param-dtype gradient is not kept
+}
+
 void DdpReducer::on_grad_ready(int64_t i) {
-  if (!sync_) return;
+  if (!sync_ && !in_bucket_[i]) return;
   std::lock_guard<std::mutex> lock(mu_);
   // A second gradient for the same parameter before finish_backward: its bucket may be in
-  // flight already, and this contribution would be lost.
-  VLM_CHECK(!ready_[i], "ddp: parameter ", names_[i], " got a second gradient before finish_backward ",
+  // flight already, and this contribution would be lost (checked before folding it in).
+  VLM_CHECK(!sync_ || !ready_[i], "ddp: parameter ", names_[i], " got a second gradient before finish_backward ",
             "(hint: set_sync(false) on gradient-accumulation micro-batches and call finish_backward() ",
             "after every synced backward)");
+  if (in_bucket_[i]) fold_grad_locked(i);  // every micro-batch, synced or not
+  if (!sync_) return;
   ready_[i] = 1;
   --buckets_[bucket_of_[i]].pending;
   launch_ready_locked(/*force=*/false, ctx_);
@@ -120,10 +158,17 @@ void DdpReducer::launch_ready_locked(bool force, const std::string& ctx) {
     Bucket& b = buckets_[next_launch_];
     if (!force && b.pending > 0) break;
     for (size_t k = 0; k < b.params.size(); ++k) {
-      const torch::Tensor& p = params_[b.params[k]];
+      const int64_t i = b.params[k];
+      if (in_bucket_[i]) {
+        fold_grad_locked(i);  // a .grad that reached no hook (none in practice)
+        had_grad_[i] = accumulated_[i];
+        if (!accumulated_[i]) views_[i].zero_();  // no gradient since zero_grad(): reduce zeros
+        continue;
+      }
+      const torch::Tensor& p = params_[i];
       torch::Tensor dst = b.flat.narrow(0, b.offsets[k], p.numel());
       const torch::Tensor& g = p.grad();
-      had_grad_[b.params[k]] = g.defined();
+      had_grad_[i] = g.defined();
       if (g.defined())
         dst.copy_(g.reshape({-1}));
       else
@@ -146,14 +191,26 @@ void DdpReducer::finish_backward(const std::string& ctx) {
   for (auto& b : buckets_) {
     b.work.wait();
     for (size_t k = 0; k < b.params.size(); ++k) {
+      if (in_bucket_[b.params[k]]) continue;  // the sum stays in the bucket view
       torch::Tensor& p = params_[b.params[k]];
       torch::Tensor src = b.flat.narrow(0, b.offsets[k], p.numel()).view(p.sizes());
       if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
       p.mutable_grad().copy_(src);
     }
   }
+  // The bucket views now hold the reduced sums (zeros where no rank had a gradient): every
+  // view is a gradient, as finish_backward makes every .grad defined in the other mode.
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (in_bucket_[i]) accumulated_[i] = 1;
   reset_for_next_locked();
   ctx_ = ctx;
+}
+
+void DdpReducer::zero_grad() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& p : params_) p.mutable_grad() = torch::Tensor();
+  std::fill(accumulated_.begin(), accumulated_.end(), 0);
+  std::fill(had_grad_.begin(), had_grad_.end(), 0);
 }
 
 void DdpReducer::reset_for_next_locked() {

@@ -17,12 +17,15 @@ UnitMemory unit_memory(Sharding sharding, int64_t numel, int world_size, torch::
   const double full = static_cast<double>(numel);
   const double shard = static_cast<double>((numel + world_size - 1) / world_size);
   const double optim_per_elem = (param_dtype == torch::kFloat32 ? 0.0 : 4.0) + 8.0;
+  // DDP gradients per element: the bucket buffer (r), plus the .grad (p) unless they
+  // accumulate in the bucket (reduce dtype wider than param dtype, ddp.h).
+  const double ddp_grad = r > p ? r : p + r;
   UnitMemory m;
   switch (sharding) {
     case Sharding::kFrozen: m.param_bytes = p * full; break;
     case Sharding::kFrozenSharded: m.param_bytes = p * shard; break;
-    case Sharding::kReplicated: m = {p * full, (p + r) * full, optim_per_elem * full}; break;
-    case Sharding::kShardOptimizer: m = {p * full, (p + r) * full, optim_per_elem * shard}; break;
+    case Sharding::kReplicated: m = {p * full, ddp_grad * full, optim_per_elem * full}; break;
+    case Sharding::kShardOptimizer: m = {p * full, ddp_grad * full, optim_per_elem * shard}; break;
     case Sharding::kShardGradOp:
     case Sharding::kFullShard: m = {p * shard, 4.0 * shard, optim_per_elem * shard}; break;
   }

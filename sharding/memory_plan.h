@@ -7,13 +7,15 @@
 //   layout          params   grads               optimizer (fp32 master* + m + v)
 //   frozen          pP       0                   0
 //   frozen sharded  S(p)     0                   0
-//   replicated      pP       (p + r) P           (4* + 8) P
-//   ZeRO-1          pP       (p + r) P           S(4* + 8)
+//   replicated      pP       gP                  (4* + 8) P
+//   ZeRO-1          pP       gP                  S(4* + 8)
 //   ZeRO-2          S(p)     S(4)                S(4* + 8)
 //   ZeRO-3          S(p)     S(4)                S(4* + 8)
 //   * the fp32 master is separate only when param_dtype is not fp32 (else it is the param).
-//   replicated / ZeRO-1 grads: the parameter's .grad (param dtype) plus the DDP bucket
-//   buffer (reduce dtype, allocated once). FSDP grads: the fp32 shard grad [S], whatever
+//   replicated / ZeRO-1 grads, g = r when r > p, else p + r: the DDP bucket buffer (reduce
+//   dtype, allocated once), in which gradients accumulate when reduce_dtype is wider than
+//   param_dtype (bf16 params, fp32 reduce: no .grad is kept, ddp.h), plus otherwise the
+//   parameter's .grad (param dtype). FSDP grads: the fp32 shard grad [S], whatever
 //   param_dtype and reduce_dtype are (gradients accumulate there across micro-batches).
 // Transient (during a step), reported apart:
 //   gathered_peak_bytes        the flat buffers [N*S] x p gathered at once: every ZeRO-2
@@ -24,11 +26,13 @@
 //                              input [N*S] + output [S] x r of the kMaxReduceScattersInFlight
 //                              (2) largest trainable FSDP units (fsdp.h)
 // Not counted: activations, the autograd .grad of an FSDP unit's parameters between its
-// backward and its reduce-scatter (param dtype, one unit at a time), Gloo's receive copy of
+// backward and its reduce-scatter (param dtype, one unit at a time), that of a DDP
+// parameter between autograd's accumulation and the hook that folds it into the bucket
+// (param dtype, one parameter at a time), Gloo's receive copy of
 // a reduce-scatter input on CPU (comm.h), the caching allocator's slack.
-// With bf16 params and fp32 reduce: replicated 18P, ZeRO-1 8P + 12P/N, ZeRO-2 and ZeRO-3
+// With bf16 params and fp32 reduce: replicated 18P, ZeRO-1 6P + 12P/N, ZeRO-2 and ZeRO-3
 // 18P/N persistent (REFERENCE.md's 16P-family counts bf16 gradients, which this engine does
-// not keep: FSDP gradients are fp32, and DDP adds its fp32 buckets).
+// not keep: FSDP and DDP gradients are fp32).
 #pragma once
 #include <string>
 #include <vector>

@@ -68,7 +68,7 @@ ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const
   }
 }
 
-void ShardedAdamW::attach_ddp(const DdpReducer* ddp) {
+void ShardedAdamW::attach_ddp(DdpReducer* ddp) {
   ddp_ = ddp;
   for (auto& g : groups_)
     for (size_t k = 0; k < g.params.size(); ++k)
@@ -82,6 +82,8 @@ bool ShardedAdamW::local_had_grad(const Group& g, size_t k) const {
 }
 
 torch::Tensor ShardedAdamW::param_grad(const Group& g, size_t k) const {
+  // DDP: the reducer's gradient (its fp32 bucket view when gradients accumulate there).
+  if (ddp_ != nullptr && g.ddp_index[k] >= 0) return ddp_->grad(g.ddp_index[k]);
   return g.params[k].param.grad();
 }
 
@@ -287,6 +289,7 @@ void ShardedAdamW::zero_grad() {
   torch::NoGradGuard no_grad;
   for (auto& g : groups_)
     for (auto& p : g.params) p.param.mutable_grad() = torch::Tensor();
+  if (ddp_ != nullptr) ddp_->zero_grad();    // its bucket accumulation and had-gradient flags
   if (fsdp_ != nullptr) fsdp_->zero_grad();  // shard grads and their had-gradient flags
   agreed_ = false;
 }

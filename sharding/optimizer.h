@@ -12,6 +12,9 @@
 //                             local parameter shard, which the next forward all-gathers.
 //                             Per-parameter lr / weight decay hold inside the flat unit: the
 //                             owned range is cut into one segment per parameter it touches.
+// Gradients of replicated / ZeRO-1 units come from the DDP reducer (param_grad): with
+// low-precision parameters and an fp32 reduce dtype they are fp32 views of its bucket
+// buffers, accumulated over micro-batches in fp32 (ddp.h), which clipping scales in place.
 // State per parameter segment: fp32 master (a view of the parameter itself when the
 // parameter is fp32, else an fp32 copy), m, v (fp32). Per parameter: its AdamW step count t.
 // Frozen units have no state.
@@ -91,9 +94,10 @@ class ShardedAdamW {
   // grad-norm / flag all-reduce (a CPU fp64 tensor); null: `comm`.
   ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const AdamWOptions& opts,
                FsdpEngine* fsdp = nullptr, Comm* control = nullptr);
-  // The reducer of the replicated / ZeRO-1 units: which of their parameters had a gradient
-  // this step comes from it (its finish_backward fills missing .grad with the reduced sum).
-  void attach_ddp(const DdpReducer* ddp);
+  // The reducer of the replicated / ZeRO-1 units: their gradients (DdpReducer::grad: the
+  // fp32 bucket view for low-precision parameters, else the .grad its finish_backward
+  // fills) and which of them had a gradient this step come from it; zero_grad() clears it.
+  void attach_ddp(DdpReducer* ddp);
   void set_kernel(AdamWKernel k) { kernel_ = k; }
 
   // Global L2 norm of the gradients before clipping; clips in place when opts.grad_clip > 0.
@@ -103,7 +107,8 @@ class ShardedAdamW {
   // One AdamW step with lr = (the parameter's group lr) * lr_scale (schedule factor);
   // parameters without a gradient on every rank are skipped.
   void step(double lr_scale = 1.0, const std::string& ctx = "optimizer step");
-  // Drops every trainable gradient (set to undefined) and zeros the FSDP shard grads.
+  // Drops every trainable gradient (set to undefined), the DDP reducer's accumulated
+  // gradients and flags, and zeros the FSDP shard grads.
   void zero_grad();
 
   int64_t steps() const { return step_; }  // step() calls (the trainer's optimizer_steps)
@@ -153,7 +158,9 @@ class ShardedAdamW {
   };
   Comm& control() { return control_ != nullptr ? *control_ : comm_; }
   bool local_had_grad(const Group& g, size_t k) const;
-  torch::Tensor param_grad(const Group& g, size_t k) const;  // param-shaped or undefined
+  // Parameter k's gradient, param-shaped, or undefined: the DDP reducer's (ddp.h) for its
+  // parameters, else the .grad. Every read of a replicated / ZeRO-1 gradient goes here.
+  torch::Tensor param_grad(const Group& g, size_t k) const;
   torch::Tensor segment_grad(const Group& g, const Segment& s) const;  // [len] fp32
   std::vector<torch::Tensor> norm_parts() const;  // this rank's gradient segments, R_r
   // All-reduces [local_sumsq, flags...] (fp64 CPU) and sets Group::active; returns the sum.
@@ -164,7 +171,7 @@ class ShardedAdamW {
 
   Comm& comm_;
   Comm* control_ = nullptr;
-  const DdpReducer* ddp_ = nullptr;
+  DdpReducer* ddp_ = nullptr;
   AdamWOptions opts_;
   FsdpEngine* fsdp_ = nullptr;
   AdamWKernel kernel_ = AdamWKernel::kAuto;

@@ -89,13 +89,12 @@ MemoryReport ShardedModel::memory() const {
       m.grad_bytes += f->shard_grad_bytes();
       continue;
     }
-    for (const auto& p : u.params) {
-      const double bytes = static_cast<double>(p.param.numel()) * static_cast<double>(p.param.element_size());
-      m.param_bytes += bytes;
-      if (u.trainable()) m.grad_bytes += bytes;
-    }
+    for (const auto& p : u.params)
+      m.param_bytes += static_cast<double>(p.param.numel()) * static_cast<double>(p.param.element_size());
   }
-  if (reducer_) m.grad_bytes += reducer_->buffer_bytes();  // DDP bucket buffers (reduce dtype)
+  // Trainable replicated / ZeRO-1 units: the DDP bucket buffers (reduce dtype) plus the .grad
+  // it keeps (param dtype; none when the gradients accumulate in the buckets, ddp.h).
+  if (reducer_) m.grad_bytes += reducer_->buffer_bytes() + reducer_->kept_grad_bytes();
   m.optim_bytes = 4.0 * static_cast<double>(optimizer_->state_numel());
   if (fsdp_) {
     const GatherStats& g = fsdp_->gather_stats();

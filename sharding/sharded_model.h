@@ -9,7 +9,7 @@
 //     sm->finish_backward(ctx);                       // waits the gradient reductions
 //   }
 //   double norm = sm->optimizer().clip_grad_norm();   // NaN/inf when any gradient is
-//   sm->optimizer().step(lr_scale);  sm->optimizer().zero_grad();  // zero_grad: FSDP shards too
+//   sm->optimizer().step(lr_scale);  sm->optimizer().zero_grad();  // zero_grad: DDP buckets, FSDP shards too
 //   MemoryReport mem = sm->memory();                  // bytes per rank (metrics, plan)
 //
 // Order in which the techniques are applied (each step a free function below):
@@ -28,7 +28,8 @@
 //                         free / pre-backward hook.
 //   7. ShardedAdamW       fp32 masters; ZeRO-1 and FSDP units: state for R_r only
 //
-// Gradient accumulation: set_sync(false) keeps DDP gradients local (no_sync); FSDP units
+// Gradient accumulation: set_sync(false) keeps DDP gradients local (no_sync; in fp32 in the
+// bucket buffers when the params are bf16 and reduce_dtype fp32, ddp.h); FSDP units
 // reduce-scatter every micro-batch into their fp32 shard grad (accumulated there), so
 // finish_backward() must be called after every micro-batch's backward. Every rank must run
 // the same units, forward and backward, in every micro-batch (the dummy image does that

@@ -151,8 +151,8 @@ TEST(Policy, OptimizerGroupsAndNoDecay) {
 }
 
 // REFERENCE.md "Memory" (bf16 params, P parameters, N ranks) as this engine allocates it
-// (memory_plan.h): FSDP gradients are fp32 shards (4S, not 2S), replicated units keep their
-// bf16 .grad plus an fp32 DDP bucket buffer (2P + 4P).
+// (memory_plan.h): FSDP gradients are fp32 shards (4S, not 2S), replicated units keep only
+// their fp32 DDP bucket buffer (4P; gradients accumulate there, no bf16 .grad is kept).
 TEST(MemoryPlan, ZeroFormulasForQwen2Vl2bAtN8) {
   auto m = meta_model("qwen2-vl-2b", torch::kBFloat16);
   auto units = resolve_units(*m, ocr_qwen_options());
@@ -165,7 +165,7 @@ TEST(MemoryPlan, ZeroFormulasForQwen2Vl2bAtN8) {
     double want = 0;
     switch (units[i].sharding) {
       case Sharding::kFrozen: want = 2 * p; break;               // params only
-      case Sharding::kReplicated: want = 20 * p; break;          // 2P + (2P + 4P) + 12P
+      case Sharding::kReplicated: want = 18 * p; break;          // 2P + 4P + 12P
       case Sharding::kFullShard: want = 18 * padded / n; break;  // ZeRO-3: (2 + 4 + 12)P/N
       default: FAIL() << "unexpected sharding in this table";
     }
@@ -174,18 +174,20 @@ TEST(MemoryPlan, ZeroFormulasForQwen2Vl2bAtN8) {
   }
   EXPECT_DOUBLE_EQ(plan.total.total(), total);
   // Closed form over the published parameter groups: frozen vision (665,271,296 - 34,087,936)
-  // x 2, merger 34,087,936 x 20, LLM 1,543,714,304 x 18 / 8 (each unit divisible by 8 here).
+  // x 2, merger 34,087,936 x 18, LLM 1,543,714,304 x 18 / 8 (each unit divisible by 8 here).
   const double vision_frozen = 665271296.0 - 34087936.0;
-  EXPECT_DOUBLE_EQ(plan.total.total(), 2 * vision_frozen + 20 * 34087936.0 + 18 * 1543714304.0 / 8);
+  EXPECT_DOUBLE_EQ(plan.total.total(), 2 * vision_frozen + 18 * 34087936.0 + 18 * 1543714304.0 / 8);
   // Transient: the two largest LLM units' fp32 reduce-scatter buffers ([N*S] + [S]) and the
   // three largest gathered in bf16 (embed_tokens 151,936 x 1,536 is the largest).
   EXPECT_GT(plan.reduce_scatter_peak_bytes, 4.0 * 151936 * 1536 * (1 + 1.0 / n));
   EXPECT_GT(plan.gathered_peak_bytes, 2.0 * 151936 * 1536);
   EXPECT_DOUBLE_EQ(plan.peak_bytes(), total + plan.gathered_peak_bytes + plan.reduce_scatter_peak_bytes);
-  // Other strategies on one unit: ZeRO-1 8P + 12P/N, ZeRO-2 18P/N (its full parameters are
-  // transient: gathered_peak_bytes), ZeRO-3 18P/N; bf16 reduce: replicated 2P + 4P + 12P.
+  // Other strategies on one unit: ZeRO-1 2P + 4P + 12P/N, ZeRO-2 18P/N (its full parameters
+  // are transient: gathered_peak_bytes), ZeRO-3 18P/N; bf16 reduce: replicated 2P + (2P + 2P)
+  // + 12P (bf16 .grad + bf16 bucket: gradients accumulate in .grad).
   const int64_t P = 8 * 1000;
-  EXPECT_DOUBLE_EQ(unit_memory(Sharding::kShardOptimizer, P, n, torch::kBFloat16).total(), 8.0 * P + 12.0 * P / n);
+  EXPECT_DOUBLE_EQ(unit_memory(Sharding::kShardOptimizer, P, n, torch::kBFloat16).total(), 6.0 * P + 12.0 * P / n);
+  EXPECT_DOUBLE_EQ(unit_memory(Sharding::kShardOptimizer, P, n, torch::kBFloat16).grad_bytes, 4.0 * P);
   EXPECT_DOUBLE_EQ(unit_memory(Sharding::kShardGradOp, P, n, torch::kBFloat16).total(), 18.0 * P / n);
   EXPECT_DOUBLE_EQ(unit_memory(Sharding::kFullShard, P, n, torch::kBFloat16).total(), 18.0 * P / n);
   EXPECT_DOUBLE_EQ(unit_memory(Sharding::kReplicated, P, n, torch::kBFloat16, torch::kBFloat16).total(), 18.0 * P);
