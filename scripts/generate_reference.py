@@ -38,6 +38,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from chat_template_reference import make_processor  # noqa: E402
+import hf_reference  # noqa: E402  (the weight draw)
 
 VOCAB = 151936
 IM_END, ENDOFTEXT = 151645, 151643
@@ -104,22 +105,9 @@ BATCHES = {
 
 
 def build(family, cfg_dict):
-    if family == "qwen2_5_vl":
-        from transformers import Qwen2_5_VLConfig as C, Qwen2_5_VLForConditionalGeneration as M
-    else:
-        from transformers import Qwen2VLConfig as C, Qwen2VLForConditionalGeneration as M
-    model = M._from_config(C(**cfg_dict), attn_implementation="eager", dtype=torch.float32)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if n.endswith(".bias"):
-                p.normal_(0.0, 0.1)
-            elif "norm" in n or "ln_q" in n:
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            elif "embed_tokens" in n:
-                p.normal_(0.0, 0.5)
-            else:
-                p.normal_(0.0, (p.numel() // p.shape[0]) ** -0.5)
-    return model.eval()
+    """hf_reference.py's weight draw, with embeddings drawn at std 0.5 (this script's
+    references were made so; hf_reference.py uses 0.25)."""
+    return hf_reference.build(family, cfg_dict, embed_std=0.5)
 
 
 def make_batch(proc, convs, image_dir, seed):

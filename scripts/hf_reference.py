@@ -112,7 +112,7 @@ BATCHES = {
 PASSES = {"float32": (torch.float32, "eager"), "float64": (torch.float64, "sdpa")}
 
 
-def build(family, cfg_dict):
+def build(family, cfg_dict, embed_std=0.25):
     if family.startswith("qwen2_5_vl"):
         from transformers import Qwen2_5_VLConfig as C, Qwen2_5_VLForConditionalGeneration as M
     else:
@@ -125,7 +125,7 @@ def build(family, cfg_dict):
             elif "norm" in n or "ln_q" in n:
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             elif "embed_tokens" in n:
-                p.normal_(0.0, 0.25)
+                p.normal_(0.0, embed_std)
             else:  # matrices (and the conv3d patch embedding): fan-in scaling
                 p.normal_(0.0, (p.numel() // p.shape[0]) ** -0.5)
     return model.eval()
