@@ -79,7 +79,7 @@ REAL = {
         tie_word_embeddings=True,
         vision_config=dict(depth=1, hidden_size=1280, out_hidden_size=2048, intermediate_size=3420, num_heads=16,
                            in_channels=3, patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
-                           hidden_act="silu", window_size=112, fullatt_block_indexes=[],  # 3B: [7, 15, 23, 31]; block 0 windowed
+                           hidden_act="silu", window_size=112, fullatt_block_indexes=[7, 15, 23, 31],  # block 0: windowed
                            tokens_per_second=2)),
 }
 REAL_BATCHES = ["images_left", "multi_image_right"]

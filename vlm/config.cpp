@@ -274,9 +274,9 @@ void validate(const VlmConfig& c, const std::string& src) {
     VLM_CHECK(v.window_size >= unit && v.window_size <= kMaxConfigSize && v.window_size % unit == 0,
               src, ": vision window_size ",
               v.window_size, " must be a positive multiple of patch_size*spatial_merge_size = ", unit);
+    // Entries >= depth name no block (a model cut to fewer blocks), as in HF: ignored.
     for (int64_t b : v.fullatt_block_indexes)
-      VLM_CHECK(b >= 0 && b < v.depth, src, ": fullatt_block_indexes entry ", b, " outside [0, ",
-                v.depth, ")");
+      VLM_CHECK(b >= 0, src, ": fullatt_block_indexes entry ", b, " is negative");
   }
   for (int64_t id : {c.image_token_id, c.vision_start_token_id, c.vision_end_token_id})
     VLM_CHECK(id >= 0 && id < t.vocab_size, src, ": special token id ", id, " outside vocab [0, ",
