@@ -380,9 +380,10 @@ TrainSummary run_training(const Recipe& recipe) {
       }
       batches.clear();
 
-      // Prefetch: the next step's micro-batches are read and their host -> device copies
-      // issued while this step's kernels still run (on CPU this only reorders the work).
-      if (st.step + 1 < steps_total) staged = stage(data.next(sd.next));
+      // Prefetch (CUDA): the next step's micro-batches are read and their host -> device
+      // copies issued while this step's kernels still run. On CPU there is nothing to
+      // overlap, and waiting for the loader here would hold up the optimizer step.
+      if (device_ctx.is_cuda() && st.step + 1 < steps_total) staged = stage(data.next(sd.next));
 
       // One all-reduce for the step's statistics (and the stop request): the step's one
       // device -> host synchronisation (the loss).
