@@ -38,78 +38,15 @@
 #include "sharding/parallel_dims.h"
 #include "sharding/sharded_model.h"
 #include "tests/dist_testing.h"
+#include "tests/sharding/ddp_testing.h"
 #include "vlm/check.h"
 #include "vlm/meta_init.h"
 #include "vlm/qwen2_vl.h"
 
 using namespace vlm::sharding;
+using namespace ddp_testing;
 
 namespace {
-
-constexpr int kSamples = 6;
-constexpr int kSteps = 5;
-constexpr double kLr = 1e-4, kMergerLr = 2e-4, kWd = 0.1, kClip = 1.0;
-
-vlm::Qwen2VL make_model(torch::Dtype dtype = torch::kFloat32) {
-  vlm::Qwen2VL m(vlm::preset("tiny"), torch::TensorOptions().device(torch::kMeta));
-  vlm::materialize(*m, {torch::kCPU, dtype, 7});
-  return m;
-}
-
-struct Sample {
-  std::vector<int64_t> ids, labels;
-  torch::Tensor pixels;  // [16, 1176]
-  std::vector<int64_t> grid;
-};
-
-// Deterministic sample `i` of step `step` (same on every rank).
-Sample make_sample(const vlm::VlmConfig& c, int step, int i) {
-  torch::manual_seed(1000 * step + i);
-  Sample s;
-  auto text = torch::randint(10, 1000, {11}, torch::kInt64);
-  for (int k = 0; k < 5; ++k) s.ids.push_back(text[k].item<int64_t>());
-  s.ids.push_back(c.vision_start_token_id);
-  for (int k = 0; k < 4; ++k) s.ids.push_back(c.image_token_id);
-  s.ids.push_back(c.vision_end_token_id);
-  s.labels.assign(s.ids.size(), -100);
-  for (int k = 5; k < 11; ++k) {
-    s.ids.push_back(text[k].item<int64_t>());
-    s.labels.push_back(text[k].item<int64_t>());
-  }
-  s.pixels = torch::randn({16, c.vision.patch_dim()});
-  s.grid = (i % 2 == 0) ? std::vector<int64_t>{1, 4, 4} : std::vector<int64_t>{1, 2, 8};
-  return s;
-}
-
-// Equal-length samples -> one Batch without padding.
-vlm::Batch pack(const std::vector<Sample>& samples, torch::Dtype pixel_dtype = torch::kFloat32) {
-  const int64_t b = static_cast<int64_t>(samples.size()), l = static_cast<int64_t>(samples[0].ids.size());
-  vlm::Batch batch;
-  std::vector<int64_t> ids, labels, grid;
-  std::vector<torch::Tensor> pix;
-  for (const auto& s : samples) {
-    ids.insert(ids.end(), s.ids.begin(), s.ids.end());
-    labels.insert(labels.end(), s.labels.begin(), s.labels.end());
-    grid.insert(grid.end(), s.grid.begin(), s.grid.end());
-    pix.push_back(s.pixels);
-  }
-  batch.input_ids = torch::tensor(ids, torch::kInt64).view({b, l});
-  batch.labels = torch::tensor(labels, torch::kInt64).view({b, l});
-  batch.pixel_values = torch::cat(pix).to(pixel_dtype);
-  batch.image_grid_thw = torch::tensor(grid, torch::kInt64).view({b, 3});
-  return batch;
-}
-
-bool no_decay(const std::string& n) {
-  auto ends = [&](const std::string& suf) {
-    return n.size() >= suf.size() && n.compare(n.size() - suf.size(), suf.size(), suf) == 0;
-  };
-  return ends(".bias") || (n.find("norm") != std::string::npos && ends(".weight")) || ends("ln_q.weight");
-}
-
-bool frozen_in(char config, const std::string& name) {
-  return config == 'b' && (name.rfind("visual.patch_embed.", 0) == 0 || name.rfind("visual.blocks.", 0) == 0);
-}
 
 struct RunResult {
   std::vector<double> losses;                    // global loss per step (before the update)
@@ -151,21 +88,6 @@ RunResult reference_run(char config) {
   }
   for (auto& item : model->named_parameters()) r.params.emplace_back(item.key(), item.value().detach().clone());
   return r;
-}
-
-ShardingOptions options(char config) {
-  ShardingOptions o;
-  if (config == 'b') {
-    o.rules = {{"visual.patch_embed|visual.blocks.*", "freeze", ""},
-               {"visual.merger", "ddp", ""},
-               {"model.*|lm_head", "ddp", "shard_optimizer"}};
-  }
-  o.ddp_bucket_mb = 0.05;
-  o.optim.lr = kLr;
-  o.optim.weight_decay = kWd;
-  o.optim.grad_clip = kClip;
-  o.optim.groups = {{"visual.merger", kMergerLr, std::nullopt}};
-  return o;
 }
 
 // Step 1's traffic (see the header comment for the formulas).
@@ -311,13 +233,6 @@ void compare(const RunResult& got, const RunResult& want, const std::string& tag
   EXPECT_LE(worst, 1e-5) << tag << ": worst parameter " << worst_name;
   std::printf("%s: step-0 loss %.6f, last loss %.6f (ref %.6f), max |param diff| %.3g (%s)\n", tag.c_str(),
               got.losses.front(), got.losses.back(), want.losses.back(), worst, worst_name.c_str());
-}
-
-ParallelDims init_ddp_worker() {
-  ParallelOptions o;
-  o.timeout = std::chrono::seconds(120);
-  o.device = "cpu";
-  return ParallelDims::init(detect_dist_env(process_env()), o);
 }
 
 }  // namespace
@@ -500,203 +415,5 @@ TEST(DdpDist, SecondSyncedBackwardWithoutFinishThrows) {
     FAIL() << "expected an error";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("second gradient before finish_backward"), std::string::npos) << e.what();
-  }
-}
-
-// ---------------------------------------------------------------- bf16 params, fp32 reduce
-
-// bf16 parameters with reduce_dtype fp32: a DDP gradient accumulates over the micro-batches
-// of a step in fp32 (in the bucket buffer, ddp.h) and reaches the optimizer in fp32.
-// Step 0, 3 micro-batches per rank of one sample each (rank r's micro-batch k: sample
-// 3r + k), loss / global token count, configurations (a) all ddp and (b) frozen vision,
-// ZeRO-1 LLM. Reference: each micro-batch alone through a plain bf16 model (same initial
-// weights), its bf16 gradient summed in fp64 over micro-batches and ranks (exact). What the
-// optimizer reads (DdpReducer::grad, the function ShardedAdamW::param_grad uses) must be
-// fp32 and within 1e-6 x (sum of |per-micro-batch gradients|) of it, per element: the
-// fp32 sum of 3N terms has at most 3N - 1 roundings of 2^-24 of a partial sum, and each
-// partial sum is bounded by that |g| sum. The old path (bf16 .grad summed in bf16 by
-// autograd, fp32 all-reduce, rounded back to bf16) is emulated on the same per-micro-batch
-// gradients and must be measurably worse (> 1e-4 of the |g| sum somewhere: one bf16
-// rounding is up to 2^-9), so the check can fail. Also: no bf16 .grad is kept on the DDP
-// parameters, the global grad norm the optimizer computes equals the exact one (1e-6
-// relative), and zero_grad() empties the accumulation.
-namespace {
-
-struct AccumErrors {
-  double new_worst = 0, old_worst = 0;  // max over elements of |err| / (sum |g| + 1e-30)
-  double new_rel = 0, old_rel = 0;      // ||err||_2 / ||exact||_2
-};
-
-constexpr int kMicro = 3;
-
-AccumErrors check_bf16_accumulation(ParallelDims& dims, char config) {
-  const int n = dims.world_size(), rank = dims.rank();
-  auto model = make_model(torch::kBFloat16);
-  ShardingOptions o = options(config);
-  o.param_dtype = torch::kBFloat16;
-  o.reduce_dtype = torch::kFloat32;
-  auto sm = apply_policies(*model, o, dims);
-  const auto cfg = model->cfg;
-  auto sample = [&](int r, int k) { return make_sample(cfg, 0, kMicro * r + k); };
-  int64_t local_tokens = 0;
-  for (int k = 0; k < kMicro; ++k)
-    for (auto l : sample(rank, k).labels) local_tokens += l != -100;
-  const int64_t tokens = global_token_count(dims.comm(), local_tokens);
-  for (int k = 0; k < kMicro; ++k) {
-    sm->set_sync(k == kMicro - 1);
-    auto out = model->forward(pack({sample(rank, k)}, torch::kBFloat16));
-    (out.loss_sum / static_cast<double>(tokens)).backward();
-    sm->finish_backward("bf16 accumulation micro-batch " + std::to_string(k));
-  }
-  // Reference on a plain bf16 model: every rank's every micro-batch alone.
-  auto ref = make_model(torch::kBFloat16);
-  std::map<std::string, torch::Tensor> exact, abs_sum, old_sum;  // fp64, fp64, fp32
-  for (int r = 0; r < n; ++r) {
-    std::map<std::string, torch::Tensor> acc;  // this rank's bf16 .grad as autograd sums it
-    for (int k = 0; k < kMicro; ++k) {
-      for (auto& p : ref->parameters()) p.mutable_grad() = torch::Tensor();
-      auto out = ref->forward(pack({sample(r, k)}, torch::kBFloat16));
-      (out.loss_sum / static_cast<double>(tokens)).backward();
-      for (auto& item : ref->named_parameters()) {
-        const torch::Tensor g = item.value().grad();
-        if (!g.defined() || frozen_in(config, item.key())) continue;
-        EXPECT_EQ(g.scalar_type(), torch::kBFloat16);
-        if (!exact.count(item.key())) {
-          exact[item.key()] = torch::zeros_like(g, torch::kFloat64);
-          abs_sum[item.key()] = torch::zeros_like(g, torch::kFloat64);
-        }
-        exact[item.key()] += g.to(torch::kFloat64);
-        abs_sum[item.key()] += g.abs().to(torch::kFloat64);
-        acc[item.key()] = acc.count(item.key()) ? acc[item.key()] + g : g.clone();  // bf16 + bf16 -> bf16
-      }
-    }
-    for (auto& [name, a] : acc) {  // the old fp32 all-reduce of the bf16 accumulations
-      if (!old_sum.count(name)) old_sum[name] = torch::zeros_like(a, torch::kFloat32);
-      old_sum[name] += a.to(torch::kFloat32);
-    }
-  }
-  AccumErrors e;
-  double new_sq = 0, old_sq = 0, exact_sq = 0;
-  std::string worst_name;
-  DdpReducer* ddp = sm->reducer();
-  EXPECT_NE(ddp, nullptr);
-  if (ddp == nullptr) return e;
-  for (auto& item : model->named_parameters()) {
-    const torch::Tensor& p = item.value();
-    if (frozen_in(config, item.key())) continue;
-    EXPECT_FALSE(p.grad().defined()) << item.key() << ": a bf16 .grad is kept";
-    const int64_t idx = ddp->index_of(p);
-    EXPECT_GE(idx, 0) << item.key();
-    if (idx < 0) continue;
-    EXPECT_TRUE(ddp->grad_in_bucket(idx)) << item.key();
-    const torch::Tensor got = ddp->grad(idx);
-    EXPECT_TRUE(got.defined()) << item.key();
-    if (!got.defined()) continue;
-    EXPECT_EQ(got.scalar_type(), torch::kFloat32) << item.key();
-    auto it = exact.find(item.key());
-    const torch::Tensor want = it != exact.end() ? it->second : torch::zeros_like(got, torch::kFloat64);
-    const torch::Tensor denom = (it != exact.end() ? abs_sum[item.key()] : torch::zeros_like(want)) + 1e-30;
-    const torch::Tensor old = it != exact.end() ? old_sum[item.key()].to(torch::kBFloat16).to(torch::kFloat64)
-                                                : torch::zeros_like(want);
-    const torch::Tensor err_new = got.to(torch::kFloat64) - want, err_old = old - want;
-    const double w = (err_new.abs() / denom).max().item<double>();
-    if (w > e.new_worst) {
-      e.new_worst = w;
-      worst_name = item.key();
-    }
-    e.old_worst = std::max(e.old_worst, (err_old.abs() / denom).max().item<double>());
-    new_sq += err_new.square().sum().item<double>();
-    old_sq += err_old.square().sum().item<double>();
-    exact_sq += want.square().sum().item<double>();
-  }
-  e.new_rel = std::sqrt(new_sq / exact_sq);
-  e.old_rel = std::sqrt(old_sq / exact_sq);
-  const std::string tag = vlm::str("config ", config, ", world ", n, ", rank ", rank);
-  EXPECT_LE(e.new_worst, 1e-6) << tag << ": worst " << worst_name;
-  EXPECT_GT(e.old_worst, 1e-4) << tag << ": the emulated bf16 path is not measurably worse";
-  EXPECT_LT(100 * e.new_rel, e.old_rel) << tag;
-  // The optimizer's global norm reads the same fp32 gradients.
-  const double norm = sm->optimizer().clip_grad_norm();
-  EXPECT_NEAR(norm, std::sqrt(exact_sq), 1e-6 * std::sqrt(exact_sq)) << tag;
-  sm->optimizer().step();
-  sm->optimizer().zero_grad();
-  for (auto& item : model->named_parameters()) {
-    if (frozen_in(config, item.key())) continue;
-    const int64_t idx = ddp->index_of(item.value());
-    EXPECT_FALSE(ddp->grad(idx).defined()) << item.key() << " after zero_grad";
-    EXPECT_FALSE(ddp->had_grad(idx)) << item.key() << " after zero_grad";
-  }
-  std::printf("%s: gradient error / sum|g| worst: fp32 accumulation %.3g, old bf16 path %.3g; ||err||/||g||: "
-              "%.3g vs %.3g; grad norm %.6g (exact %.6g)\n",
-              tag.c_str(), e.new_worst, e.old_worst, e.new_rel, e.old_rel, norm, std::sqrt(exact_sq));
-  return e;
-}
-
-}  // namespace
-
-TEST(DdpDist, DISABLED_Bf16AccumulationWorker) {
-  VLM_DIST_WORKER_ONLY();
-  torch::set_num_threads(1);
-  auto dims = init_ddp_worker();
-  for (char config : {'a', 'b'}) check_bf16_accumulation(dims, config);
-  dims.comm().barrier("end");
-}
-
-TEST(DdpDist, Bf16AccumulationWorld2) {
-  vlmtest::DistRun run;
-  run.world_size = 2;
-  run.timeout = std::chrono::seconds(180);
-  run.worker_test = "DdpDist.DISABLED_Bf16AccumulationWorker";
-  auto results = vlmtest::run_workers(run);
-  EXPECT_TRUE(vlmtest::all_ok(results));
-  for (const auto& r : results) {
-    std::istringstream lines(r.output);
-    for (std::string line; std::getline(lines, line);)
-      if (line.find("gradient error") != std::string::npos) std::printf("%s\n", line.c_str());
-  }
-}
-
-TEST(DdpDist, Bf16AccumulationSingleProcess) {
-  auto dims = ParallelDims::init(DistEnv{}, ParallelOptions{});
-  for (char config : {'a', 'b'}) check_bf16_accumulation(dims, config);
-}
-
-// A few steps of bf16 parameters (fp32 masters, fp32 reduce and accumulation) against fp32
-// parameters, world 1, accumulation 3, the parity setup's optimizer: per-step losses within
-// 2e-2 relative (bf16 forward rounding; the updates themselves are fp32).
-TEST(DdpDist, Bf16LossesFollowFp32) {
-  auto dims = ParallelDims::init(DistEnv{}, ParallelOptions{});
-  std::map<int, std::vector<double>> losses;  // by dtype
-  for (torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
-    auto model = make_model(dtype);
-    ShardingOptions o = options('a');
-    o.param_dtype = dtype;
-    auto sm = apply_policies(*model, o, dims);
-    for (int step = 0; step < 3; ++step) {
-      std::vector<Sample> micro;
-      int64_t tokens = 0;
-      for (int k = 0; k < kMicro; ++k) {
-        micro.push_back(make_sample(model->cfg, step, k));
-        for (auto l : micro.back().labels) tokens += l != -100;
-      }
-      double loss_sum = 0;
-      for (int k = 0; k < kMicro; ++k) {
-        sm->set_sync(k == kMicro - 1);
-        auto out = model->forward(pack({micro[k]}, dtype));
-        (out.loss_sum / static_cast<double>(tokens)).backward();
-        sm->finish_backward("loss test");
-        loss_sum += out.loss_sum.item<double>();
-      }
-      losses[static_cast<int>(dtype)].push_back(loss_sum / static_cast<double>(tokens));
-      sm->optimizer().clip_grad_norm();
-      sm->optimizer().step();
-      sm->optimizer().zero_grad();
-    }
-  }
-  const auto& f = losses[static_cast<int>(torch::kFloat32)];
-  const auto& b = losses[static_cast<int>(torch::kBFloat16)];
-  for (size_t s = 0; s < f.size(); ++s) {
-    EXPECT_NEAR(b[s], f[s], 2e-2 * std::abs(f[s])) << "step " << s;
-    std::printf("step %zu: loss fp32 %.6f, bf16 %.6f\n", s, f[s], b[s]);
   }
 }
