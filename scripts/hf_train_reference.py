@@ -144,7 +144,7 @@ def cmd_train(a):
     b1, b2 = (float(x) for x in a.betas.split(","))
     groups = param_groups(model, a)
     opt = torch.optim.AdamW(groups, lr=a.lr, betas=(b1, b2), eps=a.eps, foreach=False)
-    params = [p for p in model.parameters()]
+    params = list(model.parameters())
     max_pos_diff = 0
     for step in range(1, a.steps + 1):
         mbs = load_step(a.batches, step)

@@ -134,8 +134,7 @@ ForwardOutput Qwen2VLImpl::forward(const Batch& batch, bool return_logits) {
   } else {
     // Head only on supervised positions, over row chunks (chunked_cross_entropy.h): neither
     // the [B, L, V] nor the [n, V] logits exist whole. loss_rows from the host: no sync.
-    auto keep = batch.loss_rows.defined() ? batch.loss_rows.to(hidden.device()) : supervised_rows(batch.labels);
-    keep = keep.to(hidden.device());
+    auto keep = (batch.loss_rows.defined() ? batch.loss_rows : supervised_rows(batch.labels)).to(hidden.device());
     out.n_tokens = keep.size(0);
     auto lb = batch.labels.narrow(1, 1, l - 1).reshape({-1}).to(hidden.device(), torch::kInt64).index_select(0, keep);
     auto h = hidden.narrow(1, 0, l - 1).reshape({-1, d}).index_select(0, keep);  // [n, d]
