@@ -31,6 +31,8 @@ class LayerBase : public torch::nn::Module {
 };
 
 // y = x W^T + b.  weight: [out, in], bias: [out].
+// With a LoRA adapter (vlm/lora.h add_lora): y = x W^T + b + scaling * dropout(x) A^T B^T,
+// A = lora_A.weight [r, in], B = lora_B.weight [out, r] (submodules named as PEFT's).
 class LinearImpl : public LayerBase {
  public:
   LinearImpl(int64_t in_features, int64_t out_features, bool bias, const torch::TensorOptions& opts);
@@ -38,6 +40,10 @@ class LinearImpl : public LayerBase {
   torch::Tensor forward(const torch::Tensor& x);
   ParamInit init_rule(const std::string& name) const override;
   torch::Tensor weight, bias;  // bias undefined when built without
+  // LoRA adapter (vlm/lora.h): null without one.
+  std::shared_ptr<LinearImpl> lora_A, lora_B;
+  double lora_scaling = 0;   // alpha / r (alpha / sqrt(r) with rslora)
+  double lora_dropout = 0;   // dropout probability on the adapter's input (training only)
 
  protected:
   void rebind() override;
