@@ -68,7 +68,7 @@ int64_t step_of(const std::string& name) {
   return std::stoll(m[1].str());
 }
 
-nlohmann::json unit_layout(const std::vector<vlm::sharding::UnitPlan>& units) {
+nlohmann::json unit_layout(const std::vector<vlm::sharding::UnitPlan>& units, bool stores_frozen) {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& u : units) {
     nlohmann::json params = nlohmann::json::array();
@@ -77,6 +77,7 @@ nlohmann::json unit_layout(const std::vector<vlm::sharding::UnitPlan>& units) {
                         {"dtype", vlm::st_dtype_name(p.param.scalar_type())}});
     out.push_back({{"path", u.path},
                    {"trainable", u.trainable()},
+                   {"stored", u.trainable() || stores_frozen},
                    {"sharding", vlm::sharding::sharding_name(u.sharding)},
                    {"numel", u.numel},
                    {"params", params}});
@@ -188,7 +189,7 @@ std::string save_checkpoint(const std::string& output_dir, const TrainerState& s
                         {"state", state.to_json()},
                         {"world_size", world},
                         {"files", nlohmann::json::array()},
-                        {"units", unit_layout(model.unit_table())},
+                        {"units", unit_layout(model.unit_table(), model.stores_frozen())},
                         {"recipe_hash", files.recipe_hash},
                         {"tokenizer", files.tokenizer_path},
                         {"versions", {{"vlmtrain", VLMTRAIN_VERSION}, {"libtorch", vlm::torch_version()}}}};
@@ -320,6 +321,7 @@ vlm::NamedTensors CheckpointReader::consolidated() const {
   for (const auto& u : meta_.at("units")) {
     const std::string path = u.at("path");
     const int64_t numel = u.at("numel");
+    if (!u.value("stored", true)) continue;  // LoRA checkpoint: the frozen base is not in it
     torch::Tensor flat = read(path + (u.at("trainable").get<bool>() ? "/master" : "/param"), 0, numel);
     int64_t off = 0;
     for (const auto& p : u.at("params")) {

@@ -95,7 +95,9 @@ class CheckpointReader {
   // Rank `rank`'s CPU generator state (undefined when absent).
   torch::Tensor rng_state(int64_t rank) const;
   // Full parameters under their canonical HF names (registration order), fp32 masters for
-  // trainable units and the stored params for frozen ones.
+  // trainable units and the stored params for frozen ones. A LoRA checkpoint stores no frozen
+  // unit ("stored": false in trainer.json's units): then only the adapters
+  // (<module>.lora_A.weight / .lora_B.weight) and the units trained in full are returned.
   vlm::NamedTensors consolidated() const;
 
  private:

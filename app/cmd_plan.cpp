@@ -14,6 +14,7 @@
 
 #include "app/commands.h"
 #include "app/sharding_options.h"
+#include "sharding/lora.h"
 #include "sharding/memory_plan.h"
 #include "sharding/policy.h"
 #include "vlm/check.h"
@@ -34,9 +35,10 @@ policy and bytes per rank, plus totals.
                   qwen2.5-vl-3b, qwen2.5-vl-7b
   --world-size N  ranks to plan for (default 1)
   --json          one JSON object: preset, total_params, vision_params (incl. merger),
-                  merger_params, llm_params, modules [{path, params}]; with a RECIPE also
+                  merger_params, llm_params, modules [{path, params}]; with a RECIPE
+                  instead total_params and trainable_params (LoRA adapters included),
                   world_size, param_dtype, units [{path, aliases, policy, strategy, sharding,
-                  rule, params, param_bytes, grad_bytes, optim_bytes, total_bytes,
+                  rule, params, trainable, param_bytes, grad_bytes, optim_bytes, total_bytes,
                   activation_checkpointing}], totals {...}, gathered_peak_bytes,
                   reduce_scatter_peak_bytes, peak_bytes, warnings
   --leaves        list every parameter-owning layer instead of the sharding units
@@ -49,7 +51,8 @@ precision.param_dtype / reduce_dtype, S = ceil(P/N); sharding/memory_plan.h):
   ddp shard_optimizer: optimizer state S*12 | fsdp shard_grad_op and full_shard: params S*p,
   fp32 grads S*4, optimizer S*12; shard_grad_op units are gathered whole during the step
   (transient). Transient peaks: gathered flat buffers, reduce-scatter buffers in flight.
-The training runtime does not run fsdp units yet (issue #8): they train as ddp no_shard.
+  lora: a unit with adapters shows as two rows: <unit> (the frozen base: pP, or S*p with
+  strategy = "full_shard") and <unit>+lora (the adapters, trained like ddp).
 )";
 }
 
@@ -156,7 +159,9 @@ int plan_recipe(Args& args, const std::optional<std::string>& preset_name, bool 
   }
   const sh::ShardingOptions opts = sharding_options(recipe);
   vlm::Qwen2VL model(cfg, torch::TensorOptions().device(torch::kMeta).dtype(opts.param_dtype));
+  sh::attach_lora(*model, opts);
   const auto units = sh::resolve_units(*model, opts);
+  const sh::ParamCounts counts = sh::count_params(units);
   const sh::MemoryPlan mem = sh::plan_memory(units, world, opts.param_dtype, opts.reduce_dtype);
   const int64_t total = vlm::count_parameters(*model);
   const char* pdtype = recipe.precision.param_dtype.c_str();
@@ -170,13 +175,15 @@ int plan_recipe(Args& args, const std::optional<std::string>& preset_name, bool 
     j["param_dtype"] = recipe.precision.param_dtype;
     j["reduce_dtype"] = recipe.precision.reduce_dtype;
     j["total_params"] = total;
+    j["trainable_params"] = counts.trainable;
     auto& arr = j["units"] = nlohmann::json::array();
     for (size_t i = 0; i < units.size(); ++i) {
       const auto& u = units[i];
       const auto& m = mem.units[i];
       arr.push_back({{"path", u.path}, {"aliases", u.aliases}, {"policy", sh::policy_name(u.policy)},
                      {"strategy", sh::strategy_name(u.strategy)}, {"sharding", sh::sharding_name(u.sharding)},
-                     {"rule", u.rule}, {"params", u.numel}, {"param_bytes", m.param_bytes},
+                     {"rule", u.rule}, {"params", u.numel}, {"trainable", u.trainable()},
+                     {"param_bytes", m.param_bytes},
                      {"grad_bytes", m.grad_bytes}, {"optim_bytes", m.optim_bytes}, {"total_bytes", m.total()},
                      {"activation_checkpointing", u.checkpointed}});
     }
@@ -217,12 +224,9 @@ int plan_recipe(Args& args, const std::optional<std::string>& preset_name, bool 
                 "fsdp units, reduce dtype); peak per rank %s (activations not included)\n",
                 sh::human_bytes(mem.gathered_peak_bytes).c_str(), sh::human_bytes(mem.reduce_scatter_peak_bytes).c_str(),
                 sh::human_bytes(mem.peak_bytes()).c_str());
+  std::printf("\nparams: total %s, trainable %s (%.4f%%)\n", with_commas(total).c_str(),
+              with_commas(counts.trainable).c_str(), total > 0 ? 100.0 * counts.trainable / total : 0.0);
   for (const auto& warning : mem.warnings) std::printf("warning: %s\n", warning.c_str());
-  bool any_fsdp = false;
-  for (const auto& u : units) any_fsdp |= u.policy == sh::Policy::kFsdp;
-  if (any_fsdp)
-    std::printf("note: fsdp units have no training runtime yet (issue #8): `vlmtrain train` runs them as ddp "
-                "no_shard until then; this table shows their FSDP layout\n");
   return 0;
 }
 

@@ -18,13 +18,16 @@ bool starts_with(const std::string& s, const std::string& p) { return s.compare(
 
 FlopModel::FlopModel(const std::vector<vlm::sharding::UnitPlan>& units, const vlm::VlmConfig& cfg) {
   for (const auto& u : units) {
-    const double f = u.trainable() ? 6.0 : 2.0;
+    // Trained: forward + both backward matmuls (6P). Frozen: forward only (2P), except a
+    // LoRA base, whose backward computes the input gradient for the adapters below (4P).
+    const double f = u.trainable() ? 6.0 : u.has_adapters ? 4.0 : 2.0;
     const double n = static_cast<double>(u.numel);
-    if (u.path == "visual.merger") {
+    const std::string& path = u.adapter_of.empty() ? u.path : u.adapter_of;
+    if (path == "visual.merger") {
       per_merged_patch_ += f * n;
-    } else if (starts_with(u.path, "visual.")) {
+    } else if (starts_with(path, "visual.")) {
       per_patch_ += f * n;
-    } else if (u.path == "model.embed_tokens") {
+    } else if (path == "model.embed_tokens") {
       if (!u.aliases.empty())  // tied head: the embedding matrix is also the head's weight
         per_token_ += f * static_cast<double>(cfg.text.vocab_size * cfg.text.hidden_size);
     } else {

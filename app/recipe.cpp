@@ -586,11 +586,12 @@ void Recipe::validate(Purpose purpose) const {
     else if (policy == "ddp") ok = strategy.empty() || strategy == "shard_optimizer";
     else if (policy == "fsdp") ok = strategy.empty() || strategy == "full_shard" ||
                                    strategy == "shard_grad_op" || strategy == "no_shard";
+    else if (policy == "lora") ok = strategy.empty() || strategy == "full_shard" || strategy == "no_shard";
     if (!ok)
       throw vlm::Error(location(where_key) + ": key '" + key + "': strategy \"" + strategy +
                        "\" does not apply to policy \"" + policy +
                        "\" (fsdp: full_shard | shard_grad_op | no_shard; ddp: shard_optimizer; "
-                       "freeze: none)");
+                       "lora: full_shard | no_shard (the frozen base); freeze: none)");
   };
   check_strategy(sharding.default_policy, sharding.default_strategy, "sharding.default_strategy",
                  "sharding.default_strategy");
@@ -603,8 +604,17 @@ void Recipe::validate(Purpose purpose) const {
                        "\"model.layers.*\")");
     if (rule.policy.empty())
       throw vlm::Error(location(base) + ": key '" + base +
-                       ".policy': missing (expected freeze, ddp or fsdp)");
+                       ".policy': missing (expected freeze, ddp, fsdp or lora)");
     check_strategy(rule.policy, rule.strategy, base + ".strategy", base);
+    const std::pair<const char*, bool> lora_keys[] = {{"r", rule.r.has_value()},
+                                                       {"alpha", rule.alpha.has_value()},
+                                                       {"dropout", rule.dropout.has_value()},
+                                                       {"rslora", rule.rslora.has_value()},
+                                                       {"init", rule.init.has_value()}};
+    for (const auto& [k, set] : lora_keys)
+      if (set && rule.policy != "lora")
+        throw vlm::Error(location(base + "." + k) + ": key '" + base + "." + k + "': only policy = \"lora\" takes '" +
+                         k + "' (this rule has policy = \"" + rule.policy + "\")");
   }
 
   // checkpoint

@@ -209,13 +209,25 @@ struct ActivationCheckpointingSection {
 // One row of the policy table: the first rule whose glob matches a module wins.
 struct ShardingRule {
   std::string match;      // globs on module paths, '|' = or: "visual.blocks.*|visual.patch_embed"
-  std::string policy;     // freeze | ddp | fsdp
-  std::string strategy;   // fsdp: full_shard | shard_grad_op | no_shard; ddp: "" | shard_optimizer
+  std::string policy;     // freeze | ddp | fsdp | lora
+  std::string strategy;   // fsdp: full_shard | shard_grad_op | no_shard; ddp: "" | shard_optimizer;
+                          // lora: "" | no_shard (base replicated) | full_shard (base sharded)
+  // policy = "lora" only (sharding/lora.h; PEFT's LoraConfig names in brackets):
+  std::optional<int64_t> r;             // rank [r], default 8
+  std::optional<double> alpha;          // scaling alpha / r [lora_alpha], default 16
+  std::optional<double> dropout;        // on the adapter input [lora_dropout], default 0
+  std::optional<bool> rslora;           // scaling alpha / sqrt(r) [use_rslora], default false
+  std::optional<std::string> init;      // A init: kaiming [True] | gaussian ["gaussian"]; B = 0
 
   template <class V> void fields(V& v) {
     v("match", match);
-    v("policy", policy, Choice{{"freeze", "ddp", "fsdp"}});
+    v("policy", policy, Choice{{"freeze", "ddp", "fsdp", "lora"}});
     v("strategy", strategy, Choice{{"", "full_shard", "shard_grad_op", "no_shard", "shard_optimizer"}});
+    v("r", r, Range{1, 1e6});
+    v("alpha", alpha, Range{0, 1e9, true});
+    v("dropout", dropout, Range{0, 0.999});
+    v("rslora", rslora);
+    v("init", init, Choice{{"kaiming", "gaussian"}});
   }
 };
 

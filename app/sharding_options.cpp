@@ -13,7 +13,16 @@ torch::Dtype recipe_dtype(const std::string& name) {
 
 vlm::sharding::ShardingOptions sharding_options(const Recipe& recipe) {
   vlm::sharding::ShardingOptions o;
-  for (const auto& r : recipe.sharding.module) o.rules.push_back({r.match, r.policy, r.strategy});
+  for (const auto& r : recipe.sharding.module) {
+    vlm::sharding::PolicyRule rule{r.match, r.policy, r.strategy, {}};
+    if (r.r) rule.lora.r = *r.r;
+    if (r.alpha) rule.lora.alpha = *r.alpha;
+    if (r.dropout) rule.lora.dropout = *r.dropout;
+    if (r.rslora) rule.lora.rslora = *r.rslora;
+    if (r.init) rule.lora.init = vlm::parse_lora_init(*r.init);
+    o.rules.push_back(rule);
+  }
+  o.lora_seed = static_cast<uint64_t>(recipe.run.seed);
   o.default_policy = recipe.sharding.default_policy;
   o.default_strategy = recipe.sharding.default_strategy;
   o.ddp_bucket_mb = recipe.sharding.ddp_bucket_mb;

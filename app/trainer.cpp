@@ -282,7 +282,7 @@ TrainSummary run_training(const Recipe& recipe) {
     const double peak = peak_flops_per_rank(dims.device(), &peak_how);
     MetricsFile metrics(out_dir, main);
     if (main)
-      spdlog::info("MFU convention: 6N per token for trained units, 2N for frozen, no attention FLOPs; peak: {}",
+      spdlog::info("MFU convention: 6N per token for trained units, 2N for frozen, 4N for a LoRA base, no attention FLOPs; peak: {}",
                    peak_how);
     // Eval sets (periodic: the first eval.max_samples of each; at the end: all).
     std::vector<EvalDataset> eval_sets;

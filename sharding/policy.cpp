@@ -13,6 +13,7 @@ const char* policy_name(Policy p) {
     case Policy::kFreeze: return "freeze";
     case Policy::kDdp: return "ddp";
     case Policy::kFsdp: return "fsdp";
+    case Policy::kLora: return "lora";
   }
   return "?";
 }
@@ -44,7 +45,8 @@ Policy parse_policy(const std::string& s) {
   if (s == "freeze") return Policy::kFreeze;
   if (s == "ddp") return Policy::kDdp;
   if (s == "fsdp") return Policy::kFsdp;
-  throw Error(str("sharding policy: expected one of freeze | ddp | fsdp, got '", s, "'"));
+  if (s == "lora") return Policy::kLora;
+  throw Error(str("sharding policy: expected one of freeze | ddp | fsdp | lora, got '", s, "'"));
 }
 
 Strategy parse_strategy(const std::string& s) {
@@ -60,6 +62,7 @@ Strategy parse_strategy(const std::string& s) {
 Sharding sharding_of(Policy p, Strategy s) {
   switch (p) {
     case Policy::kFreeze:
+    case Policy::kLora:  // the frozen base
       if (s == Strategy::kDefault || s == Strategy::kNoShard) return Sharding::kFrozen;
       if (s == Strategy::kFullShard) return Sharding::kFrozenSharded;
       break;
@@ -76,7 +79,7 @@ Sharding sharding_of(Policy p, Strategy s) {
   }
   throw Error(str("sharding: policy '", policy_name(p), "' does not take strategy '", strategy_name(s),
                   "' (hint: ddp takes \"\" or shard_optimizer; fsdp takes full_shard, shard_grad_op, "
-                  "no_shard; freeze takes \"\" or full_shard)"));
+                  "no_shard; freeze and lora take \"\" or full_shard)"));
 }
 
 namespace {
@@ -122,6 +125,40 @@ bool glob_match(const std::string& pattern, const std::string& name) {
   }
 }
 
+int first_rule(const ShardingOptions& opts, const std::vector<std::string>& names, bool lora_rules) {
+  for (size_t i = 0; i < opts.rules.size(); ++i) {
+    if (!lora_rules && opts.rules[i].policy == "lora") continue;
+    if (matches_any(opts.rules[i].match, names)) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+std::vector<std::string> linear_match_names(const std::string& module_path, const vlm::LinearImpl& lin,
+                                            const std::vector<std::string>& unit_names) {
+  std::vector<std::string> names = unit_names;
+  names.push_back(module_path);
+  names.push_back(module_path + ".weight");
+  if (lin.bias.defined()) names.push_back(module_path + ".bias");
+  return names;
+}
+
+namespace {
+
+// The module path of a parameter of an adapted Linear ("...q_proj.weight", "...q_proj.bias",
+// "...q_proj.lora_A.weight" -> "...q_proj"); "" when `name` is not one.
+std::string adapted_module_of(const std::string& name, const std::map<std::string, int>& adapted) {
+  for (const char* suffix : {".lora_A.weight", ".lora_B.weight", ".weight", ".bias"}) {
+    const std::string sfx(suffix);
+    if (name.size() > sfx.size() && name.compare(name.size() - sfx.size(), sfx.size(), sfx) == 0) {
+      const std::string module = name.substr(0, name.size() - sfx.size());
+      if (adapted.count(module)) return module;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 std::vector<UnitPlan> resolve_units(vlm::Qwen2VLImpl& model, const ShardingOptions& opts) {
   const auto units = model.units();
   // Aliases: units that compute with another unit's parameters (tied lm_head).
@@ -131,6 +168,8 @@ std::vector<UnitPlan> resolve_units(vlm::Qwen2VLImpl& model, const ShardingOptio
 
   const Policy default_policy = parse_policy(opts.default_policy);
   const Strategy default_strategy = parse_strategy(opts.default_strategy);
+  VLM_CHECK(default_policy != Policy::kLora, "sharding.default = \"lora\": LoRA selects Linear modules, it cannot be "
+            "the default (hint: add a [[sharding.module]] rule with policy = \"lora\" and set default = \"freeze\")");
   std::vector<Policy> rule_policy;
   std::vector<Strategy> rule_strategy;
   for (size_t i = 0; i < opts.rules.size(); ++i) {
@@ -144,17 +183,34 @@ std::vector<UnitPlan> resolve_units(vlm::Qwen2VLImpl& model, const ShardingOptio
   auto describe_rule = [&](int i) {
     return i < 0 ? std::string("default") : str("rule ", i + 1, " (match = \"", opts.rules[i].match, "\")");
   };
+  auto policy_of = [&](int rule) { return rule >= 0 ? rule_policy[rule] : default_policy; };
+  auto strategy_of = [&](int rule) { return rule >= 0 ? rule_strategy[rule] : default_strategy; };
 
   std::vector<UnitPlan> out;
   std::set<const void*> seen;  // parameter storage identity: each parameter in one unit
   for (const auto& u : units) {
     if (!u.shares_params_with.empty()) continue;
-    UnitPlan plan;
+    UnitPlan plan, adapters;
     plan.path = u.path;
     std::vector<std::string> unit_names{u.path};
     for (const auto& a : aliases[u.path]) {
       unit_names.push_back(a);
       plan.aliases += (plan.aliases.empty() ? "" : ",") + a;
+    }
+    // Adapted Linear modules of this unit and the lora rule that selects each.
+    std::map<std::string, int> adapted;
+    int lora_rule = -1;
+    for (auto& [rel, lin] : vlm::lora_modules(*u.module)) {
+      const std::string path = u.path + "." + rel;
+      const int rule = first_rule(opts, linear_match_names(path, *lin, unit_names), /*lora_rules=*/true);
+      VLM_CHECK(rule >= 0 && rule_policy[rule] == Policy::kLora, "sharding: ", path,
+                " carries a LoRA adapter but ", describe_rule(rule),
+                " selects it (hint: put the policy = \"lora\" rule that matches it first)");
+      if (lora_rule < 0) lora_rule = rule;
+      VLM_CHECK(rule_strategy[rule] == rule_strategy[lora_rule], "sharding: unit ", u.path, " has adapters from ",
+                describe_rule(lora_rule), " and ", describe_rule(rule),
+                " with different strategies (hint: the frozen base of a unit is sharded one way)");
+      adapted[path] = rule;
     }
     int unit_rule = -2;  // -2: not decided yet, -1: default
     std::string first_param;
@@ -166,20 +222,24 @@ std::vector<UnitPlan> resolve_units(vlm::Qwen2VLImpl& model, const ShardingOptio
       std::vector<std::string> names = unit_names;
       names.push_back(p.name);
       for (const auto& a : aliases[u.path]) names.push_back(a + "." + item.key());
-      int rule = -1;
-      for (size_t i = 0; i < opts.rules.size(); ++i)
-        if (matches_any(opts.rules[i].match, names)) {
-          rule = static_cast<int>(i);
-          break;
-        }
+      const std::string module = adapted_module_of(p.name, adapted);
+      const bool is_adapter = !module.empty() && vlm::is_lora_param(p.name);
+      int rule = module.empty() ? first_rule(opts, names, /*lora_rules=*/false) : adapted[module];
       if (rule >= 0) ++rule_hits[rule];
-      if (unit_rule == -2) {
-        unit_rule = rule;
-        first_param = p.name;
+      if (!adapted.empty() && module.empty()) {
+        VLM_CHECK(policy_of(rule) == Policy::kFreeze, "sharding: unit ", u.path, " has LoRA adapters (",
+                  describe_rule(lora_rule), ") but ", p.name, " gets ", describe_rule(rule), " = ",
+                  policy_name(policy_of(rule)), " (hint: the rest of a unit with adapters must be frozen; "
+                  "train that unit in full without LoRA, or freeze it)");
+      } else if (adapted.empty()) {
+        if (unit_rule == -2) {
+          unit_rule = rule;
+          first_param = p.name;
+        }
+        VLM_CHECK(rule == unit_rule, "sharding: unit ", u.path, " is split across rules: ", first_param, " gets ",
+                  describe_rule(unit_rule), " but ", p.name, " gets ", describe_rule(rule),
+                  " (hint: a unit is indivisible; match whole units, e.g. \"", u.path, "\")");
       }
-      VLM_CHECK(rule == unit_rule, "sharding: unit ", u.path, " is split across rules: ", first_param, " gets ",
-                describe_rule(unit_rule), " but ", p.name, " gets ", describe_rule(rule),
-                " (hint: a unit is indivisible; match whole units, e.g. \"", u.path, "\")");
       // Optimizer group: lr from the first matching group, no weight decay on no_decay names.
       p.lr = opts.optim.lr;
       double wd = opts.optim.weight_decay;
@@ -190,22 +250,33 @@ std::vector<UnitPlan> resolve_units(vlm::Qwen2VLImpl& model, const ShardingOptio
           break;
         }
       p.weight_decay = (!opts.optim.no_decay.empty() && glob_match(opts.optim.no_decay, p.name)) ? 0.0 : wd;
-      plan.numel += p.param.numel();
-      plan.params.push_back(std::move(p));
+      UnitPlan& dest = is_adapter ? adapters : plan;
+      dest.numel += p.param.numel();
+      dest.params.push_back(std::move(p));
     }
     if (plan.params.empty()) continue;
-    plan.policy = unit_rule >= 0 ? rule_policy[unit_rule] : default_policy;
-    plan.strategy = unit_rule >= 0 ? rule_strategy[unit_rule] : default_strategy;
+    if (!adapted.empty()) unit_rule = lora_rule;
+    plan.policy = policy_of(unit_rule);
+    plan.strategy = strategy_of(unit_rule);
     plan.sharding = sharding_of(plan.policy, plan.strategy);
     plan.rule = describe_rule(unit_rule);
     plan.checkpointed = !opts.checkpoint_match.empty() && matches_any(opts.checkpoint_match, unit_names);
+    plan.has_adapters = !adapted.empty();
     out.push_back(std::move(plan));
+    if (adapted.empty()) continue;
+    adapters.path = u.path + "+lora";
+    adapters.adapter_of = u.path;
+    adapters.policy = Policy::kLora;
+    adapters.sharding = Sharding::kReplicated;
+    adapters.rule = describe_rule(lora_rule);
+    out.push_back(std::move(adapters));
   }
   for (size_t i = 0; i < opts.rules.size(); ++i)
     VLM_CHECK(rule_hits[i] > 0, "sharding: ", describe_rule(static_cast<int>(i)),
-              " matches no parameter (hint: globs match unit paths such as visual.blocks.*, "
-              "model.layers.*, model.embed_tokens, or full parameter names; an earlier rule may have "
-              "taken them)");
+              rule_policy[i] == Policy::kLora ? " (policy = \"lora\") selects no Linear module" : " matches no parameter",
+              " (hint: globs match unit paths such as visual.blocks.*, model.layers.*, model.embed_tokens, "
+              "module paths such as model.layers.*.self_attn.q_proj, or full parameter names; an earlier rule may "
+              "have taken them)");
   // Every parameter of the model is in exactly one unit.
   int64_t total = 0, n_model = 0;
   for (const auto& p : model.parameters()) {

@@ -13,7 +13,18 @@
 // (model.layers.0), or an alias of the unit (lm_head for a tied embedding). For each
 // parameter the first rule in file order wins; parameters no rule matches get
 // `default_policy`. A rule that resolves no parameter is an error naming the rule. All
-// parameters of one unit must end with the same rule (units are indivisible).
+// parameters of one unit must end with the same rule (units are indivisible), except for
+// LoRA:
+//
+// LoRA (policy = "lora", sharding/lora.h): the rule selects Linear modules (by module path,
+// unit path or parameter name, first match wins as above); attach_lora adds adapters
+// (lora_A / lora_B) to them before resolve_units. A unit holding adapters becomes two rows:
+//   <unit>        policy lora, its base (the adapted Linears' weights and biases and every
+//                 other parameter of the unit, which must resolve to freeze): frozen, or
+//                 frozen sharded with the lora rule's strategy = "full_shard" (FSDP of the
+//                 frozen base: gathered for forward and backward, no gradient traffic)
+//   <unit>+lora   the adapters: trained, replicated, gradients all-reduced (DDP buckets),
+//                 fp32 masters; adapter_of = <unit> (the runner unit they compute in)
 //
 // This header is sharding's own plain option struct: app/ converts the recipe into it.
 #pragma once
@@ -23,11 +34,12 @@
 #include <string>
 #include <vector>
 
+#include "vlm/lora.h"
 #include "vlm/qwen2_vl.h"
 
 namespace vlm::sharding {
 
-enum class Policy { kFreeze, kDdp, kFsdp };
+enum class Policy { kFreeze, kDdp, kFsdp, kLora };
 // kDefault: the policy's default (ddp: replicate everything; fsdp: full_shard).
 enum class Strategy { kDefault, kFullShard, kShardGradOp, kNoShard, kShardOptimizer };
 
@@ -47,14 +59,16 @@ enum class Sharding {
 };
 const char* sharding_name(Sharding s);
 // (policy, strategy) -> memory layout; throws for combinations that mean nothing
-// (ddp + full_shard, freeze + a strategy other than ""/full_shard/no_shard).
+// (ddp + full_shard, freeze + a strategy other than ""/full_shard/no_shard). lora: the
+// sharding of the frozen base ("" / no_shard: frozen, full_shard: frozen sharded).
 Sharding sharding_of(Policy p, Strategy s);
 
 // One `[[sharding.module]]` row.
 struct PolicyRule {
   std::string match;     // globs, '|' = or
-  std::string policy;    // freeze | ddp | fsdp
+  std::string policy;    // freeze | ddp | fsdp | lora
   std::string strategy;  // "" | full_shard | shard_grad_op | no_shard | shard_optimizer
+  vlm::LoraOptions lora; // policy = "lora": r, alpha, dropout, rslora, init
 };
 
 // One `[[optim.group]]` row: first match wins (globs on parameter names).
@@ -84,6 +98,7 @@ struct ShardingOptions {
   torch::Dtype reduce_dtype = torch::kFloat32;  // gradient all-reduce dtype
   std::string checkpoint_match;         // activation checkpointing globs on unit paths ("" = none)
   AdamWOptions optim;
+  uint64_t lora_seed = 0;               // seed of the LoRA A initialisation (sharding/lora.h)
 };
 
 // `*` any run of characters (dots included), `|` alternatives, whole-string match.
@@ -108,7 +123,9 @@ struct UnitPlan {
   std::vector<UnitParam> params;  // in registration order
   int64_t numel = 0;           // sum of params' numel
   bool checkpointed = false;   // activation checkpointing on this unit
-  bool trainable() const { return policy != Policy::kFreeze; }
+  std::string adapter_of;      // LoRA adapter row: the unit whose forward computes with it
+  bool has_adapters = false;   // LoRA base row: its adapters are the next row
+  bool trainable() const { return sharding != Sharding::kFrozen && sharding != Sharding::kFrozenSharded; }
 };
 
 // Resolves the policy table and the optimizer groups over the model's units (in forward
@@ -116,6 +133,13 @@ struct UnitPlan {
 // Throws vlm::Error for a rule matching nothing, a unit split across rules, a parameter
 // outside every unit, bad policy/strategy names.
 std::vector<UnitPlan> resolve_units(vlm::Qwen2VLImpl& model, const ShardingOptions& opts);
+
+// The first rule (file order) whose match fits one of `names` (-1: none); lora rules are
+// skipped unless lora_rules. Used by resolve_units and attach_lora (sharding/lora.h).
+int first_rule(const ShardingOptions& opts, const std::vector<std::string>& names, bool lora_rules);
+// The names a rule may match for a Linear module: its unit's names, its path, its parameters.
+std::vector<std::string> linear_match_names(const std::string& module_path, const vlm::LinearImpl& lin,
+                                            const std::vector<std::string>& unit_names);
 
 // The unit table as text, one line per unit: "path policy strategy sharding numel ckpt"
 // (for the rank fingerprint, Fingerprint::standard's unit_table, and logs).

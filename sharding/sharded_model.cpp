@@ -5,6 +5,7 @@
 
 #include "sharding/activation_checkpoint.h"
 #include "sharding/fsdp.h"
+#include "sharding/lora.h"
 #include "vlm/check.h"
 
 namespace vlm::sharding {
@@ -37,7 +38,7 @@ bool contains(const std::vector<std::string>& v, const std::string& s) {
 
 PolicyRunner::PolicyRunner(const std::vector<UnitPlan>& units, FsdpEngine* fsdp) : fsdp_(fsdp) {
   for (const auto& u : units) {
-    if (!u.trainable()) add_names(frozen_, u);
+    if (!u.trainable() && !u.has_adapters) add_names(frozen_, u);
     if (u.checkpointed) add_names(checkpointed_, u);
   }
 }
@@ -114,7 +115,7 @@ std::vector<StateSlice> ShardedModel::state_slices() const {
   torch::NoGradGuard no_grad;
   std::vector<StateSlice> out = optimizer_->state_slices();
   for (const auto& u : units_) {
-    if (u.trainable()) continue;
+    if (u.trainable() || !stores_frozen()) continue;
     const auto [lo, hi] = owned_range(u.numel, world_, rank_);
     if (FsdpUnit* f = fsdp_ ? fsdp_->find_unit(u.path) : nullptr) {  // sharded: R_r is the local shard
       out.push_back({u.path + "/param", u.numel, lo, hi, f->shard_param().to(torch::kCPU).clone()});
@@ -136,7 +137,7 @@ void ShardedModel::load_state(const StateReader& read, int64_t optimizer_steps) 
   torch::NoGradGuard no_grad;
   optimizer_->load_state(read, optimizer_steps);
   for (const auto& u : units_) {
-    if (u.trainable()) continue;
+    if (u.trainable() || !stores_frozen()) continue;
     torch::Tensor all = read(u.path + "/param", 0, u.numel);
     if (FsdpUnit* f = fsdp_ ? fsdp_->find_unit(u.path) : nullptr) {
       fsdp_->load_params(*f, all);
@@ -157,8 +158,12 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl& model, const Shar
   Comm& comm = dims.comm();
   sm->rank_ = comm.rank();
   sm->world_ = comm.world_size();
+  // 0. LoRA adapters on the Linear modules the lora rules select.
+  attach_lora(model, opts);
   // 1. Policy table.
   sm->units_ = resolve_units(model, opts);
+  for (const auto& u : sm->units_)
+    if (!u.adapter_of.empty()) sm->stores_frozen_ = false;
   for (const auto& u : sm->units_)
     for (const auto& p : u.params) {
       VLM_CHECK(p.param.scalar_type() == opts.param_dtype, "apply_policies: parameter ", p.name, " is ",

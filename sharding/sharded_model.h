@@ -13,6 +13,7 @@
 //   MemoryReport mem = sm->memory();                  // bytes per rank (metrics, plan)
 //
 // Order in which the techniques are applied (each step a free function below):
+//   0. attach_lora        adapters on the Linear modules of the lora rules (lora.h)
 //   1. resolve_units      policy table + optimizer groups -> unit table (policy.h)
 //   2. apply_freeze       frozen units: requires_grad = false (no grads, no state, no traffic)
 //   3. broadcast          every parameter from rank 0 (frozen ones included)
@@ -100,10 +101,16 @@ class ShardedModel {
   // Waits the gradient reduction of a synced micro-batch; a no-op under no_sync.
   void finish_backward(const std::string& ctx = "backward");
   // Checkpoint state of this rank (optimizer.h StateSlice): the optimizer's slices plus
-  // "<unit>/param" slices of the frozen units. Local: no collective.
+  // "<unit>/param" slices of the frozen units, except with LoRA (stores_frozen() false):
+  // then only trainable state, and the frozen base comes from the model source on resume.
+  // Local: no collective.
   std::vector<StateSlice> state_slices() const;
   // Restores what state_slices() saved (written by any world size). Local: no collective.
   void load_state(const StateReader& read, int64_t optimizer_steps);
+  // Whether checkpoints hold the frozen units' parameters (false when any unit has LoRA
+  // adapters: a LoRA checkpoint holds the adapters, the units trained in full and their
+  // optimizer state only).
+  bool stores_frozen() const { return stores_frozen_; }
   // Human-readable notes on what runs differently from the plan.
   const std::vector<std::string>& notes() const { return notes_; }
   // Memory on this rank (local, no collective).
@@ -122,6 +129,7 @@ class ShardedModel {
   std::unique_ptr<ShardedAdamW> optimizer_;
   std::vector<std::string> notes_;
   int64_t rank_ = 0, world_ = 1;
+  bool stores_frozen_ = true;
 };
 
 // Collective (every rank calls it with the same options). The model must already hold
