@@ -9,6 +9,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <string>
 
 namespace vlm {
@@ -30,6 +31,21 @@ class LayerBase : public torch::nn::Module {
   virtual void rebind() = 0;
 };
 
+// LoRA adapter options (vlm/lora.h: add_lora; methods defined in lora.cpp).
+enum class LoraInit {
+  kaiming,   // A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0   (PEFT init_lora_weights = true)
+  gaussian,  // A ~ N(0, 1/r), B = 0                     (PEFT init_lora_weights = "gaussian")
+};
+struct LoraOptions {
+  int64_t r = 8;          // rank (lora_A rows), >= 1
+  double alpha = 16;      // lora_alpha
+  double dropout = 0;     // lora_dropout on the adapter's input, training mode only, in [0, 1)
+  bool rslora = false;    // use_rslora: scaling = alpha / sqrt(r) instead of alpha / r
+  LoraInit init = LoraInit::kaiming;
+  double scaling() const;
+  void validate(const std::string& where) const;  // throws vlm::Error naming `where`
+};
+
 // y = x W^T + b.  weight: [out, in], bias: [out].
 // With a LoRA adapter (vlm/lora.h add_lora): y = x W^T + b + scaling * dropout(x) A^T B^T,
 // A = lora_A.weight [r, in], B = lora_B.weight [out, r] (submodules named as PEFT's).
@@ -42,8 +58,9 @@ class LinearImpl : public LayerBase {
   torch::Tensor weight, bias;  // bias undefined when built without
   // LoRA adapter (vlm/lora.h): null without one.
   std::shared_ptr<LinearImpl> lora_A, lora_B;
-  double lora_scaling = 0;   // alpha / r (alpha / sqrt(r) with rslora)
-  double lora_dropout = 0;   // dropout probability on the adapter's input (training only)
+  LoraOptions lora_options;  // the adapter's r, alpha, rslora, dropout, init (valid with lora_A)
+  double lora_scaling = 0;   // lora_options.scaling(): alpha / r (alpha / sqrt(r) with rslora)
+  double lora_dropout = 0;   // lora_options.dropout: on the adapter's input (training only)
 
  protected:
   void rebind() override;

@@ -72,6 +72,7 @@ void add_lora(LinearImpl& linear, const LoraOptions& o, uint64_t seed, const std
   }
   linear.lora_A = linear.register_module("lora_A", a);
   linear.lora_B = linear.register_module("lora_B", b);
+  linear.lora_options = o;
   linear.lora_scaling = o.scaling();
   linear.lora_dropout = o.dropout;
 }
@@ -90,6 +91,7 @@ void merge_lora(LinearImpl& linear) {
   linear.unregister_module("lora_B");
   linear.lora_A.reset();
   linear.lora_B.reset();
+  linear.lora_options = LoraOptions{};
   linear.lora_scaling = 0;
   linear.lora_dropout = 0;
 }

@@ -31,22 +31,9 @@
 
 namespace vlm {
 
-enum class LoraInit {
-  kaiming,   // A ~ U(-1/sqrt(in), 1/sqrt(in)), B = 0   (PEFT init_lora_weights = true)
-  gaussian,  // A ~ N(0, 1/r), B = 0                     (PEFT init_lora_weights = "gaussian")
-};
+// LoraInit and LoraOptions are declared in vlm/layers.h (LinearImpl keeps its adapter's options).
 const char* lora_init_name(LoraInit i);
 LoraInit parse_lora_init(const std::string& s);  // throws vlm::Error listing the choices
-
-struct LoraOptions {
-  int64_t r = 8;          // rank (lora_A rows), >= 1
-  double alpha = 16;      // lora_alpha
-  double dropout = 0;     // lora_dropout on the adapter's input, training mode only, in [0, 1)
-  bool rslora = false;    // use_rslora: scaling = alpha / sqrt(r) instead of alpha / r
-  LoraInit init = LoraInit::kaiming;
-  double scaling() const;
-  void validate(const std::string& where) const;  // throws vlm::Error naming `where`
-};
 
 // Adds lora_A / lora_B to `linear` (which must not have them yet). `name` is the module's
 // full path, used for the seed of A and in errors.
