@@ -14,17 +14,19 @@
 #include "app/commands.h"
 #include "app/evaluator.h"
 #include "app/logging.h"
+#include "app/lora_model.h"
 #include "app/model_source.h"
 #include "app/sharding_options.h"
 #include "sharding/comm.h"
 #include "sharding/parallel_dims.h"
 #include "vlm/check.h"
 #include "vlm/meta_init.h"
+#include "vlm/peft_adapter.h"
 
 namespace vlmtrain {
 
 const char* help_eval() {
-  return R"(usage: vlmtrain eval RECIPE [--model HF_DIR | --checkpoint DIR] [--data FILE.jsonl]...
+  return R"(usage: vlmtrain eval RECIPE [--model HF_DIR | --checkpoint DIR] [--adapter PEFT_DIR] [--data FILE.jsonl]...
                      [--max-new-tokens N] [--batch-size B] [--max-samples N] [--out DIR]
                      [--set KEY=VALUE]...
 
@@ -36,7 +38,11 @@ e.g. --set eval.case_sensitive=false --set 'eval.metrics=["cer","wer"]').
 model (default: the recipe's [model] section, a preset or model.path):
   --model HF_DIR        an HF directory: config.json, safetensors, and tokenizer files
                         (tokenizer.json / tokenizer.model; else model.tokenizer is used)
-  --checkpoint DIR      a training checkpoint step-<N>/ (or a run directory: its newest)
+  --checkpoint DIR      a training checkpoint step-<N>/ (or a run directory: its newest);
+                        a LoRA checkpoint goes on top of the recipe's [model] (its base)
+  --adapter PEFT_DIR    a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors,
+                        e.g. from `vlmtrain export` or peft's save_pretrained) applied on
+                        top of the model (the recipe's or --model)
 data (default: data.eval of the recipe; one set per file, named after the file stem):
   --data FILE.jsonl     an eval set (repeatable); replaces data.eval
   --max-samples N       only the first N records of each set (default 0 = all)
@@ -78,6 +84,7 @@ LoadedModel load_checkpoint_model(const std::string& path, const Recipe& recipe,
     dir = all.back();
   }
   CheckpointReader ck(dir);
+  if (is_lora_checkpoint(ck)) return load_lora_checkpoint(ck, recipe.model, opts, recipe.source);
   LoadedModel lm;
   const std::string tok = !recipe.model.tokenizer.empty() ? recipe.model.tokenizer : ck.tokenizer_path();
   lm.tokenizer = vlm::load_tokenizer(tok);
@@ -107,6 +114,7 @@ int cmd_eval(Args& args) {
   Recipe recipe = recipe_from_args(args);
   const auto model_dir = args.value("model");
   const auto checkpoint = args.value("checkpoint");
+  const auto adapter = args.value("adapter");
   const std::vector<std::string> data = args.values("data");
   const auto max_new = args.integer("max-new-tokens");
   const auto batch = args.integer("batch-size");
@@ -116,6 +124,8 @@ int cmd_eval(Args& args) {
             args.positionals().size(), " positional arguments (see `vlmtrain eval --help`)");
   args.finish();
   VLM_CHECK(!(model_dir && checkpoint), "vlmtrain eval: give --model or --checkpoint, not both");
+  VLM_CHECK(!(adapter && checkpoint), "vlmtrain eval: give --adapter or --checkpoint, not both (a LoRA checkpoint "
+            "goes on the recipe's model by itself)");
   if (model_dir) {
     namespace fs = std::filesystem;
     VLM_CHECK(fs::is_directory(*model_dir), "vlmtrain eval: --model '", *model_dir,
@@ -159,6 +169,11 @@ int cmd_eval(Args& args) {
   lopts.dtype = recipe_dtype(recipe.precision.param_dtype);
   LoadedModel lm = checkpoint ? load_checkpoint_model(*checkpoint, recipe, lopts)
                               : load_model(recipe.model, lopts, recipe.source);
+  if (adapter) {
+    const vlm::PeftAdapter a = vlm::read_peft_adapter(*adapter);
+    vlm::apply_peft_adapter(*lm.model, a);
+    lm.description += vlm::str(" + PEFT adapter ", *adapter, " (", a.modules.size(), " modules)");
+  }
   spdlog::info("model: {}", lm.description);
   if (lm.random_init)
     spdlog::warn("model.preset {} has random weights: the scores measure an untrained model "

@@ -2,14 +2,18 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "app/checkpoint.h"
 #include "app/commands.h"
+#include "app/lora_model.h"
 #include "vlm/check.h"
 #include "vlm/hf_checkpoint.h"
+#include "vlm/lora.h"
+#include "vlm/peft_adapter.h"
 
 namespace fs = std::filesystem;
 
@@ -17,13 +21,21 @@ namespace vlmtrain {
 
 const char* help_export() {
   return R"(usage: vlmtrain export --checkpoint DIR --out HF_DIR [--dtype bf16|fp32]
-                       [--tokenizer PATH] [--overwrite]
+                       [--tokenizer PATH] [--overwrite] [--merge [--base HF_DIR]]
 
 Writes a consolidated HF directory from a training checkpoint (step-<N>/ with its
 COMPLETE marker), whatever the world size that wrote it:
   config.json, model.safetensors (or sharded model-0000K-of-0000N.safetensors +
   model.safetensors.index.json), and the tokenizer files.
 HF transformers and `vlmtrain eval --model HF_DIR` load it unchanged.
+
+A LoRA checkpoint (policy = "lora") holds the adapters, not the base. By default it is
+written as a PEFT adapter directory (adapter_config.json, adapter_model.safetensors with
+PEFT's tensor names) that peft.PeftModel.from_pretrained loads on the HF base model, and
+`vlmtrain eval RECIPE --adapter DIR` on vlmtrain's; with --merge, the base the run trained
+on (its recipe's [model], or --base) with the adapters folded in (W += alpha/r B A), as a
+full HF directory. A LoRA run that also trains units in full (e.g. visual.merger) needs
+--merge: a PEFT LoRA adapter cannot carry them.
 
 options:
   --checkpoint DIR   a step-<N> checkpoint directory (or a run directory: its newest
@@ -33,6 +45,9 @@ options:
   --tokenizer PATH   tokenizer to copy (default: the one the run trained with)
   --max-shard-gb G   shard size limit (default 5)
   --overwrite        replace an existing HF_DIR
+  --merge            LoRA checkpoint: write the merged full model instead of an adapter
+  --base HF_DIR      with --merge: the base model directory (default: the run's model.path;
+                     a preset base is rebuilt from the run's seed)
 )";
 }
 
@@ -65,6 +80,41 @@ std::vector<std::pair<std::string, std::string>> tokenizer_files(const std::stri
   return out;
 }
 
+// A LoRA checkpoint as a PEFT adapter directory (no base weights read).
+int export_peft_adapter(const CheckpointReader& ck, const std::string& out, bool overwrite) {
+  const std::vector<std::string> full = full_trained_tensors(ck);
+  VLM_CHECK(full.empty(), "vlmtrain export: ", ck.dir(), " also trains ", full.size(), " tensor(s) in full (",
+            full.front(), ", ...), which a PEFT LoRA adapter cannot carry (hint: --merge writes the full model "
+            "with the adapters folded in)");
+  VLM_CHECK(overwrite || !fs::exists(out), "vlmtrain export: ", out, " exists (hint: --overwrite replaces it)");
+  const Recipe trained = checkpoint_recipe(ck);
+  const std::string base = !trained.model.path.empty() ? trained.model.path : "preset:" + trained.model.preset;
+  vlm::Qwen2VL model = lora_adapters_on_meta(ck);
+  vlm::write_peft_adapter(*model, out, base);
+  std::printf("export: %s (step %lld, LoRA) -> %s: PEFT adapter, %zu adapted modules, base %s\n", ck.dir().c_str(),
+              static_cast<long long>(ck.state().step), out.c_str(), vlm::lora_modules(*model).size(), base.c_str());
+  return 0;
+}
+
+// The base model the LoRA run trained on, with the checkpoint's adapters merged into it.
+vlm::NamedTensors merged_lora_tensors(const CheckpointReader& ck, const std::optional<std::string>& base_dir) {
+  const Recipe trained = checkpoint_recipe(ck);
+  ModelSection base = trained.model;
+  if (base_dir) {
+    base.preset.clear();
+    base.path = *base_dir;
+  }
+  base.tokenizer = ck.tokenizer_path();  // the one the run trained with (absolute)
+  LoadModelOptions opts;
+  opts.seed = static_cast<uint64_t>(trained.run.seed);
+  LoadedModel lm = load_lora_checkpoint(ck, base, opts, ck.dir() + "/recipe.toml");
+  const int64_t merged = vlm::merge_all_lora(*lm.model);
+  std::printf("export: merged %lld LoRA adapters into %s\n", static_cast<long long>(merged), lm.description.c_str());
+  vlm::NamedTensors out;
+  for (const auto& p : lm.model->named_parameters()) out.emplace_back(p.key(), p.value().detach());
+  return out;
+}
+
 }  // namespace
 
 int cmd_export(Args& args) {
@@ -74,6 +124,8 @@ int cmd_export(Args& args) {
   auto tok_override = args.value("tokenizer");
   auto shard_gb = args.value("max-shard-gb");
   const bool overwrite = args.flag("overwrite");
+  const bool merge = args.flag("merge");
+  auto base_dir = args.value("base");
   VLM_CHECK(args.positionals().empty(), "vlmtrain export: unexpected argument '", args.positionals().front(),
             "' (hint: --checkpoint DIR --out HF_DIR)");
   args.finish();
@@ -89,7 +141,11 @@ int cmd_export(Args& args) {
     dir = all.back();
   }
   CheckpointReader ck(dir);
-  vlm::NamedTensors tensors = ck.consolidated();
+  VLM_CHECK(!base_dir || merge, "vlmtrain export: --base applies with --merge only");
+  if (is_lora_checkpoint(ck) && !merge) return export_peft_adapter(ck, *out, overwrite);
+  VLM_CHECK(!merge || is_lora_checkpoint(ck), "vlmtrain export: --merge: ", dir,
+            " is not a LoRA checkpoint (it holds every weight already; export it without --merge)");
+  vlm::NamedTensors tensors = merge ? merged_lora_tensors(ck, base_dir) : ck.consolidated();
 
   nlohmann::json config = nlohmann::json::parse(ck.config_json());
   config["torch_dtype"] = dtype == "bf16" ? "bfloat16" : "float32";

@@ -29,6 +29,7 @@
 #include "sharding/ddp.h"
 #include "sharding/device_context.h"
 #include "sharding/fingerprint.h"
+#include "sharding/lora.h"
 #include "sharding/parallel_dims.h"
 #include "sharding/sharded_model.h"
 #include "vlm/check.h"
@@ -230,9 +231,11 @@ TrainSummary run_training(const Recipe& recipe) {
     auto sm = vlm::sharding::apply_policies(*model, sharding_options(recipe), dims);
     if (main) {
       const vlm::sharding::MemoryReport m0 = sm->memory();
-      spdlog::info("unit table:\n{}memory per rank: params {} + grads {} + optimizer {} (persistent)",
-                   vlm::sharding::unit_table_text(sm->unit_table()), human_bytes(m0.param_bytes),
-                   human_bytes(m0.grad_bytes), human_bytes(m0.optim_bytes));
+      const vlm::sharding::ParamCounts pc = vlm::sharding::count_params(sm->unit_table());
+      spdlog::info("unit table:\n{}params: total {}, trainable {}\nmemory per rank: params {} + grads {} + "
+                   "optimizer {} (persistent)",
+                   vlm::sharding::unit_table_text(sm->unit_table()), pc.total, pc.trainable,
+                   human_bytes(m0.param_bytes), human_bytes(m0.grad_bytes), human_bytes(m0.optim_bytes));
       for (const auto& n : sm->notes()) spdlog::warn("{}", n);
     }
 
