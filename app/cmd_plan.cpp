@@ -129,6 +129,7 @@ int plan_recipe(Args& args, const std::optional<std::string>& preset_name, bool 
   const auto world_arg = args.value("world-size");
   Recipe recipe = recipe_from_args(args);
   args.finish();
+  recipe.validate(Purpose::plan);
   int world = 1;
   if (world_arg) {
     try {

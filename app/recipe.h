@@ -211,7 +211,8 @@ struct ShardingRule {
   std::string match;      // globs on module paths, '|' = or: "visual.blocks.*|visual.patch_embed"
   std::string policy;     // freeze | ddp | fsdp | lora
   std::string strategy;   // fsdp: full_shard | shard_grad_op | no_shard; ddp: "" | shard_optimizer;
-                          // lora: "" | no_shard (base replicated) | full_shard (base sharded)
+                          // freeze and lora: "" | no_shard (replicated) | full_shard (the frozen
+                          // weights sharded, gathered for forward and backward)
   // policy = "lora" only (sharding/lora.h; PEFT's LoraConfig names in brackets):
   std::optional<int64_t> r;             // rank [r], default 8
   std::optional<double> alpha;          // scaling alpha / r [lora_alpha], default 16
