@@ -172,8 +172,9 @@ def run_batch(model, io, dtype):
     model.zero_grad(set_to_none=True)
     kwargs = dict(input_ids=io["input_ids"], attention_mask=io["attention_mask"])
     if "pixel_values" in io:
+        img = model.config.image_token_id  # the model's own id (tests may bring other configs)
         kwargs.update(pixel_values=io["pixel_values"].to(dtype), image_grid_thw=io["image_grid_thw"],
-                      mm_token_type_ids=(io["input_ids"] == IMG).to(torch.int32))
+                      mm_token_type_ids=(io["input_ids"] == img).to(torch.int32))
     out = model(**kwargs)
     hook.remove()
     logits = out.logits.float()  # as HF's own causal-LM loss (and vlmtrain) do

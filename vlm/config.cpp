@@ -325,7 +325,11 @@ nlohmann::json to_hf_json(const VlmConfig& c) {
   if (v2) {
     vj["embed_dim"] = v.embed_dim;
     vj["hidden_size"] = v.out_hidden_size;
-    vj["mlp_ratio"] = static_cast<double>(v.intermediate_size) / static_cast<double>(v.embed_dim);
+    // An int when exact, as hub configs write it (transformers 5 validates the field as int).
+    if (v.intermediate_size % v.embed_dim == 0)
+      vj["mlp_ratio"] = v.intermediate_size / v.embed_dim;
+    else
+      vj["mlp_ratio"] = static_cast<double>(v.intermediate_size) / static_cast<double>(v.embed_dim);
   } else {
     vj["hidden_size"] = v.embed_dim;
     vj["out_hidden_size"] = v.out_hidden_size;

@@ -92,7 +92,9 @@ vlm::Batch le_batch(const vlm::VlmConfig& cfg) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(77);
   const int64_t B = 2, text = 12, L = 6 + text;
   vlm::Batch b;
-  b.input_ids = torch::randint(4, 300, {B, L}, gen, torch::kInt64);
+  // Text ids above every special id of the tiny preset's tokenizer (bos/eos/pad, vision
+  // start/end, image/video pads: 1..8): a stray vision_start would change HF's M-RoPE ids.
+  b.input_ids = torch::randint(16, 300, {B, L}, gen, torch::kInt64);
   for (int64_t i = 0; i < B; ++i) {
     b.input_ids[i][0] = cfg.vision_start_token_id;
     for (int64_t k = 1; k <= 4; ++k) b.input_ids[i][k] = cfg.image_token_id;
