@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "vlm/check.h"
+#include "vlm/staged_dir.h"
 
 namespace vlm {
 namespace {
@@ -59,39 +60,6 @@ using TieKey = std::tuple<const void*, int64_t, std::vector<int64_t>, std::vecto
 TieKey tie_key(const torch::Tensor& t) {
   if (!t.has_storage()) return {t.unsafeGetTensorImpl(), 0, {}, {}};
   return {t.storage().unsafeGetStorageImpl(), t.storage_offset(), t.sizes().vec(), t.strides().vec()};
-}
-
-void write_file_synced(const std::string& path, const std::string& bytes) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  VLM_CHECK(fd >= 0, path, ": cannot create: ", std::strerror(errno));
-  const char* p = bytes.data();
-  size_t n = bytes.size();
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      std::string err = std::strerror(errno);
-      ::close(fd);
-      throw Error(str(path, ": write failed: ", err, " (hint: disk full?)"));
-    }
-    p += w;
-    n -= size_t(w);
-  }
-  bool ok = ::fsync(fd) == 0;
-  std::string err = std::strerror(errno);
-  ::close(fd);
-  VLM_CHECK(ok, path, ": fsync failed: ", err);
-}
-
-void fsync_dir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;  // best effort
-  ::fsync(fd);
-  ::close(fd);
-}
-
-std::string unique_suffix() {
-  return str(getpid(), "-", std::chrono::steady_clock::now().time_since_epoch().count());
 }
 
 }  // namespace
@@ -435,12 +403,9 @@ SaveHfReport save_hf_checkpoint(const std::string& dir, const NamedTensors& tens
               "\" would replace a weights file");
   }
 
-  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  fs::create_directories(parent, ec);
-  VLM_CHECK(!ec, parent.string(), ": cannot create directory: ", ec.message());
-  const fs::path tmp = parent / ("." + target.filename().string() + ".tmp-" + unique_suffix());
-  VLM_CHECK(fs::create_directory(tmp, ec) && !ec, tmp.string(), ": cannot create temp directory: ", ec.message());
-  try {
+  StagedDir out(dir);
+  const fs::path& tmp = out.tmp();
+  {
     SafetensorsWriteOptions wopts;
     wopts.float_dtype = opts.dtype;
     wopts.metadata = opts.metadata;
@@ -459,29 +424,7 @@ SaveHfReport save_hf_checkpoint(const std::string& dir, const NamedTensors& tens
       write_file_synced((tmp / fname).string(), text);
       report.files.push_back(fname);
     }
-    fsync_dir(tmp.string());
-
-    if (fs::exists(target, ec)) {
-      VLM_CHECK(opts.overwrite, dir, ": already exists (hint: choose a new directory, or overwrite)");
-      const fs::path old = parent / ("." + target.filename().string() + ".old-" + unique_suffix());
-      fs::rename(target, old, ec);
-      VLM_CHECK(!ec, dir, ": cannot move the existing directory aside: ", ec.message());
-      fs::rename(tmp, target, ec);
-      if (ec) {
-        std::error_code ec2;
-        fs::rename(old, target, ec2);  // put the old one back
-        throw Error(str(dir, ": cannot rename ", tmp.string(), " into place: ", ec.message()));
-      }
-      fs::remove_all(old, ec);
-    } else {
-      fs::rename(tmp, target, ec);
-      VLM_CHECK(!ec, dir, ": cannot rename ", tmp.string(), " into place: ", ec.message());
-    }
-    fsync_dir(parent.string());
-  } catch (...) {
-    std::error_code ec2;
-    fs::remove_all(tmp, ec2);
-    throw;
+    out.commit();
   }
   return report;
 }

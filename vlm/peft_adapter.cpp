@@ -22,6 +22,7 @@
 #include "vlm/hf_checkpoint.h"
 #include "vlm/lora.h"
 #include "vlm/safetensors.h"
+#include "vlm/staged_dir.h"
 
 namespace vlm {
 namespace {
@@ -131,35 +132,6 @@ std::string peft_slurp(const std::string& path) {
 }
 
 // ---------------------------------------------------------------- writing helpers
-
-void peft_write_synced(const std::string& path, const std::string& bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  VLM_CHECK(fd >= 0, path, ": cannot create: ", std::strerror(errno));
-  const char* p = bytes.data();
-  size_t n = bytes.size();
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      const std::string err = std::strerror(errno);
-      ::close(fd);
-      throw Error(str(path, ": write failed: ", err, " (hint: disk full?)"));
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  const bool ok = ::fsync(fd) == 0;
-  const std::string err = std::strerror(errno);
-  ::close(fd);
-  VLM_CHECK(ok, path, ": fsync failed: ", err);
-}
-
-void peft_fsync_dir(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;  // best effort
-  ::fsync(fd);
-  ::close(fd);
-}
 
 // The value most modules share (ties: the first seen in module order).
 template <typename T>
@@ -435,57 +407,21 @@ void write_peft_adapter(torch::nn::Module& model, const std::string& dir,
   cfg["layers_pattern"] = nullptr;
   cfg["inference_mode"] = true;
 
-  // Temp directory beside the target, then one swap.
+  // Temp directory beside the target, then one swap (staged_dir.h).
+  StagedDir out(dir);
   std::error_code ec;
-  fs::path target = fs::path(dir).lexically_normal();
-  if (target.filename().empty()) target = target.parent_path();  // "out/" -> "out"
-  const bool existed = fs::exists(target, ec);
-  VLM_CHECK(!existed || fs::is_directory(target, ec), dir, ": exists and is not a directory");
-  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  fs::create_directories(parent, ec);
-  VLM_CHECK(!ec, parent.string(), ": cannot create directory: ", ec.message());
-  const std::string suffix = str(::getpid(), "-", std::chrono::steady_clock::now().time_since_epoch().count());
-  const fs::path tmp = parent / ("." + target.filename().string() + ".tmp-" + suffix);
-  VLM_CHECK(fs::create_directory(tmp, ec) && !ec, tmp.string(), ": cannot create temp directory: ", ec.message());
-  try {
-    if (existed) {  // keep the directory's other files (README.md, ...): hard links, copies where links fail
-      for (const auto& e : fs::directory_iterator(target)) {
-        const std::string fname = e.path().filename().string();
-        if (fname == kPeftConfigFile || fname == kPeftWeightsFile) continue;
-        fs::copy(e.path(), tmp / fname, fs::copy_options::recursive | fs::copy_options::create_hard_links, ec);
-        if (ec) fs::copy(e.path(), tmp / fname, fs::copy_options::recursive, ec);
-        VLM_CHECK(!ec, dir, ": cannot carry ", e.path().string(), " over: ", ec.message());
-      }
+  if (out.target_existed()) {  // keep the directory's other files (README.md, ...): hard links, copies where links fail
+    for (const auto& e : fs::directory_iterator(out.target())) {
+      const std::string fname = e.path().filename().string();
+      if (fname == kPeftConfigFile || fname == kPeftWeightsFile) continue;
+      fs::copy(e.path(), out.tmp() / fname, fs::copy_options::recursive | fs::copy_options::create_hard_links, ec);
+      if (ec) fs::copy(e.path(), out.tmp() / fname, fs::copy_options::recursive, ec);
+      VLM_CHECK(!ec, dir, ": cannot carry ", e.path().string(), " over: ", ec.message());
     }
-    save_safetensors((tmp / kPeftWeightsFile).string(), tensors, {std::nullopt, {{"format", "pt"}}});
-    peft_write_synced((tmp / kPeftConfigFile).string(), cfg.dump(2) + "\n");
-    peft_fsync_dir(tmp);
-    if (existed) {
-      // Atomic exchange where the filesystem has it; else move the old one aside first.
-      if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
-        fs::remove_all(tmp, ec);  // now the old directory
-      } else {
-        const fs::path old = parent / ("." + target.filename().string() + ".old-" + suffix);
-        fs::rename(target, old, ec);
-        VLM_CHECK(!ec, dir, ": cannot move the existing directory aside: ", ec.message());
-        fs::rename(tmp, target, ec);
-        if (ec) {
-          std::error_code ec2;
-          fs::rename(old, target, ec2);  // put the old one back
-          throw Error(str(dir, ": cannot rename ", tmp.string(), " into place: ", ec.message()));
-        }
-        fs::remove_all(old, ec);
-      }
-    } else {
-      fs::rename(tmp, target, ec);
-      VLM_CHECK(!ec, dir, ": cannot rename ", tmp.string(), " into place: ", ec.message());
-    }
-    peft_fsync_dir(parent);
-  } catch (...) {
-    std::error_code ec2;
-    fs::remove_all(tmp, ec2);
-    throw;
   }
+  save_safetensors((out.tmp() / kPeftWeightsFile).string(), tensors, {std::nullopt, {{"format", "pt"}}});
+  write_file_synced((out.tmp() / kPeftConfigFile).string(), cfg.dump(2) + "\n");
+  out.commit();
 }
 
 }  // namespace vlm
