@@ -32,10 +32,10 @@ HF transformers and `vlmtrain eval --model HF_DIR` load it unchanged.
 A LoRA checkpoint (policy = "lora") holds the adapters, not the base. By default it is
 written as a PEFT adapter directory (adapter_config.json, adapter_model.safetensors with
 PEFT's tensor names) that peft.PeftModel.from_pretrained loads on the HF base model, and
-`vlmtrain eval RECIPE --adapter DIR` on vlmtrain's; with --merge, the base the run trained
-on (its recipe's [model], or --base) with the adapters folded in (W += alpha/r B A), as a
-full HF directory. A LoRA run that also trains units in full (e.g. visual.merger) needs
---merge: a PEFT LoRA adapter cannot carry them.
+`vlmtrain eval RECIPE --adapter DIR` on vlmtrain's; units the run trained in full beside
+the adapters (e.g. visual.merger) are written whole as PEFT's modules_to_save. With
+--merge: the base the run trained on (its recipe's [model], or --base) with the adapters
+folded in (W += alpha/r B A) and the trained units, as a full HF directory.
 
 options:
   --checkpoint DIR   a step-<N> checkpoint directory (or a run directory: its newest
@@ -81,18 +81,19 @@ std::vector<std::pair<std::string, std::string>> tokenizer_files(const std::stri
 }
 
 // A LoRA checkpoint as a PEFT adapter directory (no base weights read).
+// Units trained in full beside the adapters (the merger, ...) go in as PEFT's modules_to_save.
 int export_peft_adapter(const CheckpointReader& ck, const std::string& out, bool overwrite) {
-  const std::vector<std::string> full = full_trained_tensors(ck);
-  VLM_CHECK(full.empty(), "vlmtrain export: ", ck.dir(), " also trains ", full.size(), " tensor(s) in full (",
-            full.front(), ", ...), which a PEFT LoRA adapter cannot carry (hint: --merge writes the full model "
-            "with the adapters folded in)");
+  const std::vector<std::string> full = full_trained_units(ck);
   VLM_CHECK(overwrite || !fs::exists(out), "vlmtrain export: ", out, " exists (hint: --overwrite replaces it)");
   const Recipe trained = checkpoint_recipe(ck);
   const std::string base = !trained.model.path.empty() ? trained.model.path : "preset:" + trained.model.preset;
   vlm::Qwen2VL model = lora_adapters_on_meta(ck);
-  vlm::write_peft_adapter(*model, out, base);
-  std::printf("export: %s (step %lld, LoRA) -> %s: PEFT adapter, %zu adapted modules, base %s\n", ck.dir().c_str(),
-              static_cast<long long>(ck.state().step), out.c_str(), vlm::lora_modules(*model).size(), base.c_str());
+  vlm::write_peft_adapter(*model, out, base, full);
+  std::string saved;
+  for (const auto& u : full) saved += (saved.empty() ? "" : ", ") + u;
+  std::printf("export: %s (step %lld, LoRA) -> %s: PEFT adapter, %zu adapted modules%s, base %s\n", ck.dir().c_str(),
+              static_cast<long long>(ck.state().step), out.c_str(), vlm::lora_modules(*model).size(),
+              saved.empty() ? "" : (", modules_to_save " + saved).c_str(), base.c_str());
   return 0;
 }
 

@@ -34,6 +34,15 @@ std::vector<std::string> full_trained_tensors(const CheckpointReader& ck) {
   return out;
 }
 
+std::vector<std::string> full_trained_units(const CheckpointReader& ck) {
+  std::vector<std::string> out;
+  for (const auto& u : ck.trainer_json().at("units")) {
+    const std::string path = u.at("path");
+    if (u.at("trainable").get<bool>() && path.find('+') == std::string::npos) out.push_back(path);
+  }
+  return out;
+}
+
 namespace {
 
 // Attaches the checkpoint's adapters (its recipe's lora rules) and copies every tensor the
@@ -51,12 +60,11 @@ void load_lora_checkpoint_tensors(vlm::Qwen2VLImpl& model, const CheckpointReade
     VLM_CHECK(it->second.sizes() == t.sizes(), ck.dir(), ": tensor ", name, " has shape ", t.sizes(),
               " but the base model's parameter has ", it->second.sizes(),
               " (hint: the base is another model size than the one the run trained)");
-    if (it->second.is_meta()) {  // adapters of a meta model: give them real values
-      if (!vlm::is_lora_param(name)) continue;
-      auto* lin = dynamic_cast<vlm::LinearImpl*>(
-          model.named_modules()[name.substr(0, name.size() - std::string(".weight").size())].get());
-      VLM_CHECK(lin != nullptr, ck.dir(), ": ", name, " is not the weight of a Linear adapter");
-      lin->replace_parameter("weight", t.to(torch::kFloat32).clone());
+    if (it->second.is_meta()) {  // a meta model: give the trained tensors real values
+      const size_t dot = name.rfind('.');
+      auto* layer = dynamic_cast<vlm::LayerBase*>(model.named_modules()[name.substr(0, dot)].get());
+      VLM_CHECK(layer != nullptr, ck.dir(), ": ", name, " is not a parameter of a vlm layer");
+      layer->replace_parameter(name.substr(dot + 1), t.to(torch::kFloat32).clone());
       continue;
     }
     it->second.copy_(t);

@@ -29,6 +29,8 @@ Recipe checkpoint_recipe(const CheckpointReader& ck);
 // Names of the checkpoint's trained tensors that are not LoRA adapters (units trained in
 // full next to the adapters, e.g. visual.merger), in checkpoint order.
 std::vector<std::string> full_trained_tensors(const CheckpointReader& ck);
+// The unit paths of those tensors ("visual.merger"): PEFT's modules_to_save.
+std::vector<std::string> full_trained_units(const CheckpointReader& ck);
 
 // base: where the frozen weights come from (an HF directory or a preset + opts.seed, as
 // load_model); the tokenizer too. Adapters from the checkpoint's lora rules, values from
@@ -37,9 +39,9 @@ std::vector<std::string> full_trained_tensors(const CheckpointReader& ck);
 LoadedModel load_lora_checkpoint(const CheckpointReader& ck, const ModelSection& base, const LoadModelOptions& opts,
                                  const std::string& recipe_source = "");
 
-// Adapters only: the model is built on the meta device from the checkpoint's config.json
-// (no base weights read); only the adapter parameters hold real values (CPU, fp32). For
-// writing a PEFT adapter.
+// Trained tensors only: the model is built on the meta device from the checkpoint's
+// config.json (no base weights read); only the adapters and the parameters of units trained
+// in full hold real values (CPU, fp32). For writing a PEFT adapter.
 vlm::Qwen2VL lora_adapters_on_meta(const CheckpointReader& ck);
 
 }  // namespace vlmtrain

@@ -71,10 +71,11 @@ def run(peft_model, io):
     from peft import get_peft_model_state_dict
     hf = peft_model.base_model.model
     res, grads = H.run_batch(hf, {k: io[k] for k in IO_KEYS if k in io}, torch.float32)
-    named = {"base_model.model." + n: g for n, g in grads.items() if "lora_" in n}
-    adapter_grads = get_peft_model_state_dict(peft_model, state_dict=named)
-    params = get_peft_model_state_dict(peft_model)
-    assert set(adapter_grads) == set(params), (sorted(adapter_grads), sorted(params))
+    named = {"base_model.model." + n: g for n, g in grads.items()}  # modules_to_save need theirs too
+    adapter_grads = {k: g for k, g in get_peft_model_state_dict(peft_model, state_dict=named).items()
+                     if ".lora_" in k}
+    params = {k for k in get_peft_model_state_dict(peft_model) if ".lora_" in k}  # not modules_to_save
+    assert set(adapter_grads) == params, (sorted(adapter_grads), sorted(params))
     for k, g in adapter_grads.items():
         assert g.abs().max() > 0, f"adapter gradient {k} is zero: the batch does not reach it"
     keep = ["logits", "loss_sum", "n_tokens"]

@@ -154,6 +154,24 @@ ojson peft_alpha_json(double a) {
 
 // ---------------------------------------------------------------- read
 
+// The canonical parameter name of a modules_to_save tensor ("base_model.model.<module>.<p>"),
+// which must lie under one of the config's modules_to_save entries (PEFT's matching: the
+// module name is the entry or ends with "." + entry).
+std::string peft_saved_canonical(const std::string& name, const std::vector<std::string>& saved,
+                                 const std::string& st_path, const std::string& cfg_path) {
+  const std::string prefix = "base_model.model.";
+  VLM_CHECK(name.rfind(prefix, 0) == 0, st_path, ": tensor '", name, "' does not start with '", prefix,
+            "' (hint: a PEFT adapter saved by save_pretrained)");
+  const std::string stored = name.substr(prefix.size());
+  for (const std::string& e : saved) {
+    const size_t at = stored.rfind(e + ".");
+    if (at != std::string::npos && (at == 0 || stored[at - 1] == '.')) return canonical_hf_name(stored);
+  }
+  throw Error(str(st_path, ": tensor '", name, "' is neither a LoRA tensor (<module>.lora_A/lora_B.weight) nor under ",
+                  "a module of modules_to_save in ", cfg_path, " (hint: only LoRA adapters, optionally with ",
+                  "modules_to_save, are supported: no DoRA magnitudes or lora biases)"));
+}
+
 PeftAdapter read_peft_adapter(const std::string& dir) {
   std::error_code ec;
   VLM_CHECK(fs::is_directory(dir, ec), dir, ": not a directory (hint: a PEFT adapter directory holds ",
@@ -191,7 +209,6 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
   };
   for (const Unsupported& u : {
            Unsupported{"use_dora", "DoRA adds a magnitude vector and normalises the weight"},
-           Unsupported{"modules_to_save", "whole modules trained beside the adapter are not read"},
            Unsupported{"fan_in_fan_out", "transposed (Conv1D-style) base weights are not used by Qwen2-VL"},
            Unsupported{"lora_bias", "lora_B with a bias is not supported"},
            Unsupported{"layer_replication", "replicated layers change the model"},
@@ -222,6 +239,14 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
         VLM_CHECK(e.is_string(), cfg_path, ": target_modules entries must be strings, got ", e.dump());
         a.target_modules.push_back(e.get<std::string>());
       }
+    }
+  }
+  if (const ojson* m = peft_field(cfg, "modules_to_save"); peft_is_set(m)) {
+    VLM_CHECK(m->is_array(), cfg_path, ": modules_to_save must be a list of module names, got ", m->dump());
+    for (const auto& e : *m) {
+      VLM_CHECK(e.is_string() && !e.get<std::string>().empty(), cfg_path,
+                ": modules_to_save entries must be module names, got ", e.dump());
+      a.modules_to_save.push_back(e.get<std::string>());
     }
   }
   a.defaults.r = peft_field(cfg, "r") ? peft_rank(cfg["r"], cfg_path, "\"r\"") : 8;  // PEFT's defaults
@@ -261,6 +286,10 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
   };
   std::map<std::string, Pair> by_module;  // canonical module -> its tensors
   for (const std::string& name : st.names()) {
+    if (name.find(".lora_A.") == std::string::npos && name.find(".lora_B.") == std::string::npos) {
+      a.saved_tensors.emplace_back(peft_saved_canonical(name, a.modules_to_save, st_path, cfg_path), st.get(name));
+      continue;
+    }
     std::string canonical;
     try {
       canonical = canonical_from_peft(name);
@@ -279,6 +308,8 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
     p.peft_module = stored;
   }
   VLM_CHECK(!by_module.empty(), st_path, ": holds no LoRA tensors");
+  VLM_CHECK(a.modules_to_save.empty() || !a.saved_tensors.empty(), st_path, ": ", cfg_path,
+            " lists modules_to_save but the file holds none of their tensors");
   for (const auto& [module, p] : by_module) {
     VLM_CHECK(!p.a_name.empty() && !p.b_name.empty(), st_path, ": ", module, " has ",
               p.a_name.empty() ? "lora_B but no lora_A" : "lora_A but no lora_B", " (",
@@ -330,7 +361,18 @@ void apply_peft_adapter(torch::nn::Module& model, const PeftAdapter& adapter) {
               " and lora_B ", m.lora_B.sizes(), " do not fit the base weight [", out, ", ", in, "] (expected lora_A [r, ",
               in, "], lora_B [", out, ", r]; hint: an adapter for another model size?)");
   }
+  std::map<std::string, torch::Tensor> params;
+  for (const auto& p : model.named_parameters()) params[p.key()] = p.value();
+  for (const auto& [name, t] : adapter.saved_tensors) {
+    auto it = params.find(name);
+    VLM_CHECK(it != params.end(), where, ": modules_to_save tensor ", name, " is not a parameter of the model");
+    VLM_CHECK(it->second.sizes() == t.sizes(), where, ": modules_to_save tensor ", name, " is ", t.sizes(),
+              " but the model's parameter is ", it->second.sizes(), " (hint: an adapter for another model size?)");
+    VLM_CHECK(!it->second.is_meta(), where, ": ", name, " is on the meta device (hint: materialise the base first)");
+  }
   torch::NoGradGuard no_grad;
+  for (const auto& [name, t] : adapter.saved_tensors)
+    params.at(name).copy_(t.to(params.at(name).device(), params.at(name).scalar_type()));
   for (const auto& m : adapter.modules) {
     LinearImpl& lin = *linears.at(m.module);
     add_lora(lin, m.options, /*seed=*/0, m.module);
@@ -342,7 +384,8 @@ void apply_peft_adapter(torch::nn::Module& model, const PeftAdapter& adapter) {
 // ---------------------------------------------------------------- write
 
 void write_peft_adapter(torch::nn::Module& model, const std::string& dir,
-                        const std::string& base_model_name_or_path) {
+                        const std::string& base_model_name_or_path,
+                        const std::vector<std::string>& modules_to_save) {
   VLM_CHECK(!dir.empty(), "write_peft_adapter: empty directory path");
   const auto mods = lora_modules(model);
   VLM_CHECK(!mods.empty(), "write_peft_adapter ", dir, ": the model has no LoRA adapter (hint: add_lora first)");
@@ -366,6 +409,18 @@ void write_peft_adapter(torch::nn::Module& model, const std::string& dir,
     rslora.push_back(lin->lora_options.rslora);
     dropout.push_back(lin->lora_options.dropout);
     init.push_back(static_cast<int>(lin->lora_options.init));
+  }
+  ojson saved = ojson::array();
+  for (const std::string& module : modules_to_save) {
+    int64_t n = 0;
+    for (const auto& p : model.named_parameters()) {
+      if (p.key().rfind(module + ".", 0) != 0 || is_lora_param(p.key())) continue;
+      VLM_CHECK(!p.value().is_meta(), "write_peft_adapter ", dir, ": ", p.key(), " is on the meta device");
+      tensors.emplace_back("base_model.model." + styled_hf_name(p.key(), HfNameStyle::kNested), p.value().detach());
+      ++n;
+    }
+    VLM_CHECK(n > 0, "write_peft_adapter ", dir, ": modules_to_save entry ", module, " has no parameters");
+    saved.push_back(styled_hf_name(module, HfNameStyle::kNested));
   }
   const int64_t r0 = peft_most_common(ranks);
   const bool rs0 = peft_most_common(rslora);
@@ -402,7 +457,7 @@ void write_peft_adapter(torch::nn::Module& model, const std::string& dir,
   cfg["use_dora"] = false;
   cfg["lora_bias"] = false;
   cfg["fan_in_fan_out"] = false;
-  cfg["modules_to_save"] = nullptr;
+  cfg["modules_to_save"] = saved.empty() ? ojson() : saved;
   cfg["layers_to_transform"] = nullptr;
   cfg["layers_pattern"] = nullptr;
   cfg["inference_mode"] = true;

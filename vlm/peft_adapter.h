@@ -62,13 +62,19 @@ struct PeftAdapter {
   std::vector<std::pair<std::string, int64_t>> rank_pattern;  // in file order
   std::vector<std::pair<std::string, double>> alpha_pattern;  // in file order
   std::vector<PeftModuleAdapter> modules;                    // in the file's name order
+  // modules_to_save: modules trained in full beside the adapters (e.g. the merger), as
+  // written (PEFT: a module matches an entry when its name is the entry or ends with
+  // "." + entry), and their tensors under canonical parameter names (stored dtype, CPU).
+  std::vector<std::string> modules_to_save;
+  std::vector<std::pair<std::string, torch::Tensor>> saved_tensors;
 };
 
 // Reads and validates <dir>/adapter_config.json and <dir>/adapter_model.safetensors.
 PeftAdapter read_peft_adapter(const std::string& dir);
 
 // For each adapted module: the vlm::Linear at its canonical path gets add_lora(options) and
-// the adapter's values, cast to the base weight's dtype and device. Everything is checked
+// the adapter's values, cast to the base weight's dtype and device; each saved_tensors entry
+// is copied into the model's parameter of that name (shape checked). Everything is checked
 // before the first change (error naming the module: no such Linear, in/out disagreeing
 // with the base weight, an adapter already present, a base on the meta device).
 void apply_peft_adapter(torch::nn::Module& model, const PeftAdapter& adapter);
@@ -88,7 +94,11 @@ void apply_peft_adapter(torch::nn::Module& model, const PeftAdapter& adapter);
 // an existing `dir`), are fsynced, and replace `dir` in one rename exchange (two renames
 // where the filesystem lacks it, the old directory moved aside first and removed last),
 // so a failure never leaves a half-written adapter in place of a good one.
+// modules_to_save: canonical module paths (e.g. "visual.merger") whose parameters are written
+// in full beside the adapters, under PEFT's names, and listed (nested names) in the config's
+// modules_to_save, which PeftModel.from_pretrained loads into the base.
 void write_peft_adapter(torch::nn::Module& model, const std::string& dir,
-                        const std::string& base_model_name_or_path);
+                        const std::string& base_model_name_or_path,
+                        const std::vector<std::string>& modules_to_save = {});
 
 }  // namespace vlm

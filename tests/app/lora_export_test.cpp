@@ -34,17 +34,17 @@ namespace {
 
 constexpr double kLeTol = 1e-5;
 
-// One LoRA run shared by the tests of this file.
+// A LoRA run shared by the tests of this file: adapters only, or adapters + the merger trained
+// in full (ddp), which exports as PEFT's modules_to_save.
 struct LeRun {
   std::unique_ptr<TempDir> dir;
   std::string ckpt;  // its final checkpoint
   std::string error;
 };
 
-LeRun& le_run() {
-  static LeRun r = [] {
+LeRun le_make_run(bool with_merger) {
     LeRun out;
-    out.dir = std::make_unique<TempDir>("lora_export");
+    out.dir = std::make_unique<TempDir>(with_merger ? "lora_export_merger" : "lora_export");
     const std::string data = *out.dir / "data";
     auto synth = vlmtest::run({vlmtest::vlmtrain_bin(), "synth-ocr", "--out", data, "--train", "24", "--val", "8",
                                "--seed", "3", "--vocab-size", "400"},
@@ -56,8 +56,9 @@ LeRun& le_run() {
     std::vector<std::string> argv = vlmtest::tiny_train_args(*out.dir / "run", data, 3, 0);
     for (const std::string& s :
          {std::string("sharding.default=freeze"),
-          std::string("sharding.module=[{match = \"model.layers.*.self_attn.*_proj|model.layers.*.mlp.*_proj\", "
-                      "policy = \"lora\", strategy = \"full_shard\", r = 4, alpha = 8}]"),
+          std::string("sharding.module=[") + (with_merger ? "{match = \"visual.merger\", policy = \"ddp\"}, " : "") +
+              "{match = \"model.layers.*.self_attn.*_proj|model.layers.*.mlp.*_proj\", "
+              "policy = \"lora\", strategy = \"full_shard\", r = 4, alpha = 8}]",
           std::string("data.eval=[\"") + data + "/val.jsonl\"]"}) {
       argv.push_back("--set");
       argv.push_back(s);
@@ -71,7 +72,15 @@ LeRun& le_run() {
     if (all.empty()) out.error = "no checkpoint in " + (*out.dir / "run") + ":\n" + train.output;
     else out.ckpt = all.back();
     return out;
-  }();
+}
+
+LeRun& le_run() {
+  static LeRun r = le_make_run(false);
+  return r;
+}
+
+LeRun& le_run_with_merger() {
+  static LeRun r = le_make_run(true);
   return r;
 }
 
@@ -152,9 +161,9 @@ TEST(LoraExport, CheckpointHoldsAdaptersOnlyAndExportsThemExactly) {
   EXPECT_EQ(nonzero_b, static_cast<int64_t>(a.modules.size())) << "3 steps must move every B away from 0";
 }
 
-TEST(LoraExport, PeftLoadsTheExportedAdapterToVlmtrainsLogits) {
-  LeRun& r = le_run();
-  LE_REQUIRE_RUN(r);
+// Exports `r`'s checkpoint as a PEFT adapter, saves the base as an HF directory, and has PEFT
+// load both: its logits must be vlmtrain's (the checkpoint on the base).
+static void le_check_peft_logits(LeRun& r, const std::string& tag) {
   vlmtrain::CheckpointReader ck(r.ckpt);
   const std::string adapter = *r.dir / "adapter_peft";
   auto ex = vlmtest::run({vlmtest::vlmtrain_bin(), "export", "--checkpoint", r.ckpt, "--out", adapter});
@@ -182,10 +191,31 @@ TEST(LoraExport, PeftLoadsTheExportedAdapterToVlmtrainsLogits) {
   const torch::Tensor theirs = vlm::SafetensorsFile::open(peft_out).get("logits").clone();
   ASSERT_EQ(ours.sizes(), theirs.sizes());
   const double rel = le_rel(ours, theirs);
-  std::cout << "[lora_export] vlmtrain LoRA checkpoint vs PEFT(exported adapter) logits: " << rel << "\n";
+  std::cout << "[lora_export] " << tag << ": vlmtrain LoRA checkpoint vs PEFT(exported adapter) logits: " << rel << "\n";
   EXPECT_LE(rel, kLeTol);
   // And the adapters are not a no-op on this batch (else the comparison proves little).
   EXPECT_GT(le_rel(le_logits(base.model, b), theirs), 100 * kLeTol);
+}
+
+TEST(LoraExport, PeftLoadsTheExportedAdapterToVlmtrainsLogits) {
+  LeRun& r = le_run();
+  LE_REQUIRE_RUN(r);
+  le_check_peft_logits(r, "adapters");
+}
+
+// The merger trained in full beside the adapters: exported as modules_to_save, which PEFT loads.
+TEST(LoraExport, UnitsTrainedInFullExportAsModulesToSave) {
+  LeRun& r = le_run_with_merger();
+  LE_REQUIRE_RUN(r);
+  vlmtrain::CheckpointReader ck(r.ckpt);
+  EXPECT_EQ(vlmtrain::full_trained_units(ck), std::vector<std::string>{"visual.merger"});
+  le_check_peft_logits(r, "adapters + merger");
+  const vlm::PeftAdapter a = vlm::read_peft_adapter(*r.dir / "adapter_peft");
+  EXPECT_EQ(a.modules_to_save, std::vector<std::string>{"model.visual.merger"});
+  const auto trained = ck.consolidated();
+  std::map<std::string, torch::Tensor> by_name(trained.begin(), trained.end());
+  ASSERT_EQ(a.saved_tensors.size(), vlmtrain::full_trained_tensors(ck).size());
+  for (const auto& [name, t] : a.saved_tensors) EXPECT_TRUE(torch::equal(t.to(torch::kFloat32), by_name.at(name))) << name;
 }
 
 TEST(LoraExport, MergedExportEqualsUnmergedAndEvalReadsCheckpointAndAdapterAlike) {

@@ -263,3 +263,27 @@ TEST(PeftAdapterApply, WriteNeedsAnAdapter) {
 }
 
 }  // namespace
+
+// modules_to_save: tensors under a listed module (PEFT's matching: the module name is the
+// entry or ends with "." + entry) are read whole under canonical names; any other non-LoRA
+// tensor is an error naming it.
+TEST(PeftAdapterConfig, ModulesToSaveTensorsAreReadAndOthersRefused) {
+  vlmtest::TempDir dir("peft_mts");
+  ojson cfg = pat_config();
+  cfg["modules_to_save"] = {"visual.merger"};  // a suffix of model.visual.merger
+  vlm::NamedTensors t = pat_pair(kPatQ0, 2);
+  const torch::Tensor w = torch::randn({6, 8});
+  t.emplace_back("base_model.model.model.visual.merger.mlp.0.weight", w);
+  pat_write(dir / "ok", cfg, t);
+  const auto a = vlm::read_peft_adapter(dir / "ok");
+  EXPECT_EQ(a.modules_to_save, std::vector<std::string>{"visual.merger"});
+  ASSERT_EQ(a.saved_tensors.size(), 1u);
+  EXPECT_EQ(a.saved_tensors[0].first, "visual.merger.mlp.0.weight");
+  EXPECT_TRUE(torch::equal(a.saved_tensors[0].second, w));
+
+  t.emplace_back("base_model.model.model.language_model.norm.weight", torch::randn({6}));
+  pat_write(dir / "bad", cfg, t);
+  const std::string err = pat_error(dir / "bad");
+  EXPECT_NE(err.find("base_model.model.model.language_model.norm.weight"), std::string::npos) << err;
+  EXPECT_NE(err.find("modules_to_save"), std::string::npos) << err;
+}
