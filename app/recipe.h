@@ -319,11 +319,13 @@ struct LogSection {
   int64_t every = 1;              // steps between log lines
   std::string level = "info";     // trace | debug | info | warn | error (env VLMTRAIN_LOG_LEVEL wins)
   bool all_ranks = false;         // log from every rank, not only rank 0
+  bool tensorboard = true;        // TensorBoard event files under <run.output_dir>/tb/ (rank 0)
 
   template <class V> void fields(V& v) {
     v("every", every, Range{1, 1e9});
     v("level", level, Choice{{"trace", "debug", "info", "warn", "error"}});
     v("all_ranks", all_ranks);
+    v("tensorboard", tensorboard);
   }
 };
 

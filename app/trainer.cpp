@@ -23,6 +23,7 @@
 #include "app/model_source.h"
 #include "app/perf_counters.h"
 #include "app/sharding_options.h"
+#include "app/tensorboard.h"
 #include "app/train_data.h"
 #include "data/synth_ocr.h"
 #include "sharding/comm.h"
@@ -122,10 +123,14 @@ void maybe_fault_exit(int64_t step, int rank) {
   }
 }
 
-// ---------------------------------------------------------------- metrics.jsonl
+// ---------------------------------------------------------------- metrics.jsonl + TensorBoard
+// Every metrics line goes to <output_dir>/metrics.jsonl and, with log.tensorboard, the same
+// object's numbers to the TensorBoard events under <output_dir>/tb/ (rank 0 only), so the
+// two cannot drift. `first_step` is the first step this process logs (after a resume).
 class MetricsFile {
  public:
-  MetricsFile(const std::string& dir, bool enabled) {
+  MetricsFile(const std::string& dir, bool enabled, bool tensorboard, int64_t first_step)
+      : tb_(enabled && tensorboard ? (fs::path(dir) / "tb").string() : "", first_step) {
     if (!enabled) return;
     path_ = (fs::path(dir) / "metrics.jsonl").string();
     out_.open(path_, std::ios::app);
@@ -135,11 +140,14 @@ class MetricsFile {
     if (!out_.is_open()) return;
     out_ << j.dump() << "\n";
     out_.flush();
+    tb_.write_metrics(j);
   }
+  const std::string& tensorboard_file() const { return tb_.path(); }
 
  private:
   std::string path_;
   std::ofstream out_;
+  TensorBoardWriter tb_;
 };
 
 std::string human_bytes(double b) {
@@ -283,7 +291,10 @@ TrainSummary run_training(const Recipe& recipe) {
     FlopModel flop_model(sm->unit_table(), cfg);
     std::string peak_how;
     const double peak = peak_flops_per_rank(dims.device(), &peak_how);
-    MetricsFile metrics(out_dir, main);
+    MetricsFile metrics(out_dir, main, recipe.log.tensorboard, st.step + 1);
+    if (main && !metrics.tensorboard_file().empty())
+      spdlog::info("tensorboard: {} (tensorboard --logdir {})", metrics.tensorboard_file(),
+                   (fs::path(out_dir) / "tb").string());
     if (main)
       spdlog::info("MFU convention: 6N per token for trained units, 2N for frozen, 4N for a LoRA base, no attention FLOPs; peak: {}",
                    peak_how);
