@@ -104,6 +104,25 @@ TEST(RecordReader, JsonlKeepsLineNumbersAndOffsets) {
   EXPECT_EQ(recs[1].number, 4);
 }
 
+// Records crossing the reader's 1 MiB buffer, and one record larger than the buffer.
+TEST(RecordReader, RecordsAcrossBufferBoundaries) {
+  vlmtest::TempDir dir("rr");
+  json arr = json::array();
+  for (int i = 0; i < 30000; ++i) arr.push_back({{"i", i}, {"s", std::string(size_t(i % 97), 'x') + "]}\"{"}});
+  arr.push_back({{"big", std::string(size_t(3) << 20, 'b')}});
+  arr.push_back({{"i", -1}});
+  const std::string text = arr.dump(1);
+  ASSERT_GT(text.size(), size_t(5) << 20);
+  vlmtest::write_file(dir / "big.json", text);
+  auto recs = read_all(dir / "big.json");
+  ASSERT_EQ(recs.size(), arr.size());
+  for (size_t i = 0; i < recs.size(); ++i) {
+    ASSERT_TRUE(recs[i].error.empty()) << i;
+    ASSERT_EQ(json::parse(recs[i].text), arr[i]) << i;
+    ASSERT_EQ(text.compare(size_t(recs[i].offset), recs[i].text.size(), recs[i].text), 0) << i;
+  }
+}
+
 TEST(ImageSource, Base64AndClassification) {
   const std::vector<uint8_t> bytes = {0, 1, 2, 250, 251, 252, 253, 254, 255, 'x'};
   for (size_t n = 0; n <= bytes.size(); ++n) {
@@ -217,6 +236,28 @@ TEST(DatasetInfo, LlamaFactorySharegptAndOpenAiEntries) {
   EXPECT_NE(error_of(dir / "dataset_info.json#nope").find("no dataset \"nope\""), std::string::npos);
   EXPECT_NE(error_of(dir / "dataset_info.json#hub").find("hf_hub_url"), std::string::npos);
   EXPECT_NE(error_of(dir / "dataset_info.json#dpo").find("ranking"), std::string::npos);
+}
+
+// data.format = sharegpt without a dataset_info.json: conversations with from/value, or the
+// OpenAI variant (messages with role/content), and a "system" column.
+TEST(DatasetInfo, SharegptWithoutDatasetInfo) {
+  vlmtest::TempDir dir("lf");
+  fmt_png(dir / "a.png", 20, 30);
+  vlmtest::write_file(dir / "d.jsonl",
+      R"({"conversations":[{"from":"human","value":"<image>q"},{"from":"gpt","value":"a"}],"system":"S","images":["a.png"]})" "\n"
+      R"({"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}]})" "\n"
+      R"({"messages":[{"role":"assistant","content":"a"},{"role":"user","content":"q"}]})" "\n");
+  DatasetOptions o = fmt_quiet();
+  o.format = DatasetFormat::kSharegpt;
+  Dataset ds = load_dataset({dir / "d.jsonl"}, o);
+  ASSERT_EQ(ds.records.size(), 2u) << ds.summary();
+  ASSERT_EQ(ds.records[0].turns.size(), 3u);
+  EXPECT_EQ(ds.records[0].turns[0].content, "S");
+  EXPECT_EQ(ds.records[0].images.at(0).path, dir / "a.png");  // the file's folder
+  EXPECT_EQ(ds.records[1].turns.size(), 2u);
+  ASSERT_EQ(ds.bad.size(), 1u);
+  EXPECT_EQ(ds.bad[0].reason, "invalid turn order");
+  EXPECT_EQ(ds.bad[0].location(), dir / "d.jsonl:3");
 }
 
 // LLaMA-Factory's alpaca format (the default formatting) with history, system and images.
