@@ -14,7 +14,8 @@
 //               function_tag (defaults from, value, human, gpt, system, observation,
 //               function_call)
 // Relative image paths resolve against the dataset_info.json folder (LLaMA-Factory's
-// default media_dir) unless data.image_root is set. Refused with a vlm::Error naming the
+// default media_dir) unless data.image_root is set. Unlike LLaMA-Factory, a path missing
+// there is not retried relative to the working directory: it is a "missing image" record. Refused with a vlm::Error naming the
 // entry: hub or script datasets (hf_hub_url, ms_hub_url, om_hub_url, script_url,
 // cloud_file_name: vlmtrain reads local files only), ranking (preference) datasets, other
 // formatting values, a missing name (the error lists the names there). Ignored: tools,
