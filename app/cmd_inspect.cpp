@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.h"
+#include "app/data_options.h"
 #include "data/data_stats.h"
 #include "data/dataset.h"
 #include "data/image.h"
@@ -31,8 +32,14 @@ image-token histograms (before and after data.max_image_tokens), text tokens, su
 tokens and sequence lengths (text + capped image tokens), and how many samples exceed
 data.max_seq_len. Token statistics need model.tokenizer (or model.path). Histograms use
 power-of-two buckets: value v counts under the smallest power of two >= v.
+Per file it prints the container (jsonl or json array) and the record format recognised
+(or forced by data.format / a dataset_info.json entry), usable and refused records; then
+every refused record with its location (file:line, or file:record N in a JSON array) and
+reason (the first 50 in the text output).
   --json                one JSON object: {"tokenizer", "max_image_tokens", "max_seq_len",
-                        "splits": {"train": {...}, "eval": {...}}}
+                        "splits": {"train": {...}, "eval": {...}}}; each split also has
+                        "sources": [{"entry", "path", "container", "format", "records",
+                        "bad"}] and "bad_records": [{"location", "reason", "detail"}]
 
 inspect image: decodes FILE as training does (EXIF orientation applied, alpha composited
 over white, 16-bit reduced to its high byte), applies smart_resize and prints the original
@@ -119,10 +126,7 @@ int inspect_data(Args& args) {
   VLM_CHECK(!d.train.empty() || !d.eval.empty(), recipe.location("data.train"),
             ": data.train and data.eval are both empty (hint: --set data.train=FILE.jsonl)");
 
-  vlm::data::DatasetOptions dopt;
-  dopt.format = vlm::data::parse_dataset_format(d.format);
-  dopt.image_root = d.image_root;
-  dopt.ocr_prompt = d.prompt;
+  vlm::data::DatasetOptions dopt = dataset_options(recipe);
   dopt.max_bad_fraction = 1.0;  // inspecting reports bad records instead of failing
   dopt.max_printed_warnings = as_json ? 0 : 10;
   if (as_json) dopt.warn = [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); };
@@ -152,9 +156,26 @@ int inspect_data(Args& args) {
     vlm::data::DatasetStats st = vlm::data::dataset_stats(ds, counts, sopt);
     nlohmann::json j = st.to_json();
     j["files"] = files;
+    nlohmann::json sources = nlohmann::json::array(), bad = nlohmann::json::array();
+    std::string ftext = "  files:\n";
+    for (const vlm::data::FileSummary& f : ds.files) {
+      const std::string format = vlm::data::to_string(f.format);
+      sources.push_back({{"entry", f.spec}, {"path", f.path}, {"container", f.container},
+                         {"format", format}, {"records", f.records}, {"bad", f.bad}});
+      ftext += vlm::str("    ", f.spec, f.spec == f.path ? "" : " -> " + f.path, ": ", f.container,
+                       ", format ", format, ", ", f.records, " records, ", f.bad, " refused\n");
+    }
+    for (size_t i = 0; i < ds.bad.size(); ++i) {
+      const vlm::data::BadRecord& b = ds.bad[i];
+      bad.push_back({{"location", b.location()}, {"reason", b.reason}, {"detail", b.detail}});
+      if (i < 50) ftext += vlm::str("    refused ", b.location(), ": ", b.reason, ": ", b.detail, "\n");
+      else if (i == 50) ftext += vlm::str("    ... ", ds.bad.size() - 50, " more refused (see --json)\n");
+    }
+    j["sources"] = std::move(sources);
+    j["bad_records"] = std::move(bad);
     if (tok) j["token_counts_cached"] = cs.cached;
     splits[name] = std::move(j);
-    text += vlm::data::format_stats(name, st, sopt);
+    text += vlm::data::format_stats(name, st, sopt) + ftext;
   }
   if (as_json) {
     nlohmann::json out = {{"recipe", recipe.source},

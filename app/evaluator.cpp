@@ -37,7 +37,10 @@ std::vector<EvalDataset> load_eval_datasets(const Recipe& recipe,
   for (const std::string& file : jsonl_files) {
     vlm::data::Dataset ds = vlm::data::load_dataset({file}, dopt);
     EvalDataset set;
-    set.name = fs::path(file).stem().string();
+    // Named after the file stem, or the dataset name of a "dataset_info.json#name" entry.
+    const size_t hash = file.rfind('#');
+    set.name = hash != std::string::npos && !fs::is_regular_file(file) ? file.substr(hash + 1)
+                                                                         : fs::path(file).stem().string();
     int k = 1;
     const std::string stem = set.name;
     auto taken = [&](const std::string& n) {

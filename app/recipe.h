@@ -83,10 +83,18 @@ struct SynthSection {
 };
 
 struct DataSection {
-  std::vector<std::string> train;        // JSONL files (a single string is accepted)
-  std::vector<std::string> eval;         // JSONL files scored by eval / periodic eval
-  std::string format = "auto";           // auto | messages | llava | ocr
-  std::string image_root;                // base for relative image paths (default: JSONL dir)
+  // Dataset entries (a single string is accepted): JSONL files, JSON-array files (.json,
+  // read streaming), or LLaMA-Factory datasets as "path/to/dataset_info.json#name" (or
+  // "folder#name" for the folder holding dataset_info.json); see data/dataset_info.h.
+  std::vector<std::string> train;
+  std::vector<std::string> eval;         // same kinds of entries, scored by eval / periodic eval
+  // Record format of every plain file: auto (detected per file from its first record) |
+  // messages | llava | ocr (plain) | sharegpt | alpaca (LLaMA-Factory) | swift (ms-swift);
+  // dataset_info.json entries always use their own "formatting". See data/dataset.h.
+  std::string format = "auto";
+  // Base for relative image paths (default: the dataset file's folder; for dataset_info.json
+  // entries the dataset_info.json folder, LLaMA-Factory's media_dir).
+  std::string image_root;
   std::string prompt = "Read the text in the image.";  // user turn for plain OCR records
   std::string system_prompt;             // "" = the template's default system turn; "none" = no system turn
   int64_t max_image_tokens = 1024;       // cap per image in merged tokens (max_pixels = cap*784)
@@ -103,7 +111,7 @@ struct DataSection {
   template <class V> void fields(V& v) {
     v("train", train);
     v("eval", eval);
-    v("format", format, Choice{{"auto", "messages", "llava", "ocr"}});
+    v("format", format, Choice{{"auto", "messages", "llava", "ocr", "sharegpt", "alpaca", "swift"}});
     v("image_root", image_root);
     v("prompt", prompt);
     v("system_prompt", system_prompt);

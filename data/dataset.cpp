@@ -5,7 +5,11 @@
 #include <iostream>
 #include <sstream>
 
+#include "data/dataset_info.h"
 #include "data/image.h"
+#include "data/image_source.h"
+#include "data/record_formats.h"
+#include "data/record_reader.h"
 #include "vlm/check.h"
 
 namespace vlm::data {
@@ -13,33 +17,6 @@ namespace fs = std::filesystem;
 namespace {
 
 using json = nlohmann::json;
-
-const std::string& require_string(const json& j, const char* key, const char* what) {
-  auto it = j.find(key);
-  if (it == j.end()) throw BadRecordError("missing field", str("missing \"", key, "\" in ", what));
-  if (!it->is_string())
-    throw BadRecordError("invalid field", str("\"", key, "\" in ", what, " must be a string, got ",
-                                              it->type_name()));
-  return it->get_ref<const std::string&>();
-}
-
-std::vector<std::string> string_or_list(const json& v, const char* key) {
-  std::vector<std::string> out;
-  if (v.is_string()) {
-    out.push_back(v.get<std::string>());
-  } else if (v.is_array()) {
-    for (const json& e : v) {
-      if (!e.is_string())
-        throw BadRecordError("invalid field", str("\"", key, "\" must hold strings, got ",
-                                                  e.type_name()));
-      out.push_back(e.get<std::string>());
-    }
-  } else if (!v.is_null()) {
-    throw BadRecordError("invalid field", str("\"", key, "\" must be a string or a list, got ",
-                                              v.type_name()));
-  }
-  return out;
-}
 
 std::string resolve_path(const std::string& p, const std::string& base) {
   if (p.empty()) throw BadRecordError("invalid field", "empty image path");
@@ -58,8 +35,21 @@ int64_t count_markers(const std::string& s) {
   return n;
 }
 
+// The source string of an image content part: "image": src | {"url": src}, or
+// "image_url": src | {"url": src} (OpenAI style); "" when the part names none.
+std::string image_part_source(const json& part) {
+  for (const char* k : {"image", "image_url", "path"}) {
+    auto it = part.find(k);
+    if (it == part.end()) continue;
+    if (it->is_string()) return it->get<std::string>();
+    if (it->is_object() && it->contains("url") && (*it)["url"].is_string()) return (*it)["url"];
+  }
+  return "";
+}
+
 // Message content: a string, or a list of {"type":"text","text":..} / {"type":"image"[,
-// "image": path]} parts (inline paths appended to `inline_images`).
+// "image": src]} / {"type":"image_url","image_url":{"url": src}} parts (image sources
+// appended to `inline_images`).
 std::string content_text(const json& c, std::vector<std::string>& inline_images) {
   if (c.is_string()) return c.get<std::string>();
   if (!c.is_array())
@@ -68,13 +58,13 @@ std::string content_text(const json& c, std::vector<std::string>& inline_images)
   std::string out;
   for (const json& part : c) {
     if (!part.is_object()) throw BadRecordError("invalid field", "content part is not an object");
-    const std::string& type = require_string(part, "type", "content part");
+    const std::string& type = record_string(part, "type", "content part");
     if (type == "text") {
-      out += require_string(part, "text", "text part");
-    } else if (type == "image") {
+      out += record_string(part, "text", "text part");
+    } else if (type == "image" || type == "image_url") {
       out += kImageMarker;
-      for (const char* k : {"image", "path"})
-        if (part.contains(k) && part[k].is_string()) inline_images.push_back(part[k].get<std::string>());
+      const std::string src = image_part_source(part);
+      if (!src.empty()) inline_images.push_back(src);
     } else {
       throw BadRecordError("invalid field", str("unsupported content part type \"", type, "\""));
     }
@@ -86,7 +76,7 @@ std::string normalise_role(const std::string& r) {
   if (r == "user" || r == "human") return "user";
   if (r == "assistant" || r == "gpt" || r == "model") return "assistant";
   if (r == "system") return "system";
-  throw BadRecordError("invalid field", str("unknown role \"", r, "\""));
+  throw BadRecordError("unknown role", str("unknown role \"", r, "\""));
 }
 
 void check_markers(const Record& r) {
@@ -179,36 +169,30 @@ bool write_index(const std::string& jsonl, bool verify,
   return !ec;
 }
 
-ImageProbe probe(const std::string& path, bool verify) {
+// Size (and, with verify, a full decode) of image bytes; `what` names them in messages.
+ImageProbe probe_bytes(const std::vector<uint8_t>& bytes, const std::string& what, bool verify) {
   ImageProbe p;
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) {
-    p.error = "missing image";
-    p.detail = str("image not found: ", path);
-    return p;
-  }
   try {
     // Header first (cheap); formats without a header parser are decoded once.
-    const std::vector<uint8_t> bytes = read_file_bytes(path);
-    VLM_CHECK(!bytes.empty(), "image '", path, "' is an empty file");
+    VLM_CHECK(!bytes.empty(), "image '", what, "' is empty");
     std::optional<ImageInfo> info = parse_image_header(bytes);
     if (!info) {
-      cv::Mat m = decode_image_rgb(bytes, path);
+      cv::Mat m = decode_image_rgb(bytes, what);
       info = ImageInfo{m.cols, m.rows, 1, "other"};
     }
     p.width = info->width;
     p.height = info->height;
     if (p.width <= 0 || p.height <= 0) {
       p.error = "zero-size image";
-      p.detail = str(path, " is ", p.width, "x", p.height);
+      p.detail = str(what, " is ", p.width, "x", p.height);
       return p;
     }
     if (verify) {
-      cv::Mat m = decode_image_rgb(path);
+      cv::Mat m = decode_image_rgb(bytes, what);
       if (m.cols != p.width || m.rows != p.height) {
         p.error = "unreadable image";
         p.detail = str("header says ", p.width, "x", p.height, " but decoding gives ", m.cols,
-                       "x", m.rows, ": ", path);
+                       "x", m.rows, ": ", what);
       }
     }
   } catch (const std::exception& e) {
@@ -218,6 +202,58 @@ ImageProbe probe(const std::string& path, bool verify) {
   return p;
 }
 
+ImageProbe probe(const std::string& path, bool verify) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) {
+    ImageProbe p;
+    p.error = "missing image";
+    p.detail = str("image not found: ", path);
+    return p;
+  }
+  try {
+    return probe_bytes(read_file_bytes(path), path, verify);
+  } catch (const std::exception& e) {  // unreadable file
+    ImageProbe p;
+    p.error = "unreadable image";
+    p.detail = e.what();
+    return p;
+  }
+}
+
+// Applies a probe to an image of a record (BadRecordError when unusable).
+void apply_probe(const ImageProbe& p, ImageRef& im) {
+  if (!p.error.empty()) throw BadRecordError(p.error, p.detail);
+  const double aspect = double(std::max(p.width, p.height)) / double(std::min(p.width, p.height));
+  if (aspect > vlm::kMaxAspectRatio)
+    throw BadRecordError("extreme aspect ratio",
+                         str(im.path, " is ", p.width, "x", p.height, " (aspect ", aspect, " > ",
+                             vlm::kMaxAspectRatio, ")"));
+  im.width = p.width;
+  im.height = p.height;
+}
+
+// An embedded image of a record just parsed from `raw`: label it, check its base64, point
+// it at its text in the dataset file when found there verbatim (so the text is not kept),
+// and probe it.
+void place_embedded_image(ImageRef& im, const Record& r, const RawRecord& raw,
+                          const DatasetOptions& opts) {
+  im.path = r.location() + " " + im.path;
+  im.embedded_file = r.source;
+  std::vector<uint8_t> bytes;
+  try {
+    bytes = decode_base64(*im.embedded_text);
+  } catch (const vlm::Error& e) {
+    throw BadRecordError("bad base64", str(im.path, ": ", e.what()));
+  }
+  const size_t pos = raw.text.find(*im.embedded_text);
+  if (pos != std::string::npos) {
+    im.embedded_offset = raw.offset + int64_t(pos);
+    im.embedded_length = int64_t(im.embedded_text->size());
+    im.embedded_text.reset();
+  }
+  if (opts.probe_images) apply_probe(probe_bytes(bytes, im.path, opts.verify_decode), im);
+}
+
 }  // namespace
 
 DatasetFormat parse_dataset_format(const std::string& name) {
@@ -225,8 +261,11 @@ DatasetFormat parse_dataset_format(const std::string& name) {
   if (name == "messages") return DatasetFormat::kMessages;
   if (name == "llava" || name == "conversations") return DatasetFormat::kLlava;
   if (name == "plain" || name == "ocr" || name == "plain_ocr") return DatasetFormat::kPlainOcr;
+  if (name == "sharegpt") return DatasetFormat::kSharegpt;
+  if (name == "alpaca") return DatasetFormat::kAlpaca;
+  if (name == "swift") return DatasetFormat::kSwift;
   throw vlm::Error(str("unknown dataset format \"", name,
-                       "\"; expected one of auto, messages, llava, plain"));
+                       "\"; expected one of auto, messages, llava, plain, sharegpt, alpaca, swift"));
 }
 
 std::string to_string(DatasetFormat f) {
@@ -235,6 +274,9 @@ std::string to_string(DatasetFormat f) {
     case DatasetFormat::kMessages: return "messages";
     case DatasetFormat::kLlava: return "llava";
     case DatasetFormat::kPlainOcr: return "plain";
+    case DatasetFormat::kSharegpt: return "sharegpt";
+    case DatasetFormat::kAlpaca: return "alpaca";
+    case DatasetFormat::kSwift: return "swift";
   }
   return "?";
 }
@@ -243,6 +285,7 @@ DatasetFormat detect_format(const json& j) {
   if (!j.is_object()) return DatasetFormat::kAuto;
   if (j.contains("messages")) return DatasetFormat::kMessages;
   if (j.contains("conversations")) return DatasetFormat::kLlava;
+  if (j.contains("instruction") && j.contains("output")) return DatasetFormat::kAlpaca;
   if (j.contains("text") || j.contains("answers")) return DatasetFormat::kPlainOcr;
   return DatasetFormat::kAuto;
 }
@@ -254,14 +297,15 @@ int64_t count_image_markers(const Record& r) {
 }
 
 Record parse_record(const json& j, DatasetFormat format, const std::string& image_base,
-                    const DatasetOptions& opts) {
-  if (!j.is_object()) throw BadRecordError("invalid json", "line is not a JSON object");
+                    const DatasetOptions& opts, const ColumnMap& columns) {
+  if (!j.is_object()) throw BadRecordError("invalid json", "the record is not a JSON object");
   if (format == DatasetFormat::kAuto) format = detect_format(j);
   Record r;
   r.format = format;
   std::vector<std::string> paths;
   switch (format) {
-    case DatasetFormat::kMessages: {
+    case DatasetFormat::kMessages:
+    case DatasetFormat::kSwift: {
       auto it = j.find("messages");
       if (it == j.end()) throw BadRecordError("missing field", "missing \"messages\"");
       if (!it->is_array() || it->empty())
@@ -269,11 +313,11 @@ Record parse_record(const json& j, DatasetFormat format, const std::string& imag
       for (const json& m : *it) {
         if (!m.is_object()) throw BadRecordError("invalid field", "message is not an object");
         if (!m.contains("content")) throw BadRecordError("missing field", "message without \"content\"");
-        r.turns.push_back({normalise_role(require_string(m, "role", "message")),
+        r.turns.push_back({normalise_role(record_string(m, "role", "message")),
                            content_text(m["content"], paths)});
       }
       // Top-level "images" wins over paths given inline in content parts.
-      if (j.contains("images")) paths = string_or_list(j["images"], "images");
+      if (j.contains("images")) paths = record_string_list(j["images"], "images");
       break;
     }
     case DatasetFormat::kLlava: {
@@ -283,20 +327,20 @@ Record parse_record(const json& j, DatasetFormat format, const std::string& imag
         throw BadRecordError("invalid field", "\"conversations\" must be a non-empty list");
       for (const json& m : *it) {
         if (!m.is_object()) throw BadRecordError("invalid field", "conversation turn is not an object");
-        r.turns.push_back({normalise_role(require_string(m, "from", "conversation turn")),
-                           require_string(m, "value", "conversation turn")});
+        r.turns.push_back({normalise_role(record_string(m, "from", "conversation turn")),
+                           record_string(m, "value", "conversation turn")});
       }
-      if (j.contains("image")) paths = string_or_list(j["image"], "image");
-      else if (j.contains("images")) paths = string_or_list(j["images"], "images");
+      if (j.contains("image")) paths = record_string_list(j["image"], "image");
+      else if (j.contains("images")) paths = record_string_list(j["images"], "images");
       break;
     }
     case DatasetFormat::kPlainOcr: {
-      if (j.contains("image")) paths = string_or_list(j["image"], "image");
-      else if (j.contains("images")) paths = string_or_list(j["images"], "images");
+      if (j.contains("image")) paths = record_string_list(j["image"], "image");
+      else if (j.contains("images")) paths = record_string_list(j["images"], "images");
       if (paths.empty()) throw BadRecordError("missing field", "missing \"image\"");
-      if (j.contains("answers")) r.answers = string_or_list(j["answers"], "answers");
+      if (j.contains("answers")) r.answers = record_string_list(j["answers"], "answers");
       std::string text;
-      if (j.contains("text")) text = require_string(j, "text", "record");
+      if (j.contains("text")) text = record_string(j, "text", "record");
       else if (!r.answers.empty()) text = r.answers.front();
       else throw BadRecordError("missing field", "missing \"text\" (or \"answers\")");
       if (j.contains("text")) r.answers.insert(r.answers.begin(), text);
@@ -310,16 +354,37 @@ Record parse_record(const json& j, DatasetFormat format, const std::string& imag
       r.turns.push_back({"assistant", text});
       break;
     }
+    case DatasetFormat::kSharegpt:
+      parse_sharegpt_record(j, columns, r, paths);
+      break;
+    case DatasetFormat::kAlpaca:
+      parse_alpaca_record(j, columns, r, paths);
+      break;
     case DatasetFormat::kAuto:
       throw BadRecordError("missing field",
-                           "no \"messages\", \"conversations\", \"text\" or \"answers\" field "
-                           "(hint: set the dataset format in the recipe)");
+                           "no \"messages\", \"conversations\", \"instruction\"+\"output\", "
+                           "\"text\" or \"answers\" field (hint: set data.format in the recipe)");
   }
   if (r.answers.empty()) {
     for (const Turn& t : r.turns)
       if (t.role == "assistant") r.answers = {t.content};  // last assistant turn
   }
-  for (const std::string& p : paths) r.images.push_back({resolve_path(p, image_base), 0, 0});
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const std::string& p = paths[i];
+    if (classify_image_source(p) == ImageSourceKind::kPath) {
+      r.images.push_back({resolve_path(p, image_base), 0, 0});
+      continue;
+    }
+    ImageRef im;
+    im.embedded = true;
+    im.path = str("image ", i, " (base64)");  // load_dataset prefixes the record's location
+    try {
+      im.embedded_text = std::make_shared<const std::string>(base64_payload(p));
+    } catch (const vlm::Error& e) {
+      throw BadRecordError("bad base64", str("image ", i, ": ", e.what()));
+    }
+    r.images.push_back(std::move(im));
+  }
   check_markers(r);
   return r;
 }
@@ -353,27 +418,29 @@ std::string Dataset::summary() const {
   return s.str();
 }
 
-Dataset load_dataset(const std::vector<std::string>& files, const DatasetOptions& opts) {
-  VLM_CHECK(!files.empty(), "load_dataset: no dataset files given (hint: set data.train)");
+Dataset load_dataset(const std::vector<std::string>& entries, const DatasetOptions& opts) {
+  VLM_CHECK(!entries.empty(), "load_dataset: no dataset files given (hint: set data.train)");
   auto warn = opts.warn ? opts.warn : [](const std::string& m) { std::cerr << m << "\n"; };
   Dataset ds;
   int64_t printed = 0;
-  auto add_bad = [&](const std::string& src, int64_t line, const std::string& reason,
+  auto add_bad = [&](const std::string& src, int64_t line, bool in_array, const std::string& reason,
                      const std::string& detail) {
-    ds.bad.push_back({src, line, reason, detail});
+    ds.bad.push_back({src, line, reason, detail, in_array});
+    ++ds.files.back().bad;
     if (printed < opts.max_printed_warnings) {
-      warn(str("warning: skipping ", src, ":", line, ": ", reason, ": ", detail));
+      warn(str("warning: skipping ", ds.bad.back().location(), ": ", reason, ": ", detail));
       if (++printed == opts.max_printed_warnings)
         warn("warning: further bad records are counted but not printed");
     }
   };
-  for (const std::string& file : files) {
-    std::ifstream in(file);
-    VLM_CHECK(in.good(), "cannot open dataset file '", file, "' (hint: check the path)");
-    const std::string base = !opts.image_root.empty()
-                                 ? opts.image_root
-                                 : fs::path(file).parent_path().string();
-    DatasetFormat format = opts.format;
+  for (const DatasetFile& df : resolve_dataset_files(entries)) {
+    const std::string& file = df.path;
+    RecordReader reader(file);
+    const std::string base = !opts.image_root.empty() ? opts.image_root
+                             : !df.image_base.empty() ? df.image_base
+                                                      : fs::path(file).parent_path().string();
+    DatasetFormat format = df.format != DatasetFormat::kAuto ? df.format : opts.format;
+    ds.files.push_back({df.spec, file, reader.container(), format, 0, 0});
     std::map<std::string, ImageProbe> probes;
     bool cache_hit = false;
     if (opts.probe_images && opts.use_index_cache) {
@@ -381,49 +448,47 @@ Dataset load_dataset(const std::vector<std::string>& files, const DatasetOptions
       cache_hit = !probes.empty();
     }
     bool cache_dirty = false;
-    std::string text;
-    int64_t line_no = 0;
-    while (std::getline(in, text)) {
-      ++line_no;
-      if (!text.empty() && text.back() == '\r') text.pop_back();
-      if (text.find_first_not_of(" \t") == std::string::npos) continue;
+    RawRecord raw;
+    while (reader.next(raw)) {
       ++ds.lines;
-      json j;
-      try {
-        j = json::parse(text);
-      } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e999-style numbers
-        add_bad(file, line_no, "invalid json", e.what());
+      if (!raw.error.empty()) {
+        add_bad(file, raw.number, reader.is_array(), "invalid json", raw.error);
         continue;
       }
-      if (format == DatasetFormat::kAuto) format = detect_format(j);  // first usable line
+      json j;
       try {
-        Record r = parse_record(j, format, base, opts);
+        j = json::parse(raw.text);
+      } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e999-style numbers
+        add_bad(file, raw.number, reader.is_array(), "invalid json", e.what());
+        continue;
+      }
+      if (format == DatasetFormat::kAuto) {  // first usable record
+        format = detect_format(j);
+        ds.files.back().format = format;
+      }
+      try {
+        Record r = parse_record(j, format, base, opts, df.columns);
         r.source = file;
-        r.line = line_no;
-        if (opts.probe_images) {
-          for (ImageRef& im : r.images) {
+        r.line = raw.number;
+        r.in_array = reader.is_array();
+        for (ImageRef& im : r.images) {
+          if (im.embedded) {
+            place_embedded_image(im, r, raw, opts);
+          } else if (opts.probe_images) {
             auto it = probes.find(im.path);
             if (it == probes.end()) {
               it = probes.emplace(im.path, probe(im.path, opts.verify_decode)).first;
               cache_dirty = true;
             }
-            const ImageProbe& p = it->second;
-            if (!p.error.empty()) throw BadRecordError(p.error, p.detail);
-            const double aspect = double(std::max(p.width, p.height)) /
-                                  double(std::min(p.width, p.height));
-            if (aspect > vlm::kMaxAspectRatio)
-              throw BadRecordError("extreme aspect ratio",
-                                   str(im.path, " is ", p.width, "x", p.height, " (aspect ",
-                                       aspect, " > ", vlm::kMaxAspectRatio, ")"));
-            im.width = p.width;
-            im.height = p.height;
+            apply_probe(it->second, im);
           }
         }
         ds.records.push_back(std::move(r));
+        ++ds.files.back().records;
       } catch (const BadRecordError& e) {
-        add_bad(file, line_no, e.reason, e.what());
+        add_bad(file, raw.number, reader.is_array(), e.reason, e.what());
       } catch (const json::exception& e) {
-        add_bad(file, line_no, "invalid field", e.what());
+        add_bad(file, raw.number, reader.is_array(), "invalid field", e.what());
       }
     }
     if (opts.probe_images && opts.use_index_cache && (cache_dirty || !cache_hit) &&

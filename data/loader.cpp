@@ -1,6 +1,7 @@
 #include "data/loader.h"
 
 #include "data/image.h"
+#include "data/image_source.h"
 
 namespace vlm::data {
 
@@ -15,7 +16,7 @@ RecordImages load_record_images(const Record& record, const PixelConfig& cfg,
     const ImageRef& ref = record.images[i];
     PixelImage img;
     try {
-      cv::Mat rgb = decode_image_rgb(ref.path);
+      cv::Mat rgb = decode_image_rgb(read_image_bytes(ref), ref.path);
       if (ref.width > 0 && (rgb.cols != ref.width || rgb.rows != ref.height))
         throw vlm::Error(vlm::str("decoded size ", rgb.cols, "x", rgb.rows,
                                   " differs from the indexed size ", ref.width, "x", ref.height,

@@ -111,7 +111,7 @@ TEST(Dataset, EachBadKindIsSkippedAndCounted) {
   vlmtest::write_file(dir / "plain.jsonl", lines);
   vlmtest::write_file(dir / "msg.jsonl",
       R"({"messages":[{"role":"user","content":"<image><image>two?"},{"role":"assistant","content":"a"}],"images":["ok.png"]})" "\n"   // 1 count mismatch
-      R"({"messages":[{"role":"robot","content":"x"}]})" "\n"                   // 2 invalid field
+      R"({"messages":[{"role":"robot","content":"x"}]})" "\n"                   // 2 unknown role
       R"({"messages":[{"role":"user","content":"<image>"},{"role":"assistant","content":"a"}],"images":["ok.png"]})" "\n");
   std::vector<std::string> warnings;
   DatasetOptions o = quiet(&warnings);
@@ -128,7 +128,7 @@ TEST(Dataset, EachBadKindIsSkippedAndCounted) {
   EXPECT_EQ(by["unreadable image"], 1);
   EXPECT_EQ(by["extreme aspect ratio"], 1);
   EXPECT_EQ(by["image count mismatch"], 1);
-  EXPECT_EQ(by["invalid field"], 1);
+  EXPECT_EQ(by["unknown role"], 1);
   EXPECT_EQ(by["zero-size image"], 1);
   EXPECT_EQ(ds.bad[0].location(), dir / "plain.jsonl:2");
   EXPECT_EQ(ds.bad[6].location(), dir / "msg.jsonl:1");

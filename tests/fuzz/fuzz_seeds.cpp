@@ -120,6 +120,14 @@ void jsonl_seeds() {
   seed("jsonl_record", "plain.jsonl",
        R"({"image": "f.png", "text": "line of text"})" "\n" R"({"images": ["g.png"], "answers": ["a", "b"]})" "\n");
   seed("jsonl_record", "bad.jsonl", "{not json}\n[1,2]\n{\"messages\": []}\n");
+  // JSON arrays (data/record_reader.h): LLaMA-Factory sharegpt / alpaca, ms-swift base64.
+  seed("jsonl_record", "lf_array.json",
+       R"([{"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "<image>q"}, {"from": "gpt", "value": "a"}], "images": ["h.png"]},)"
+       "\n"
+       R"( {"instruction": "<image>Read.", "input": "more", "output": "x", "history": [["q", "a"]], "images": ["i.png"]}])");
+  seed("jsonl_record", "swift_array.json",
+       R"([{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}, {"type": "text", "text": "Read."}]}, {"role": "assistant", "content": "x"}]},)"
+       R"( {"messages": [{"role": "user", "content": "<image>q"}, {"role": "assistant", "content": "a"}], "images": ["data:image/png;base64,@@"]}, 42, "s]"])");
 }
 
 void image_seeds() {

@@ -1,4 +1,5 @@
-// Fuzz target: JSONL dataset lines (messages / llava / plain OCR records) through
+// Fuzz target: dataset files (JSONL lines or a JSON array; messages / llava / plain OCR /
+// alpaca / embedded base64 records) through
 // vlm::data::load_dataset, with image probing off (image paths are never opened: the
 // fuzzer would otherwise read arbitrary files). Every accepted record is also measured.
 #include <string>
