@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.h"
+#include "app/progress.h"
 #include "app/data_options.h"
 #include "data/data_stats.h"
 #include "data/dataset.h"
@@ -127,6 +128,7 @@ int inspect_data(Args& args) {
             ": data.train and data.eval are both empty (hint: --set data.train=FILE.jsonl)");
 
   vlm::data::DatasetOptions dopt = dataset_options(recipe);
+  dopt.on_index_progress = index_progress();
   dopt.max_bad_fraction = 1.0;  // inspecting reports bad records instead of failing
   dopt.max_printed_warnings = as_json ? 0 : 10;
   if (as_json) dopt.warn = [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); };

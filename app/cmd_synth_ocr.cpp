@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "app/commands.h"
+#include "app/progress.h"
 #include "data/synth_ocr.h"
 #include "vlm/check.h"
 
@@ -69,6 +70,7 @@ int cmd_synth_ocr(Args& args) {
   VLM_CHECK(args.positionals().empty(), "vlmtrain synth-ocr: unexpected argument '",
             args.positionals().front(), "'");
   args.finish();
+  o.on_progress = part_progress("synth-ocr", "images");
   vlm::data::SynthOcrResult r = vlm::data::write_synth_ocr(o);
   std::printf("synth-ocr: wrote %lld train + %lld val images to %s in %.1f s\n",
               static_cast<long long>(r.train), static_cast<long long>(r.val), o.out_dir.c_str(),

@@ -1,6 +1,7 @@
 #include "app/evaluator.h"
 
 #include "app/data_options.h"
+#include "app/progress.h"
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -206,37 +207,6 @@ std::vector<std::string> all_gather_strings(vlm::sharding::Comm& comm, const std
   return all;
 }
 
-// ---------------------------------------------------------------- progress
-
-class Progress {
- public:
-  Progress(bool on, int64_t batches) : on_(on), batches_(batches), tty_(isatty(fileno(stderr))) {}
-  void update(int64_t done_batches, int64_t done_samples, double seconds) {
-    if (!on_ || batches_ == 0) return;
-    const double rate = seconds > 0 ? double(done_samples) / seconds : 0.0;
-    if (tty_) {
-      const int width = 30;
-      const int fill = int(width * done_batches / batches_);
-      std::fprintf(stderr, "\reval [%.*s%*s] %lld/%lld batches, %.1f samples/s (rank 0)",
-                   fill, "##############################", width - fill, "",
-                   static_cast<long long>(done_batches), static_cast<long long>(batches_), rate);
-      if (done_batches == batches_) std::fprintf(stderr, "\n");
-    } else {
-      // Plain lines, about every tenth of the run.
-      const int64_t tenth = std::max<int64_t>(1, batches_ / 10);
-      if (done_batches % tenth != 0 && done_batches != batches_) return;
-      std::fprintf(stderr, "eval: %lld/%lld batches, %.1f samples/s (rank 0)\n",
-                   static_cast<long long>(done_batches), static_cast<long long>(batches_), rate);
-    }
-    std::fflush(stderr);
-  }
-
- private:
-  bool on_;
-  int64_t batches_;
-  bool tty_;
-};
-
 nlohmann::json scores_json(const SampleScores& s, const Scorer& scorer) {
   nlohmann::json j = nlohmann::json::object();
   if (scorer.enabled("cer") || scorer.enabled("ned")) {
@@ -369,7 +339,7 @@ EvalSummary evaluate(vlm::Qwen2VLImpl& model, const vlm::Tokenizer& tok, const R
   const bool was_training = model.is_training();
   model.eval();
   std::vector<std::pair<int64_t, Outcome>> results;  // (global index, outcome) of this rank
-  Progress progress(opts.progress && rank == 0, batches);
+  ProgressBar progress({"eval", "batches", batches, opts.progress && rank == 0});
   int64_t done_samples = 0, generated = 0;
   try {
     for (int64_t k = 0; k < batches; ++k) {
@@ -420,8 +390,9 @@ EvalSummary evaluate(vlm::Qwen2VLImpl& model, const vlm::Tokenizer& tok, const R
         results.push_back({row_global[i], std::move(o)});
       }
       done_samples += static_cast<int64_t>(prepared.size());
-      progress.update(k + 1, done_samples,
-                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      progress.update(k + 1, vlm::str(done_samples, " samples, ", static_cast<int64_t>(done_samples / std::max(secs, 1e-9)),
+                                      " samples/s (rank 0)"));
     }
   } catch (...) {
     model.train(was_training);

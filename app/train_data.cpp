@@ -5,6 +5,7 @@
 
 #include "app/collate_options.h"
 #include "app/data_options.h"
+#include "app/progress.h"
 #include "data/token_counts.h"
 #include "vlm/check.h"
 
@@ -25,6 +26,7 @@ TrainData::TrainData(const Recipe& recipe, const vlm::Tokenizer& tok, const vlm:
             ": data.train is empty (expected one or more JSONL files; hint: --set data.train=FILE.jsonl)");
   vlm::data::DatasetOptions dopt = dataset_options(recipe);
   dopt.warn = rank == 0 ? warn_ : std::function<void(const std::string&)>([](const std::string&) {});
+  if (rank == 0) dopt.on_index_progress = index_progress();
   sample_opts_ = sample_options(recipe);
   pixels_ = pixel_config(recipe);
   budgets_ = collate_budgets(recipe);

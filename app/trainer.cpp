@@ -22,6 +22,7 @@
 #include "app/lr_schedule.h"
 #include "app/model_source.h"
 #include "app/perf_counters.h"
+#include "app/progress.h"
 #include "app/sharding_options.h"
 #include "app/tensorboard.h"
 #include "app/train_data.h"
@@ -76,6 +77,7 @@ void ensure_synth_data(const Recipe& recipe, vlm::sharding::Comm& comm, bool mai
   if (main) {
     spdlog::info("data.synth: {}: rendering {} + {} synthetic OCR lines into {}", why, so.train, so.val,
                  so.out_dir);
+    so.on_progress = part_progress("data.synth", "images");
     try {
       vlm::data::SynthOcrResult r = vlm::data::write_synth_ocr(so);
       spdlog::info("data.synth: done in {:.1f} s", r.seconds);
@@ -158,28 +160,6 @@ std::string human_bytes(double b) {
     ++k;
   }
   return fmt::format("{:.1f}{}", b, units[k]);
-}
-
-std::string human_seconds(double s) {
-  const int64_t t = static_cast<int64_t>(s + 0.5);
-  if (t >= 3600) return fmt::format("{}h{:02d}m", t / 3600, (t / 60) % 60);
-  if (t >= 60) return fmt::format("{}m{:02d}s", t / 60, t % 60);
-  return fmt::format("{}s", t);
-}
-
-// Progress bar on a terminal (rank 0, stderr a TTY); nothing otherwise.
-void progress(bool tty, int64_t step, int64_t total, double eta_s) {
-  if (!tty) return;
-  const int width = 30;
-  const int filled = static_cast<int>(width * step / std::max<int64_t>(1, total));
-  std::string bar(static_cast<size_t>(filled), '#');
-  bar.resize(width, '.');
-  std::fprintf(stderr, "\r\033[K[%s] %lld/%lld  eta %s", bar.c_str(), static_cast<long long>(step),
-               static_cast<long long>(total), human_seconds(eta_s).c_str());
-  std::fflush(stderr);
-}
-void clear_progress(bool tty) {
-  if (tty) std::fprintf(stderr, "\r\033[K");
 }
 
 int64_t total_steps(const Recipe& r, int64_t steps_per_epoch) {
@@ -302,6 +282,8 @@ TrainSummary run_training(const Recipe& recipe) {
     std::vector<EvalDataset> eval_sets;
     if (!recipe.data.eval.empty() && (recipe.eval.every > 0 || recipe.eval.at_end))
       eval_sets = load_eval_datasets(recipe, recipe.data.eval);
+    // Terminal progress bar between the log lines (rank 0; the log lines are the plain ones).
+    ProgressBar bar({"train", "steps", steps_total, main && tty, /*plain_lines=*/false});
     auto run_eval = [&](bool full) {
       EvalOptions o = eval_options(recipe);
       o.max_samples = full ? 0 : recipe.eval.max_samples;
@@ -319,7 +301,7 @@ TrainSummary run_training(const Recipe& recipe) {
         if (k.rfind("eval/overall/", 0) == 0 && k != "eval/overall/n") line += fmt::format(" | {} {:.4f}", k.substr(13), v);
       }
       metrics.write(j);
-      clear_progress(tty);
+      bar.clear();
       if (main)
         spdlog::info("eval ({}, step {}): {} samples in {:.1f} s{}{}", full ? "all samples" : "periodic subset",
                      st.step, es.samples, es.seconds, line, full ? " | wrote " + o.output_dir : "");
@@ -336,8 +318,7 @@ TrainSummary run_training(const Recipe& recipe) {
     int64_t last_saved = st.step;
     double window_seconds = 0, window_wait = 0, window_flops = 0;
     int64_t window_steps = 0, window_tokens = 0, window_images = 0, window_samples = 0;
-    const auto run_start = std::chrono::steady_clock::now();
-    const int64_t first_step = st.step;
+    bar.restart(st.step);
     const std::string dump_dir = batch_dump_dir();  // VLMTRAIN_DUMP_BATCHES (debugging, parity tests)
     // A step's micro-batches on the host (collate's) and on the device (the model's input).
     struct Staged {
@@ -449,8 +430,6 @@ TrainSummary run_training(const Recipe& recipe) {
       window_tokens += static_cast<int64_t>(s[3]);
       window_images += static_cast<int64_t>(s[2]);
       window_samples += static_cast<int64_t>(s[1]);
-      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-      const double eta = elapsed / static_cast<double>(st.step - first_step) * static_cast<double>(steps_total - st.step);
       if (st.step % recipe.log.every == 0 || st.step == steps_total) {
         const double mfu = peak > 0 ? window_flops / (window_seconds * peak * world) : 0;
         const vlm::sharding::MemoryReport mem = sm->memory();  // this rank's bytes (rank 0 logs)
@@ -478,7 +457,7 @@ TrainSummary run_training(const Recipe& recipe) {
                             {"dropped_samples", static_cast<int64_t>(s[5])},
                             {"world_size", world},
                             {"elapsed_s", st.train_seconds}};
-        clear_progress(tty);
+        bar.clear();
         if (main)
           spdlog::info("step {:>5}/{} | ep {:.2f} | loss {:.4f} | gnorm {:.3f} | lr {:.2e} | tok/s {:.0f} | img/s {:.1f} "
                        "| smp/s {:.1f} | mfu {:.2f}% | mem {} | data {:.0f}%{}",
@@ -490,18 +469,18 @@ TrainSummary run_training(const Recipe& recipe) {
         window_seconds = window_wait = window_flops = 0;
         window_steps = window_tokens = window_images = window_samples = 0;
       }
-      if (main) progress(tty, st.step, steps_total, eta);
+      bar.update(st.step);
 
       // Periodic eval on a bounded subset.
       if (!eval_sets.empty() && recipe.eval.every > 0 && st.step % recipe.eval.every == 0 && st.step < steps_total) {
-        clear_progress(tty);
+        bar.clear();
         run_eval(false);
       }
 
       // Checkpoint: periodic, or on SIGINT/SIGTERM (then stop, exit 0).
       const bool stop = s[6] > 0;
       if (stop || (recipe.checkpoint.every > 0 && st.step % recipe.checkpoint.every == 0)) {
-        clear_progress(tty);
+        bar.clear();
         save(stop ? "stop requested by a signal" : "periodic");
         last_saved = st.step;
       }
@@ -511,7 +490,7 @@ TrainSummary run_training(const Recipe& recipe) {
         break;
       }
     }
-    clear_progress(tty);
+    bar.clear();
 
     // ---------------------------------------------------------------- the end
     if (!summary.stopped_by_signal && recipe.checkpoint.save_final && last_saved != st.step) save("final");

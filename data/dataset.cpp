@@ -448,9 +448,16 @@ Dataset load_dataset(const std::vector<std::string>& entries, const DatasetOptio
       cache_hit = !probes.empty();
     }
     bool cache_dirty = false;
+    std::error_code size_ec;
+    const int64_t file_bytes = static_cast<int64_t>(fs::file_size(file, size_ec));
+    bool reported = false;  // on_index_progress called for this file
     RawRecord raw;
     while (reader.next(raw)) {
       ++ds.lines;
+      if (cache_dirty && opts.on_index_progress && !size_ec) {
+        opts.on_index_progress(file, std::min(raw.offset, file_bytes - 1), file_bytes);
+        reported = true;
+      }
       if (!raw.error.empty()) {
         add_bad(file, raw.number, reader.is_array(), "invalid json", raw.error);
         continue;
@@ -491,6 +498,7 @@ Dataset load_dataset(const std::vector<std::string>& entries, const DatasetOptio
         add_bad(file, raw.number, reader.is_array(), "invalid field", e.what());
       }
     }
+    if (reported) opts.on_index_progress(file, file_bytes, file_bytes);
     if (opts.probe_images && opts.use_index_cache && (cache_dirty || !cache_hit) &&
         !probes.empty()) {
       if (!write_index(file, opts.verify_decode, probes))

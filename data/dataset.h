@@ -162,6 +162,10 @@ struct DatasetOptions {
   bool use_index_cache = true;   // read/write <jsonl>.index.json beside each file
   // Warning sink (one line per call); empty -> std::cerr.
   std::function<void(const std::string&)> warn;
+  // Progress while image headers are probed (building <file>.index.json): bytes of `file`
+  // read so far; the last call has done == total. Not called for files whose index is
+  // cached. Empty: nothing.
+  std::function<void(const std::string& file, int64_t done, int64_t total)> on_index_progress;
 };
 
 struct Dataset {

@@ -407,7 +407,7 @@ SynthOcrResult write_synth_ocr(const SynthOcrOptions& opts) {
   std::vector<std::string> train_texts;
   for (const Split& sp : splits) {
     std::vector<std::string> texts(size_t(sp.count)), rel(size_t(sp.count));
-    std::atomic<int64_t> next{0};
+    std::atomic<int64_t> next{0}, rendered{0};
     std::vector<std::string> errors(size_t(std::max<int64_t>(opts.threads, 1)));
     auto work = [&](size_t tid) {
       try {
@@ -423,6 +423,8 @@ SynthOcrResult write_synth_ocr(const SynthOcrOptions& opts) {
           const std::string path = opts.out_dir + "/" + rel[size_t(i)];
           if (!cv::imwrite(path, img, {cv::IMWRITE_PNG_COMPRESSION, 3}))
             throw vlm::Error(vlm::str("cannot write ", path));
+          const int64_t done = ++rendered;
+          if (tid == 0 && opts.on_progress && done < sp.count) opts.on_progress(sp.name, done, sp.count);  // caller's thread
         }
       } catch (const std::exception& e) {
         errors[tid] = e.what();
@@ -434,6 +436,7 @@ SynthOcrResult write_synth_ocr(const SynthOcrOptions& opts) {
     work(0);
     for (std::thread& t : pool) t.join();
     for (const std::string& e : errors) VLM_CHECK(e.empty(), "synth-ocr: ", e);
+    if (opts.on_progress) opts.on_progress(sp.name, sp.count, sp.count);
     std::string jsonl;
     for (int64_t i = 0; i < sp.count; ++i)
       jsonl += nlohmann::json{{"image", rel[size_t(i)]}, {"text", texts[size_t(i)]}}.dump() + "\n";

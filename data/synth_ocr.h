@@ -9,6 +9,7 @@
 #include <opencv2/core.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,10 @@ struct SynthOcrOptions {
   std::string tokenizer_type = "unigram";  // unigram | char (one piece per character)
   int64_t vocab_size = 2048;        // sentencepiece target (may end lower: hard limit off)
   int64_t extra_corpus_lines = 20000;  // extra generated lines for the tokenizer corpus
+  // Progress: called from the calling thread with the images of `split` rendered so far
+  // (last call: done == total). Empty: nothing.
+  std::function<void(const std::string& split, int64_t done, int64_t total)> on_progress;
+
 };
 
 struct SynthOcrResult {
