@@ -203,6 +203,16 @@ bool parse_command(CLI::App& app, const std::vector<std::string>& args) {
     error = describe(e);
     for (auto subs = app.get_subcommands(); !subs.empty(); subs = subs.front()->get_subcommands())
       failed = subs.front();
+    if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
+      // "RECIPE is required" -> "missing RECIPE"; a subcommand: name the choices.
+      std::string choices;
+      for (const CLI::App* sub : failed->get_subcommands({})) choices += (choices.empty() ? "" : ", ") + sub->get_name();
+      const auto is = error->rfind(" is required");
+      if (!choices.empty() && failed->get_subcommands().empty())
+        error = "missing the subcommand (one of: " + choices + ")";
+      else if (is != std::string::npos)
+        error = "missing " + error->substr(0, is);
+    }
   }
   check_leftovers(app);  // an unknown option explains most other errors: report it first
   if (error) {

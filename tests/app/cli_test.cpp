@@ -156,6 +156,12 @@ TEST(CliHelp, TypedValuesAreChecked) {
   r = vlmtest::run({vlmtest::vlmtrain_bin(), "report", "run_a", "run_b"});
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("vlmtrain report: unexpected argument 'run_b'"), std::string::npos) << r.output;
+  r = vlmtest::run({vlmtest::vlmtrain_bin(), "inspect", "image"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("vlmtrain inspect image: missing FILE"), std::string::npos) << r.output;
+  r = vlmtest::run({vlmtest::vlmtrain_bin(), "inspect"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("missing the subcommand (one of: data, image)"), std::string::npos) << r.output;
   r = vlmtest::run({vlmtest::vlmtrain_bin(), "inspect", "imag", "a.png"});
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("unexpected argument 'imag' (expected one of: data, image)"), std::string::npos)
