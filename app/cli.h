@@ -7,9 +7,9 @@
 // command does; footer: notes after the option list), and returns the function that runs
 // the command with the parsed values. `vlmtrain <cmd> --help` is generated from that.
 //
-// Parse errors are vlm::Error in the project's style: "vlmtrain eval: unknown option(s)
-// --max-new-token (did you mean --max-new-tokens?) (see `vlmtrain eval --help`)",
-// "vlmtrain plan: --world-size expects an integer, got 'abc' (...)".
+// Parse errors are vlm::Error in the project's style, caught in main: "vlmtrain eval:
+// unknown option(s) --max-new-token (did you mean --max-new-tokens?); see `vlmtrain eval
+// --help`", "vlmtrain plan: --world-size expects an integer, got 'abc'; see ...".
 #pragma once
 #include <CLI/CLI.hpp>
 

@@ -67,7 +67,7 @@ workers. When a worker fails (non-zero exit or signal) the others are stopped (S
 then SIGKILL after the grace period) and the launcher exits 1 naming the first failing
 rank, its exit code or signal, and the message from its error file. No restarts.
 )");
-  app.option_defaults()->group("options (before the worker command; each takes a value)");
+  app.option_defaults()->group("options (before the worker command)");
   app.set_help_flag("-h,--help", "print this help and exit");
   add_count(app, "--nproc-per-node,--nproc_per_node", a.nproc_per_node, 1, 4096, "N",
             "workers on this node (default 1)");
