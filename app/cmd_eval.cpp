@@ -64,10 +64,6 @@ LoadedModel load_checkpoint_model(const std::string& path, const Recipe& recipe,
   return lm;
 }
 
-}  // namespace
-
-namespace {
-
 struct EvalArgs {
   RecipeArgs recipe;
   std::optional<std::string> model;       // --model HF_DIR

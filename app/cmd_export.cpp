@@ -83,10 +83,6 @@ vlm::NamedTensors merged_lora_tensors(const CheckpointReader& ck, const std::opt
   return out;
 }
 
-}  // namespace
-
-namespace {
-
 struct ExportArgs {
   std::optional<std::string> checkpoint;  // --checkpoint DIR (required)
   std::optional<std::string> out;         // --out HF_DIR (required)

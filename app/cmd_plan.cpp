@@ -32,10 +32,6 @@ std::string with_commas(int64_t n) {
   return s;
 }
 
-}  // namespace
-
-namespace {
-
 struct PlanArgs {
   RecipeArgs recipe;                   // optional: without it, --preset alone
   std::optional<std::string> preset;   // --preset NAME

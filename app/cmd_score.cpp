@@ -139,10 +139,6 @@ void print_row(const std::string& name, const Group& g, const std::vector<std::s
   std::printf("\n");
 }
 
-}  // namespace
-
-namespace {
-
 struct ScoreArgs {
   std::optional<std::string> pred;     // --pred FILE (required)
   std::optional<std::string> metrics;  // --metrics a,b,c
