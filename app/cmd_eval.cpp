@@ -25,50 +25,6 @@
 
 namespace vlmtrain {
 
-const char* help_eval() {
-  return R"(usage: vlmtrain eval RECIPE [--model HF_DIR | --checkpoint DIR] [--adapter PEFT_DIR] [--data FILE.jsonl]...
-                     [--max-new-tokens N] [--batch-size B] [--max-samples N] [--out DIR]
-                     [--set KEY=VALUE]...
-
-Generates an answer (KV cache; stops at the eos ids of the generation settings and at
-<|im_end|> / <|endoftext|>) for every sample of the eval sets and scores it: CER, WER, NED, exact match, ANLS, OCRBench-style
-accuracy, per set and overall (metrics and normalisation from the recipe's [eval] section,
-e.g. --set eval.case_sensitive=false --set 'eval.metrics=["cer","wer"]').
-
-model (default: the recipe's [model] section, a preset or model.path):
-  --model HF_DIR        an HF directory: config.json, safetensors, and tokenizer files
-                        (tokenizer.json / tokenizer.model; else model.tokenizer is used)
-  --checkpoint DIR      a training checkpoint step-<N>/ (or a run directory: its newest);
-                        a LoRA checkpoint goes on top of the recipe's [model] (its base)
-  --adapter PEFT_DIR    a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors,
-                        e.g. from `vlmtrain export` or peft's save_pretrained) applied on
-                        top of the model (the recipe's or --model)
-data (default: data.eval of the recipe; one set per file, named after the file stem):
-  --data FILE.jsonl     an eval set (repeatable); replaces data.eval
-  --max-samples N       only the first N records of each set (default 0 = all)
-generation:
-  --max-new-tokens N    default eval.max_new_tokens
-  --batch-size B        prompts per batch on each process (default eval.batch_size)
-  decoding: each of eval.do_sample, eval.temperature, eval.top_k, eval.top_p,
-  eval.repetition_penalty (recipe or --set, e.g. --set eval.repetition_penalty=1.05) wins
-  over the model directory's generation_config.json, which wins over HF's defaults
-  (greedy, no penalty); eos / pad ids come from the file and the tokenizer. The resolved
-  settings are logged and written to eval_summary.json ("generation", with each key's origin)
-output (written by rank 0):
-  --out DIR             default <run.output_dir>/eval
-  DIR/predictions.jsonl one line per sample: id (file:line), dataset, index, prompt,
-                        prediction, answers (the references), generated_tokens, scores;
-                        `vlmtrain score --pred DIR/predictions.jsonl` gives the same numbers
-  DIR/eval_summary.json metrics per set and overall, normalisation, skipped samples,
-                        model, generation settings, seconds, samples/s
-
-Runs under torchrun / srun / `vlmtrain launch`: every process loads the model and
-generates a strided share of the samples; results are gathered on rank 0. A progress bar
-is drawn on a terminal, plain lines otherwise. Records whose image cannot be decoded are
-reported (file:line and reason) and skipped, up to data.max_bad_fraction of a set.
-)";
-}
-
 namespace {
 
 // A training checkpoint (step-<N>/, or a run directory: its newest complete one) as a
@@ -108,21 +64,26 @@ LoadedModel load_checkpoint_model(const std::string& path, const Recipe& recipe,
   return lm;
 }
 
-}  // namespace
+struct EvalArgs {
+  RecipeArgs recipe;
+  std::optional<std::string> model;       // --model HF_DIR
+  std::optional<std::string> checkpoint;  // --checkpoint DIR
+  std::optional<std::string> adapter;     // --adapter PEFT_DIR
+  std::vector<std::string> data;          // --data FILE.jsonl (repeatable)
+  std::optional<long long> max_new_tokens, batch_size, max_samples;
+  std::optional<std::string> out;         // --out DIR
+};
 
-int cmd_eval(Args& args) {
-  Recipe recipe = recipe_from_args(args);
-  const auto model_dir = args.value("model");
-  const auto checkpoint = args.value("checkpoint");
-  const auto adapter = args.value("adapter");
-  const std::vector<std::string> data = args.values("data");
-  const auto max_new = args.integer("max-new-tokens");
-  const auto batch = args.integer("batch-size");
-  const auto max_samples = args.integer("max-samples");
-  const auto out_dir = args.value("out");
-  VLM_CHECK(args.positionals().size() == 1, "vlmtrain eval: expected one RECIPE, got ",
-            args.positionals().size(), " positional arguments (see `vlmtrain eval --help`)");
-  args.finish();
+int eval(const EvalArgs& a) {
+  Recipe recipe = load_recipe(a.recipe);
+  const auto& model_dir = a.model;
+  const auto& checkpoint = a.checkpoint;
+  const auto& adapter = a.adapter;
+  const std::vector<std::string>& data = a.data;
+  const auto& max_new = a.max_new_tokens;
+  const auto& batch = a.batch_size;
+  const auto& max_samples = a.max_samples;
+  const auto& out_dir = a.out;
   VLM_CHECK(!(model_dir && checkpoint), "vlmtrain eval: give --model or --checkpoint, not both");
   VLM_CHECK(!(adapter && checkpoint), "vlmtrain eval: give --adapter or --checkpoint, not both (a LoRA checkpoint "
             "goes on the recipe's model by itself)");
@@ -213,6 +174,61 @@ int cmd_eval(Args& args) {
   }
   if (dims.distributed()) dims.control().barrier("eval: done");  // rank 0 may host the store
   return 0;
+}
+
+}  // namespace
+
+CommandRun declare_eval(CLI::App& app) {
+  auto a = std::make_shared<EvalArgs>();
+  app.description(R"(usage: vlmtrain eval RECIPE [--model HF_DIR | --checkpoint DIR] [--adapter PEFT_DIR] [--data FILE.jsonl]...
+                     [--max-new-tokens N] [--batch-size B] [--max-samples N] [--out DIR]
+                     [--set KEY=VALUE]...
+
+Generates an answer (KV cache; stops at the eos ids of the generation settings and at
+<|im_end|> / <|endoftext|>) for every sample of the eval sets and scores it: CER, WER, NED, exact match, ANLS, OCRBench-style
+accuracy, per set and overall (metrics and normalisation from the recipe's [eval] section,
+e.g. --set eval.case_sensitive=false --set 'eval.metrics=["cer","wer"]').
+)");
+  add_recipe(app, a->recipe);
+  add_value(app, "--model", a->model, "HF_DIR",
+            "an HF directory: config.json, safetensors, and tokenizer files\n"
+            "(tokenizer.json / tokenizer.model; else model.tokenizer is used)")
+      ->group("model (default: the recipe's [model] section, a preset or model.path)");
+  add_value(app, "--checkpoint", a->checkpoint, "DIR",
+            "a training checkpoint step-<N>/ (or a run directory: its newest);\n"
+            "a LoRA checkpoint goes on top of the recipe's [model] (its base)")
+      ->group("model (default: the recipe's [model] section, a preset or model.path)");
+  add_value(app, "--adapter", a->adapter, "PEFT_DIR",
+            "a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors,\n"
+            "e.g. from `vlmtrain export` or peft's save_pretrained) applied on\n"
+            "top of the model (the recipe's or --model)")
+      ->group("model (default: the recipe's [model] section, a preset or model.path)");
+  const std::string data_group = "data (default: data.eval of the recipe; one set per file, named after the file stem)";
+  add_value(app, "--data", a->data, "FILE.jsonl", "an eval set (repeatable); replaces data.eval")->group(data_group);
+  add_value(app, "--max-samples", a->max_samples, "N", "only the first N records of each set (default 0 = all)")
+      ->group(data_group);
+  add_value(app, "--max-new-tokens", a->max_new_tokens, "N", "default eval.max_new_tokens")->group("generation");
+  add_value(app, "--batch-size", a->batch_size, "B", "prompts per batch on each process (default eval.batch_size)")
+      ->group("generation");
+  add_value(app, "--out", a->out, "DIR", "default <run.output_dir>/eval")->group("output (written by rank 0)");
+  app.footer(R"(decoding: each of eval.do_sample, eval.temperature, eval.top_k, eval.top_p,
+eval.repetition_penalty (recipe or --set, e.g. --set eval.repetition_penalty=1.05) wins
+over the model directory's generation_config.json, which wins over HF's defaults
+(greedy, no penalty); eos / pad ids come from the file and the tokenizer. The resolved
+settings are logged and written to eval_summary.json ("generation", with each key's origin).
+
+output files:
+  DIR/predictions.jsonl one line per sample: id (file:line), dataset, index, prompt,
+                        prediction, answers (the references), generated_tokens, scores;
+                        `vlmtrain score --pred DIR/predictions.jsonl` gives the same numbers
+  DIR/eval_summary.json metrics per set and overall, normalisation, skipped samples,
+                        model, generation settings, seconds, samples/s
+
+Runs under torchrun / srun / `vlmtrain launch`: every process loads the model and
+generates a strided share of the samples; results are gathered on rank 0. A progress bar
+is drawn on a terminal, plain lines otherwise. Records whose image cannot be decoded are
+reported (file:line and reason) and skipped, up to data.max_bad_fraction of a set.)");
+  return [a] { return eval(*a); };
 }
 
 }  // namespace vlmtrain

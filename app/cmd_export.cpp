@@ -19,38 +19,6 @@ namespace fs = std::filesystem;
 
 namespace vlmtrain {
 
-const char* help_export() {
-  return R"(usage: vlmtrain export --checkpoint DIR --out HF_DIR [--dtype bf16|fp32]
-                       [--tokenizer PATH] [--overwrite] [--merge [--base HF_DIR]]
-
-Writes a consolidated HF directory from a training checkpoint (step-<N>/ with its
-COMPLETE marker), whatever the world size that wrote it:
-  config.json, model.safetensors (or sharded model-0000K-of-0000N.safetensors +
-  model.safetensors.index.json), and the tokenizer files.
-HF transformers and `vlmtrain eval --model HF_DIR` load it unchanged.
-
-A LoRA checkpoint (policy = "lora") holds the adapters, not the base. By default it is
-written as a PEFT adapter directory (adapter_config.json, adapter_model.safetensors with
-PEFT's tensor names) that peft.PeftModel.from_pretrained loads on the HF base model, and
-`vlmtrain eval RECIPE --adapter DIR` on vlmtrain's; units the run trained in full beside
-the adapters (e.g. visual.merger) are written whole as PEFT's modules_to_save. With
---merge: the base the run trained on (its recipe's [model], or --base) with the adapters
-folded in (W += alpha/r B A) and the trained units, as a full HF directory.
-
-options:
-  --checkpoint DIR   a step-<N> checkpoint directory (or a run directory: its newest
-                     complete checkpoint)
-  --out HF_DIR       output directory (written atomically)
-  --dtype D          bf16 (default, like hub checkpoints) or fp32 (the exact masters)
-  --tokenizer PATH   tokenizer to copy (default: the one the run trained with)
-  --max-shard-gb G   shard size limit (default 5)
-  --overwrite        replace an existing HF_DIR
-  --merge            LoRA checkpoint: write the merged full model instead of an adapter
-  --base HF_DIR      with --merge: the base model directory (default: the run's model.path;
-                     a preset base is rebuilt from the run's seed)
-)";
-}
-
 namespace {
 
 std::string slurp(const std::string& path) {
@@ -116,20 +84,26 @@ vlm::NamedTensors merged_lora_tensors(const CheckpointReader& ck, const std::opt
   return out;
 }
 
-}  // namespace
+struct ExportArgs {
+  std::optional<std::string> checkpoint;  // --checkpoint DIR (required)
+  std::optional<std::string> out;         // --out HF_DIR (required)
+  std::string dtype = "bf16";             // --dtype bf16|fp32
+  std::optional<std::string> tokenizer;   // --tokenizer PATH
+  std::optional<double> max_shard_gb;     // --max-shard-gb G
+  bool overwrite = false;
+  bool merge = false;
+  std::optional<std::string> base;        // --base HF_DIR (with --merge)
+};
 
-int cmd_export(Args& args) {
-  auto ckpt = args.value("checkpoint");
-  auto out = args.value("out");
-  const std::string dtype = args.value("dtype").value_or("bf16");
-  auto tok_override = args.value("tokenizer");
-  auto shard_gb = args.value("max-shard-gb");
-  const bool overwrite = args.flag("overwrite");
-  const bool merge = args.flag("merge");
-  auto base_dir = args.value("base");
-  VLM_CHECK(args.positionals().empty(), "vlmtrain export: unexpected argument '", args.positionals().front(),
-            "' (hint: --checkpoint DIR --out HF_DIR)");
-  args.finish();
+int export_checkpoint(const ExportArgs& a) {
+  const auto& ckpt = a.checkpoint;
+  const auto& out = a.out;
+  const std::string& dtype = a.dtype;
+  const auto& tok_override = a.tokenizer;
+  const auto& shard_gb = a.max_shard_gb;
+  const bool overwrite = a.overwrite;
+  const bool merge = a.merge;
+  const auto& base_dir = a.base;
   VLM_CHECK(ckpt.has_value(), "vlmtrain export: --checkpoint DIR is required");
   VLM_CHECK(out.has_value(), "vlmtrain export: --out HF_DIR is required");
   VLM_CHECK(dtype == "bf16" || dtype == "fp32", "vlmtrain export: --dtype must be bf16 or fp32, got '", dtype, "'");
@@ -153,7 +127,10 @@ int cmd_export(Args& args) {
   vlm::SaveHfOptions so;
   so.dtype = dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
   so.overwrite = overwrite;
-  if (shard_gb) so.max_shard_bytes = static_cast<uint64_t>(std::stod(*shard_gb) * 1e9);
+  if (shard_gb) {
+    VLM_CHECK(*shard_gb > 0, "vlmtrain export: --max-shard-gb must be > 0, got ", *shard_gb);
+    so.max_shard_bytes = static_cast<uint64_t>(*shard_gb * 1e9);
+  }
   so.extra_files = tokenizer_files(tok_override.value_or(ck.tokenizer_path()));
   so.extra_files.emplace_back("config.json", config.dump(2) + "\n");
   vlm::SaveHfReport rep = vlm::save_hf_checkpoint(*out, tensors, so);
@@ -162,6 +139,42 @@ int cmd_export(Args& args) {
               out->c_str(), static_cast<long long>(rep.tensors_written), rep.total_size / 1e6, dtype.c_str(),
               rep.files.size());
   return 0;
+}
+
+}  // namespace
+
+CommandRun declare_export(CLI::App& app) {
+  auto a = std::make_shared<ExportArgs>();
+  app.description(R"(usage: vlmtrain export --checkpoint DIR --out HF_DIR [--dtype bf16|fp32]
+                       [--tokenizer PATH] [--overwrite] [--merge [--base HF_DIR]]
+
+Writes a consolidated HF directory from a training checkpoint (step-<N>/ with its
+COMPLETE marker), whatever the world size that wrote it:
+  config.json, model.safetensors (or sharded model-0000K-of-0000N.safetensors +
+  model.safetensors.index.json), and the tokenizer files.
+HF transformers and `vlmtrain eval --model HF_DIR` load it unchanged.
+
+A LoRA checkpoint (policy = "lora") holds the adapters, not the base. By default it is
+written as a PEFT adapter directory (adapter_config.json, adapter_model.safetensors with
+PEFT's tensor names) that peft.PeftModel.from_pretrained loads on the HF base model, and
+`vlmtrain eval RECIPE --adapter DIR` on vlmtrain's; units the run trained in full beside
+the adapters (e.g. visual.merger) are written whole as PEFT's modules_to_save. With
+--merge: the base the run trained on (its recipe's [model], or --base) with the adapters
+folded in (W += alpha/r B A) and the trained units, as a full HF directory.
+)");
+  add_value(app, "--checkpoint", a->checkpoint, "DIR",
+            "a step-<N> checkpoint directory (or a run directory: its newest\n"
+            "complete checkpoint)");
+  add_value(app, "--out", a->out, "HF_DIR", "output directory (written atomically)");
+  add_value(app, "--dtype", a->dtype, "D", "bf16 (default, like hub checkpoints) or fp32 (the exact masters)");
+  add_value(app, "--tokenizer", a->tokenizer, "PATH", "tokenizer to copy (default: the one the run trained with)");
+  add_value(app, "--max-shard-gb", a->max_shard_gb, "G", "shard size limit (default 5)");
+  add_flag(app, "--overwrite", a->overwrite, "replace an existing HF_DIR");
+  add_flag(app, "--merge", a->merge, "LoRA checkpoint: write the merged full model instead of an adapter");
+  add_value(app, "--base", a->base, "HF_DIR",
+            "with --merge: the base model directory (default: the run's model.path;\n"
+            "a preset base is rebuilt from the run's seed)");
+  return [a] { return export_checkpoint(*a); };
 }
 
 }  // namespace vlmtrain

@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.h"
-#include "app/progress.h"
 #include "app/data_options.h"
+#include "app/progress.h"
 #include "data/data_stats.h"
 #include "data/dataset.h"
 #include "data/image.h"
@@ -21,50 +21,26 @@
 
 namespace vlmtrain {
 
-const char* help_inspect() {
-  return R"(usage: vlmtrain inspect data RECIPE [--set KEY=VALUE]... [--json]
-       vlmtrain inspect image FILE [--min-pixels N] [--max-pixels N | --max-image-tokens N]
-                              [--pixels OUT.safetensors] [--json]
-
-inspect data: scans data.train and data.eval as training sees them (image sizes from the
-index beside each JSONL, no decoding; the index and the text token counts are cached there)
-and prints per split: lines, records, bad records by reason, image width/height and
-image-token histograms (before and after data.max_image_tokens), text tokens, supervised
-tokens and sequence lengths (text + capped image tokens), and how many samples exceed
-data.max_seq_len. Token statistics need model.tokenizer (or model.path). Histograms use
-power-of-two buckets: value v counts under the smallest power of two >= v.
-Per file it prints the container (jsonl or json array) and the record format recognised
-(or forced by data.format / a dataset_info.json entry), usable and refused records; then
-every refused record with its location (file:line, or file:record N in a JSON array) and
-reason (the first 50 in the text output).
-  --json                one JSON object: {"tokenizer", "max_image_tokens", "max_seq_len",
-                        "splits": {"train": {...}, "eval": {...}}}; each split also has
-                        "sources": [{"entry", "path", "container", "format", "records",
-                        "bad"}] and "bad_records": [{"location", "reason", "detail"}]
-
-inspect image: decodes FILE as training does (EXIF orientation applied, alpha composited
-over white, 16-bit reduced to its high byte), applies smart_resize and prints the original
-and resized size, grid_thw (patches) and the merged image tokens. pixel_values match HF
-transformers' Qwen2VLImageProcessorPil bit for bit (docs/image_parity.md).
-  --min-pixels N        default 3136 (56x56)
-  --max-pixels N        default 12845056 (28x28x16384)
-  --max-image-tokens N  per-image cap in merged tokens (max_pixels = N x 784)
-  --pixels OUT          also write OUT (safetensors) with the model's inputs for this image,
-                        exactly as the training loader builds them: pixel_values F32
-                        [patches, 1176] and image_grid_thw I64 [1, 3] (t, h, w in patches)
-  --json                one JSON object: original_height, original_width, resized_height,
-                        resized_width, grid_thw [t,h,w], tokens, patches
-)";
-}
-
 namespace {
 
-int inspect_image(Args& args) {
-  const bool as_json = args.flag("json");
+struct ImageArgs {
+  std::string file;                                           // FILE
+  std::optional<long long> min_pixels, max_pixels, max_image_tokens;
+  std::optional<std::string> pixels;                          // --pixels OUT.safetensors
+  bool json = false;
+};
+
+struct DataArgs {
+  RecipeArgs recipe;
+  bool json = false;
+};
+
+int inspect_image(const ImageArgs& a) {
+  const bool as_json = a.json;
   vlm::data::PixelConfig cfg;
-  if (auto v = args.integer("min-pixels")) cfg.limits.min_pixels = *v;
-  auto max_pixels = args.integer("max-pixels");
-  auto max_tokens = args.integer("max-image-tokens");
+  if (a.min_pixels) cfg.limits.min_pixels = *a.min_pixels;
+  const auto& max_pixels = a.max_pixels;
+  const auto& max_tokens = a.max_image_tokens;
   VLM_CHECK(!(max_pixels && max_tokens), "vlmtrain inspect image: give --max-pixels or ",
             "--max-image-tokens, not both (a token cap N is max_pixels = N x 784)");
   if (max_pixels) cfg.limits.max_pixels = *max_pixels;
@@ -73,11 +49,8 @@ int inspect_image(Args& args) {
               *max_tokens);
     cfg.max_image_tokens = *max_tokens;
   }
-  const std::optional<std::string> pixels_out = args.value("pixels");
-  const std::string file = args.positional(1, "FILE");
-  VLM_CHECK(args.positionals().size() == 2, "vlmtrain inspect image: expected one FILE, got ",
-            args.positionals().size() - 1, " arguments");
-  args.finish();
+  const std::optional<std::string>& pixels_out = a.pixels;
+  const std::string& file = a.file;
 
   const vlm::data::PixelImage img = vlm::data::process_image_file(file, cfg);
   const auto& g = img.grid_thw;
@@ -117,12 +90,9 @@ int inspect_image(Args& args) {
   return 0;
 }
 
-int inspect_data(Args& args) {
-  const bool as_json = args.flag("json");
-  Recipe recipe = recipe_from_args(args, 1);
-  VLM_CHECK(args.positionals().size() == 2, "vlmtrain inspect data: expected one RECIPE, got ",
-            args.positionals().size() - 1, " arguments");
-  args.finish();
+int inspect_data(const DataArgs& a) {
+  const bool as_json = a.json;
+  Recipe recipe = load_recipe(a.recipe);
   const DataSection& d = recipe.data;
   VLM_CHECK(!d.train.empty() || !d.eval.empty(), recipe.location("data.train"),
             ": data.train and data.eval are both empty (hint: --set data.train=FILE.jsonl)");
@@ -199,12 +169,68 @@ int inspect_data(Args& args) {
 
 }  // namespace
 
-int cmd_inspect(Args& args) {
-  const std::string what = args.positional(0, "what to inspect (data or image)");
-  if (what == "image") return inspect_image(args);
-  if (what == "data") return inspect_data(args);
-  throw vlm::Error(vlm::str("vlmtrain inspect: unknown target '", what,
-                            "'; expected `data` or `image` (see `vlmtrain inspect --help`)"));
+CommandRun declare_inspect(CLI::App& app) {
+  app.description(R"(usage: vlmtrain inspect data RECIPE [--set KEY=VALUE]... [--json]
+       vlmtrain inspect image FILE [--min-pixels N] [--max-pixels N | --max-image-tokens N]
+                              [--pixels OUT.safetensors] [--json]
+
+inspect data: scans data.train and data.eval as training sees them (image sizes from the
+index beside each JSONL, no decoding), with token and sequence-length statistics.
+inspect image: decodes FILE as training does and prints its resized size, grid and tokens.
+Run `vlmtrain inspect data --help` or `vlmtrain inspect image --help` for the options.
+)");
+  app.require_subcommand(1);
+  auto which = std::make_shared<CommandRun>();
+
+  CLI::App* data = app.add_subcommand("data", "");
+  auto d = std::make_shared<DataArgs>();
+  data->description(R"(usage: vlmtrain inspect data RECIPE [--set KEY=VALUE]... [--json]
+
+Scans data.train and data.eval as training sees them (image sizes from the index beside
+each JSONL, no decoding; the index and the text token counts are cached there) and prints
+per split: lines, records, bad records by reason, image width/height and image-token
+histograms (before and after data.max_image_tokens), text tokens, supervised tokens and
+sequence lengths (text + capped image tokens), and how many samples exceed
+data.max_seq_len. Token statistics need model.tokenizer (or model.path). Histograms use
+power-of-two buckets: value v counts under the smallest power of two >= v.
+Per file it prints the container (jsonl or json array) and the record format recognised
+(or forced by data.format / a dataset_info.json entry), usable and refused records; then
+every refused record with its location (file:line, or file:record N in a JSON array) and
+reason (the first 50 in the text output).
+)");
+  add_recipe(*data, d->recipe);
+  add_flag(*data, "--json", d->json,
+           "one JSON object: {\"tokenizer\", \"max_image_tokens\", \"max_seq_len\",\n"
+           "\"splits\": {\"train\": {...}, \"eval\": {...}}}; each split also has\n"
+           "\"sources\": [{\"entry\", \"path\", \"container\", \"format\", \"records\",\n"
+           "\"bad\"}] and \"bad_records\": [{\"location\", \"reason\", \"detail\"}]");
+  data->callback([which, d] { *which = [d] { return inspect_data(*d); }; });
+
+  CLI::App* image = app.add_subcommand("image", "");
+  auto i = std::make_shared<ImageArgs>();
+  image->description(R"(usage: vlmtrain inspect image FILE [--min-pixels N] [--max-pixels N | --max-image-tokens N]
+                              [--pixels OUT.safetensors] [--json]
+
+Decodes FILE as training does (EXIF orientation applied, alpha composited over white,
+16-bit reduced to its high byte), applies smart_resize and prints the original and resized
+size, grid_thw (patches) and the merged image tokens. pixel_values match HF transformers'
+Qwen2VLImageProcessorPil bit for bit (docs/image_parity.md).
+)");
+  add_value(*image, "FILE", i->file, "", "an image file")->required();
+  add_value(*image, "--min-pixels", i->min_pixels, "N", "default 3136 (56x56)");
+  add_value(*image, "--max-pixels", i->max_pixels, "N", "default 12845056 (28x28x16384)");
+  add_value(*image, "--max-image-tokens", i->max_image_tokens, "N",
+            "per-image cap in merged tokens (max_pixels = N x 784)");
+  add_value(*image, "--pixels", i->pixels, "OUT",
+            "also write OUT (safetensors) with the model's inputs for this image,\n"
+            "exactly as the training loader builds them: pixel_values F32\n"
+            "[patches, 1176] and image_grid_thw I64 [1, 3] (t, h, w in patches)");
+  add_flag(*image, "--json", i->json,
+           "one JSON object: original_height, original_width, resized_height,\n"
+           "resized_width, grid_thw [t,h,w], tokens, patches");
+  image->callback([which, i] { *which = [i] { return inspect_image(*i); }; });
+
+  return [which] { return (*which)(); };
 }
 
 }  // namespace vlmtrain

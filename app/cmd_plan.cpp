@@ -24,38 +24,6 @@
 
 namespace vlmtrain {
 
-const char* help_plan() {
-  return R"(usage: vlmtrain plan RECIPE [--preset NAME] [--world-size N] [--json] [--set KEY=VALUE]...
-       vlmtrain plan --preset NAME [--json] [--leaves]
-
-Builds the model on the meta device and prints every module with its parameter count,
-policy and bytes per rank, plus totals.
-
-  --preset NAME   model preset: tiny, tiny-qwen2.5, small, qwen2-vl-2b, qwen2-vl-7b,
-                  qwen2.5-vl-3b, qwen2.5-vl-7b
-  --world-size N  ranks to plan for (default 1)
-  --json          one JSON object: preset, total_params, vision_params (incl. merger),
-                  merger_params, llm_params, modules [{path, params}]; with a RECIPE
-                  instead total_params and trainable_params (LoRA adapters included),
-                  world_size, param_dtype, units [{path, aliases, policy, strategy, sharding,
-                  rule, params, trainable, param_bytes, grad_bytes, optim_bytes, total_bytes,
-                  activation_checkpointing}], totals {...}, gathered_peak_bytes,
-                  reduce_scatter_peak_bytes, peak_bytes, warnings
-  --leaves        list every parameter-owning layer instead of the sharding units
-  --set KEY=VALUE override a recipe key (repeatable)
-
-Bytes per rank as the engine allocates them (P unit parameters, N ranks, p / r bytes of
-precision.param_dtype / reduce_dtype, S = ceil(P/N); sharding/memory_plan.h):
-  freeze pP | ddp pP + grads + 12P (bf16; fp32: 8P); grads = rP (the bucket, where they
-  accumulate) when r > p (bf16 params, fp32 reduce), else (p + r)P (.grad + bucket)
-  ddp shard_optimizer: optimizer state S*12 | fsdp shard_grad_op and full_shard: params S*p,
-  fp32 grads S*4, optimizer S*12; shard_grad_op units are gathered whole during the step
-  (transient). Transient peaks: gathered flat buffers, reduce-scatter buffers in flight.
-  lora: a unit with adapters shows as two rows: <unit> (the frozen base: pP, or S*p with
-  strategy = "full_shard") and <unit>+lora (the adapters, trained like ddp).
-)";
-}
-
 namespace {
 
 std::string with_commas(int64_t n) {
@@ -64,17 +32,23 @@ std::string with_commas(int64_t n) {
   return s;
 }
 
-}  // namespace
+struct PlanArgs {
+  RecipeArgs recipe;                   // optional: without it, --preset alone
+  std::optional<std::string> preset;   // --preset NAME
+  std::optional<long long> world_size; // --world-size N (with a RECIPE)
+  bool json = false;
+  bool leaves = false;                 // --leaves (with --preset alone)
+};
 
-int plan_recipe(Args& args, const std::optional<std::string>& preset_name, bool as_json);
+int plan_recipe(const PlanArgs& a);
 
-int cmd_plan(Args& args) {
-  const auto preset_name = args.value("preset");
-  const bool as_json = args.flag("json");
-  if (!args.positionals().empty()) return plan_recipe(args, preset_name, as_json);
-  const bool leaves = args.flag("leaves");
-  VLM_CHECK(!args.value("world-size").has_value(), "vlmtrain plan: --world-size needs a RECIPE (its policy table)");
-  args.finish();
+int plan(const PlanArgs& a) {
+  if (!a.recipe.path.empty()) return plan_recipe(a);
+  const auto& preset_name = a.preset;
+  const bool as_json = a.json;
+  const bool leaves = a.leaves;
+  VLM_CHECK(!a.world_size.has_value(), "vlmtrain plan: --world-size needs a RECIPE (its policy table)");
+  VLM_CHECK(a.recipe.sets.empty(), "vlmtrain plan: --set needs a RECIPE (it overrides a recipe key)");
   VLM_CHECK(preset_name.has_value(), "vlmtrain plan: give a RECIPE or --preset NAME (see `vlmtrain plan --help`)");
 
   const vlm::VlmConfig cfg = vlm::preset(*preset_name);
@@ -124,20 +98,18 @@ int cmd_plan(Args& args) {
 }
 
 
-int plan_recipe(Args& args, const std::optional<std::string>& preset_name, bool as_json) {
+int plan_recipe(const PlanArgs& a) {
   namespace sh = vlm::sharding;
-  const auto world_arg = args.value("world-size");
-  Recipe recipe = recipe_from_args(args);
-  args.finish();
+  const auto& preset_name = a.preset;
+  const bool as_json = a.json;
+  VLM_CHECK(!a.leaves, "vlmtrain plan: --leaves applies with --preset NAME alone (without a RECIPE)");
+  Recipe recipe = load_recipe(a.recipe);
   recipe.validate(Purpose::plan);
   int world = 1;
-  if (world_arg) {
-    try {
-      world = std::stoi(*world_arg);
-    } catch (...) {
-      world = 0;
-    }
-    VLM_CHECK(world >= 1, "vlmtrain plan: --world-size: expected a positive integer, got '", *world_arg, "'");
+  if (a.world_size) {
+    VLM_CHECK(*a.world_size >= 1 && *a.world_size <= (1 << 20), "vlmtrain plan: --world-size: expected a positive ",
+              "integer, got '", *a.world_size, "'");
+    world = static_cast<int>(*a.world_size);
   }
   std::string source;
   vlm::VlmConfig cfg;
@@ -229,6 +201,42 @@ int plan_recipe(Args& args, const std::optional<std::string>& preset_name, bool 
               with_commas(counts.trainable).c_str(), total > 0 ? 100.0 * counts.trainable / total : 0.0);
   for (const auto& warning : mem.warnings) std::printf("warning: %s\n", warning.c_str());
   return 0;
+}
+
+}  // namespace
+
+CommandRun declare_plan(CLI::App& app) {
+  auto a = std::make_shared<PlanArgs>();
+  app.description(R"(usage: vlmtrain plan RECIPE [--preset NAME] [--world-size N] [--json] [--set KEY=VALUE]...
+       vlmtrain plan --preset NAME [--json] [--leaves]
+
+Builds the model on the meta device and prints every module with its parameter count,
+policy and bytes per rank, plus totals.
+)");
+  add_recipe(app, a->recipe, /*required=*/false);
+  add_value(app, "--preset", a->preset, "NAME",
+            "model preset: tiny, tiny-qwen2.5, small, qwen2-vl-2b, qwen2-vl-7b,\n"
+            "qwen2.5-vl-3b, qwen2.5-vl-7b");
+  add_value(app, "--world-size", a->world_size, "N", "ranks to plan for (default 1)");
+  add_flag(app, "--json", a->json,
+           "one JSON object: preset, total_params, vision_params (incl. merger),\n"
+           "merger_params, llm_params, modules [{path, params}]; with a RECIPE\n"
+           "instead total_params and trainable_params (LoRA adapters included),\n"
+           "world_size, param_dtype, units [{path, aliases, policy, strategy, sharding,\n"
+           "rule, params, trainable, param_bytes, grad_bytes, optim_bytes, total_bytes,\n"
+           "activation_checkpointing}], totals {...}, gathered_peak_bytes,\n"
+           "reduce_scatter_peak_bytes, peak_bytes, warnings");
+  add_flag(app, "--leaves", a->leaves, "list every parameter-owning layer instead of the sharding units");
+  app.footer(R"(Bytes per rank as the engine allocates them (P unit parameters, N ranks, p / r bytes of
+precision.param_dtype / reduce_dtype, S = ceil(P/N); sharding/memory_plan.h):
+  freeze pP | ddp pP + grads + 12P (bf16; fp32: 8P); grads = rP (the bucket, where they
+  accumulate) when r > p (bf16 params, fp32 reduce), else (p + r)P (.grad + bucket)
+  ddp shard_optimizer: optimizer state S*12 | fsdp shard_grad_op and full_shard: params S*p,
+  fp32 grads S*4, optimizer S*12; shard_grad_op units are gathered whole during the step
+  (transient). Transient peaks: gathered flat buffers, reduce-scatter buffers in flight.
+  lora: a unit with adapters shows as two rows: <unit> (the frozen base: pP, or S*p with
+  strategy = "full_shard") and <unit>+lora (the adapters, trained like ddp).)");
+  return [a] { return plan(*a); };
 }
 
 }  // namespace vlmtrain

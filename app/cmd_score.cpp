@@ -18,49 +18,6 @@
 
 namespace vlmtrain {
 
-const char* help_score() {
-  return R"HELP(usage: vlmtrain score --pred predictions.jsonl [--metrics cer,wer,ned,em,anls,ocrbench]
-                      [--out summary.json] [--case-insensitive] [--no-nfc]
-                      [--strip-punctuation] [--keep-whitespace]
-
-Scores a predictions file written by `vlmtrain eval` or by any other system. Each line is
-a JSON object:
-  prediction  string (required)
-  text        string: the reference (page OCR), and/or
-  answers     non-empty list of strings (VQA: any answer counts)
-  dataset     string (optional): summaries per dataset and overall
-  id          string or integer (optional)
-When both are given the references are `text` followed by `answers`.
-
-Metrics (default: all):
-  cer       corpus CER: sum of code point edit distances / sum of reference lengths
-  wer       corpus WER: the same over whitespace-separated words
-  ned       mean of edit / max(len(pred), len(ref)) per sample (0 when both are empty)
-  em        exact match with any reference after normalisation
-  anls      DocVQA ANLS (also lowercased, whitespace collapsed; 1 - NL kept when >= 0.5)
-  ocrbench  1 when any reference is a substring of the prediction (lowercased, ends
-            stripped, newlines -> spaces)
-cer, wer and ned use the first reference; em, anls and ocrbench use all of them.
-
-Normalisation, applied to predictions and references before every metric (default: NFC,
-case-sensitive, punctuation kept, whitespace runs collapsed to one space and ends stripped):
-  --case-insensitive    lowercase (Unicode simple case mapping)
-  --no-nfc              skip canonical composition
-  --strip-punctuation   drop Unicode punctuation (categories Pc Pd Ps Pe Pi Pf Po)
-  --keep-whitespace     keep whitespace as written (words are still split on runs)
-
-Malformed lines (invalid JSON, missing fields, wrong types, invalid UTF-8) are reported
-as FILE:LINE: reason (the first 20 printed, all counted in `skipped`) and skipped; blank
-lines are ignored. A file with no scorable line is an error. A malformed line counts
-against its dataset too when its `dataset` field could be read. Lines without `dataset`
-are grouped as "(none)" when other lines name one.
-
-  --out FILE   write the summary JSON: metrics, normalisation, lines, scored, skipped,
-               overall and per-dataset {n, skipped, <metrics>, edit counts}, and the
-               first 100 malformed lines {line, reason}
-)HELP";
-}
-
 namespace {
 
 constexpr size_t kPrintedErrors = 20;
@@ -182,20 +139,22 @@ void print_row(const std::string& name, const Group& g, const std::vector<std::s
   std::printf("\n");
 }
 
-}  // namespace
+struct ScoreArgs {
+  std::optional<std::string> pred;     // --pred FILE (required)
+  std::optional<std::string> metrics;  // --metrics a,b,c
+  std::optional<std::string> out;      // --out FILE
+  bool case_insensitive = false, no_nfc = false, strip_punctuation = false, keep_whitespace = false;
+};
 
-int cmd_score(Args& args) {
-  const std::optional<std::string> pred_path = args.value("pred");
-  const std::optional<std::string> metrics_csv = args.value("metrics");
-  const std::optional<std::string> out_path = args.value("out");
+int score(const ScoreArgs& a) {
+  const std::optional<std::string>& pred_path = a.pred;
+  const std::optional<std::string>& metrics_csv = a.metrics;
+  const std::optional<std::string>& out_path = a.out;
   ScoreOptions options;
-  options.norm.case_sensitive = !args.flag("case-insensitive");
-  options.norm.nfc = !args.flag("no-nfc");
-  options.norm.strip_punctuation = args.flag("strip-punctuation");
-  options.norm.collapse_whitespace = !args.flag("keep-whitespace");
-  VLM_CHECK(args.positionals().empty(), "vlmtrain score: expected no positional arguments, got '",
-            args.positionals().front(), "' (hint: give the file as --pred FILE)");
-  args.finish();
+  options.norm.case_sensitive = !a.case_insensitive;
+  options.norm.nfc = !a.no_nfc;
+  options.norm.strip_punctuation = a.strip_punctuation;
+  options.norm.collapse_whitespace = !a.keep_whitespace;
   VLM_CHECK(pred_path && !pred_path->empty(),
             "vlmtrain score: missing --pred predictions.jsonl (see `vlmtrain score --help`)");
   if (metrics_csv) options.metrics = parse_metric_list(*metrics_csv);
@@ -274,6 +233,57 @@ int cmd_score(Args& args) {
     std::printf("wrote %s\n", out_path->c_str());
   }
   return 0;
+}
+
+}  // namespace
+
+CommandRun declare_score(CLI::App& app) {
+  auto a = std::make_shared<ScoreArgs>();
+  app.description(R"HELP(usage: vlmtrain score --pred predictions.jsonl [--metrics cer,wer,ned,em,anls,ocrbench]
+                      [--out summary.json] [--case-insensitive] [--no-nfc]
+                      [--strip-punctuation] [--keep-whitespace]
+
+Scores a predictions file written by `vlmtrain eval` or by any other system. Each line is
+a JSON object:
+  prediction  string (required)
+  text        string: the reference (page OCR), and/or
+  answers     non-empty list of strings (VQA: any answer counts)
+  dataset     string (optional): summaries per dataset and overall
+  id          string or integer (optional)
+When both are given the references are `text` followed by `answers`.
+
+Metrics (default: all):
+  cer       corpus CER: sum of code point edit distances / sum of reference lengths
+  wer       corpus WER: the same over whitespace-separated words
+  ned       mean of edit / max(len(pred), len(ref)) per sample (0 when both are empty)
+  em        exact match with any reference after normalisation
+  anls      DocVQA ANLS (also lowercased, whitespace collapsed; 1 - NL kept when >= 0.5)
+  ocrbench  1 when any reference is a substring of the prediction (lowercased, ends
+            stripped, newlines -> spaces)
+cer, wer and ned use the first reference; em, anls and ocrbench use all of them.
+
+Normalisation by default: NFC, case-sensitive, punctuation kept, whitespace runs collapsed
+to one space and ends stripped; the flags below change it.
+)HELP");
+  add_value(app, "--pred", a->pred, "FILE", "the predictions (JSONL, one object per line as above)");
+  add_value(app, "--metrics", a->metrics, "LIST", "comma-separated metrics to compute (default: all)");
+  add_value(app, "--out", a->out, "FILE",
+            "write the summary JSON: metrics, normalisation, lines, scored, skipped,\n"
+            "overall and per-dataset {n, skipped, <metrics>, edit counts}, and the\n"
+            "first 100 malformed lines {line, reason}");
+  const std::string norm = "normalisation (of predictions and references, before every metric)";
+  add_flag(app, "--case-insensitive", a->case_insensitive, "lowercase (Unicode simple case mapping)")->group(norm);
+  add_flag(app, "--no-nfc", a->no_nfc, "skip canonical composition")->group(norm);
+  add_flag(app, "--strip-punctuation", a->strip_punctuation,
+           "drop Unicode punctuation (categories Pc Pd Ps Pe Pi Pf Po)")->group(norm);
+  add_flag(app, "--keep-whitespace", a->keep_whitespace, "keep whitespace as written (words are still split on runs)")
+      ->group(norm);
+  app.footer(R"HELP(Malformed lines (invalid JSON, missing fields, wrong types, invalid UTF-8) are reported
+as FILE:LINE: reason (the first 20 printed, all counted in `skipped`) and skipped; blank
+lines are ignored. A file with no scorable line is an error. A malformed line counts
+against its dataset too when its `dataset` field could be read. Lines without `dataset`
+are grouped as "(none)" when other lines name one.)HELP");
+  return [a] { return score(*a); };
 }
 
 }  // namespace vlmtrain

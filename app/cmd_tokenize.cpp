@@ -8,35 +8,23 @@
 
 namespace vlmtrain {
 
-const char* help_tokenize() {
-  return R"(usage: vlmtrain tokenize --tokenizer PATH [--ids|--tokens] TEXT...
-       vlmtrain tokenize --tokenizer PATH --decode [--skip-special] IDS...
+namespace {
 
-PATH is a tokenizer.json, a sentencepiece .model, or a model directory holding one
-(tokenizer_config.json beside it is applied).
-Encoding prints one line per TEXT: its ids (default, --ids) or its token strings
-(--tokens), separated by spaces. Special tokens written in TEXT (<|im_end|>) are
-recognised; no BOS/EOS is added.
---decode reverses --ids: each IDS argument is one line of ids separated by spaces or
-commas, printed back as text (one line per argument).
-Put flags before --tokenizer or use `--` before the texts so that a text is never
-taken as a flag's value: vlmtrain tokenize --ids --tokenizer tok.json -- "Hello world"
-)";
-}
+struct TokenizeArgs {
+  std::optional<std::string> tokenizer;  // --tokenizer PATH (required)
+  std::vector<std::string> inputs;       // TEXT... (or IDS... with --decode)
+  bool decode = false, tokens = false, ids = false, skip_special = false;
+};
 
-int cmd_tokenize(Args& args) {
-  auto path = args.value("tokenizer");
-  const bool decode = args.flag("decode");
-  const bool tokens = args.flag("tokens");
-  const bool ids = args.flag("ids");
-  const bool skip_special = args.flag("skip-special");
-  args.finish();
+int tokenize(const TokenizeArgs& a) {
+  const auto& path = a.tokenizer;
+  const bool decode = a.decode, tokens = a.tokens, ids = a.ids, skip_special = a.skip_special;
   VLM_CHECK(path.has_value(), "vlmtrain tokenize: --tokenizer PATH is required");
   VLM_CHECK(!(decode && (tokens || ids)), "vlmtrain tokenize: --decode cannot be combined with ",
             "--ids/--tokens");
   VLM_CHECK(!(tokens && ids), "vlmtrain tokenize: choose one of --ids and --tokens");
   VLM_CHECK(!skip_special || decode, "vlmtrain tokenize: --skip-special applies to --decode only");
-  const auto& inputs = args.positionals();
+  const auto& inputs = a.inputs;
   VLM_CHECK(!inputs.empty(), "vlmtrain tokenize: nothing to ", decode ? "decode" : "encode",
             " (see `vlmtrain tokenize --help`)");
   auto tok = vlm::load_tokenizer(*path);
@@ -69,6 +57,32 @@ int cmd_tokenize(Args& args) {
   }
   std::fwrite(out.data(), 1, out.size(), stdout);
   return 0;
+}
+
+}  // namespace
+
+CommandRun declare_tokenize(CLI::App& app) {
+  auto a = std::make_shared<TokenizeArgs>();
+  app.description(R"(usage: vlmtrain tokenize --tokenizer PATH [--ids|--tokens] TEXT...
+       vlmtrain tokenize --tokenizer PATH --decode [--skip-special] IDS...
+
+PATH is a tokenizer.json, a sentencepiece .model, or a model directory holding one
+(tokenizer_config.json beside it is applied).
+Encoding prints one line per TEXT: its ids (default, --ids) or its token strings
+(--tokens), separated by spaces. Special tokens written in TEXT (<|im_end|>) are
+recognised; no BOS/EOS is added.
+--decode reverses --ids: each IDS argument is one line of ids separated by spaces or
+commas, printed back as text (one line per argument).
+)");
+  add_value(app, "TEXT", a->inputs, "", "texts to encode (or, with --decode, lines of ids)");
+  add_value(app, "--tokenizer", a->tokenizer, "PATH", "tokenizer.json, sentencepiece .model, or a model directory");
+  add_flag(app, "--ids", a->ids, "print token ids (the default)");
+  add_flag(app, "--tokens", a->tokens, "print token strings");
+  add_flag(app, "--decode", a->decode, "decode lines of ids back to text");
+  add_flag(app, "--skip-special", a->skip_special, "with --decode: leave special tokens out");
+  app.footer(R"(Use `--` before the texts when a text starts with '-', so that it is never taken as
+an option: vlmtrain tokenize --ids --tokenizer tok.json -- "-Hello world")");
+  return [a] { return tokenize(*a); };
 }
 
 }  // namespace vlmtrain

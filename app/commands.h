@@ -1,37 +1,31 @@
-// One function per subcommand, each defined in app/cmd_<name>.cpp.
+// One declare function per subcommand, each defined in app/cmd_<name>.cpp: it declares the
+// command's options on `app` (its help is generated from them, see app/cli.h) and returns
+// what runs the command with the parsed values.
 #pragma once
+#include <string>
+#include <vector>
+
 #include "app/cli.h"
 #include "app/recipe.h"
 
 namespace vlmtrain {
 
-int cmd_train(Args& args);      // app/cmd_train.cpp
-int cmd_eval(Args& args);       // app/cmd_eval.cpp
-int cmd_plan(Args& args);       // app/cmd_plan.cpp
-int cmd_export(Args& args);     // app/cmd_export.cpp
-int cmd_score(Args& args);      // app/cmd_score.cpp
-int cmd_synth_ocr(Args& args);  // app/cmd_synth_ocr.cpp
-int cmd_inspect(Args& args);    // app/cmd_inspect.cpp
-int cmd_tokenize(Args& args);   // app/cmd_tokenize.cpp
-int cmd_launch(Args& args);     // app/cmd_launch.cpp
-int cmd_report(Args& args);     // app/cmd_report.cpp
+CommandRun declare_train(CLI::App& app);      // app/cmd_train.cpp
+CommandRun declare_eval(CLI::App& app);       // app/cmd_eval.cpp
+CommandRun declare_plan(CLI::App& app);       // app/cmd_plan.cpp
+CommandRun declare_export(CLI::App& app);     // app/cmd_export.cpp
+CommandRun declare_score(CLI::App& app);      // app/cmd_score.cpp
+CommandRun declare_synth_ocr(CLI::App& app);  // app/cmd_synth_ocr.cpp
+CommandRun declare_inspect(CLI::App& app);    // app/cmd_inspect.cpp
+CommandRun declare_tokenize(CLI::App& app);   // app/cmd_tokenize.cpp
+CommandRun declare_launch(CLI::App& app);     // app/cmd_launch.cpp (help only: see cmd_launch)
+CommandRun declare_report(CLI::App& app);     // app/cmd_report.cpp
 
-// Help text of each subcommand, printed by `vlmtrain <cmd> --help`.
-const char* help_train();
-const char* help_eval();
-const char* help_plan();
-const char* help_export();
-const char* help_score();
-const char* help_synth_ocr();
-const char* help_inspect();
-const char* help_tokenize();
-const char* help_launch();
-const char* help_report();
+// `vlmtrain launch ARGS...`: the launcher's options, then the worker's command line passed
+// through unchanged (app/launcher.h parses them).
+int cmd_launch(const std::vector<std::string>& args);
 
-// Loads the recipe named by positional `index` with every `--set KEY=VALUE` applied.
-Recipe recipe_from_args(Args& args, size_t index = 0);
-
-// For subcommands whose implementation has not landed: a clear error, non-zero exit.
-[[noreturn]] void not_yet(const std::string& command, const std::string& issue);
+// The recipe RECIPE names with every `--set KEY=VALUE` applied.
+Recipe load_recipe(const RecipeArgs& args);
 
 }  // namespace vlmtrain

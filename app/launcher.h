@@ -58,6 +58,7 @@ struct LaunchOptions {
 // worker command line, which is passed on unchanged. A worker command that is neither
 // `train`, `eval` nor --exec is `train` (`vlmtrain launch RECIPE` = `... train RECIPE`).
 // `self_exe` is the vlmtrain binary that runs train/eval. Throws vlm::Error on bad input.
+// Defined in app/cmd_launch.cpp, beside the declaration of the options.
 LaunchOptions parse_launch_args(const std::vector<std::string>& args, const std::string& self_exe);
 
 // The environment of worker `local_rank`: `base` without inherited launcher variables, plus

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs every build and test dependency of vlmtrain, idempotent and quiet:
-#   1. Debian bookworm packages (compiler, CMake, OpenCV, toml11, spdlog, GoogleTest, ...);
+#   1. Debian bookworm packages (compiler, CMake, OpenCV, toml11, CLI11, spdlog, GoogleTest, ...);
 #   2. a Python environment, .venv/ (or $VLMTRAIN_VENV), with the pinned packages of
 #      scripts/requirements.txt: torch 2.11.0 (its LibTorch, CUDA 13 + NCCL, is what vlmtrain
 #      links; its torchrun launches the multi-process tests) and the test references
@@ -17,6 +17,7 @@ PKGS=(
   libjpeg-dev                         # CMYK JPEGs decoded as Pillow does (data/image.cpp)
   libsentencepiece-dev sentencepiece  # .model tokenizers (+ spm_encode for tests)
   libtoml11-dev                       # recipes
+  libcli11-dev                        # command line (header-only CLI11)
   libspdlog-dev libfmt-dev            # logging
   nlohmann-json3-dev                  # config.json, tokenizer.json, safetensors headers
   libgtest-dev libgmock-dev           # tests

@@ -86,22 +86,126 @@ TEST(Cli, UnknownOptionIsRejected) {
 
 namespace {
 
-TEST(CliArgs, FlagGivesBackItsNeighbourInPlace) {
-  vlmtrain::Args args("x", {"--ids", "A", "B", "--out", "o", "C"});
-  EXPECT_TRUE(args.flag("ids"));
-  EXPECT_EQ(args.value("out").value(), "o");
-  EXPECT_EQ(args.positionals(), (std::vector<std::string>{"A", "B", "C"}));
-  EXPECT_NO_THROW(args.finish());
+// Every option and positional of a command's App and of its subcommands' Apps, with the
+// help text that lists them (`vlmtrain inspect image --help`).
+void expect_help_lists_options(const CLI::App& app, const std::vector<std::string>& argv) {
+  std::vector<std::string> help_argv = argv;
+  help_argv.push_back("--help");
+  auto r = vlmtest::run(help_argv);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const CLI::Option* o : app.get_options()) {
+    for (const std::string& l : o->get_lnames())
+      EXPECT_NE(r.output.find("--" + l), std::string::npos) << argv.back() << ": --" << l << "\n" << r.output;
+    if (o->get_positional()) {
+      EXPECT_NE(r.output.find("  " + o->get_name()), std::string::npos) << argv.back() << ": " << o->get_name();
+    }
+  }
+  for (const CLI::App* sub : app.get_subcommands({})) {
+    std::vector<std::string> sub_argv = argv;
+    sub_argv.push_back(sub->get_name());
+    expect_help_lists_options(*sub, sub_argv);
+  }
 }
 
-TEST(CliArgs, UnreadOptionsAreRejected) {
-  vlmtrain::Args args("x", {"--a", "1", "--b"});
-  EXPECT_EQ(args.integer("a").value(), 1);
-  EXPECT_THROW(args.finish(), vlm::Error);
-  vlmtrain::Args flag_with_value("x", {"--json=yes"});
-  EXPECT_THROW(flag_with_value.flag("json"), vlm::Error);
-  vlmtrain::Args repeated("x", {"--data", "a", "--data", "b"});
-  EXPECT_EQ(repeated.values("data"), (std::vector<std::string>{"a", "b"}));
+TEST(CliHelp, EveryCommandListsItsOptions) {
+  for (const std::string& name : vlmtrain::command_names()) {
+    vlmtrain::CommandApp cmd = vlmtrain::make_command(name);
+    size_t declared = cmd.app->get_options().size();
+    for (const CLI::App* sub : cmd.app->get_subcommands({})) declared += sub->get_options().size();
+    EXPECT_GE(declared, 2u) << name;  // --help and at least one more
+    expect_help_lists_options(*cmd.app, {vlmtest::vlmtrain_bin(), name});
+  }
+}
+
+TEST(CliHelp, UnknownOptionSuggestsTheClosest) {
+  std::string recipe = vlmtest::source_dir() + "/recipes/ocr_tiny.toml";
+  auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "eval", recipe, "--max-new-token", "5"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("vlmtrain eval: unknown option(s) --max-new-token (did you mean --max-new-tokens?)"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("see `vlmtrain eval --help`"), std::string::npos) << r.output;
+  // Nothing close: no suggestion.
+  r = vlmtest::run({vlmtest::vlmtrain_bin(), "score", "--pred", "p.jsonl", "--zzzzzzzz"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("unknown option(s) --zzzzzzzz;"), std::string::npos) << r.output;
+  // In a subcommand, and for the launcher's options.
+  r = vlmtest::run({vlmtest::vlmtrain_bin(), "inspect", "image", "a.png", "--max-pixel", "9"});
+  EXPECT_NE(r.output.find("vlmtrain inspect image: unknown option(s) --max-pixel (did you mean --max-pixels?)"),
+            std::string::npos) << r.output;
+  r = vlmtest::run({vlmtest::vlmtrain_bin(), "launch", "--nproc-per-nod", "2", recipe});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("unknown option --nproc-per-nod (did you mean --nproc-per-node?)"), std::string::npos)
+      << r.output;
+}
+
+TEST(CliHelp, TypedValuesAreChecked) {
+  std::string recipe = vlmtest::source_dir() + "/recipes/ocr_tiny.toml";
+  auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "plan", recipe, "--world-size", "abc"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("vlmtrain plan: --world-size expects an integer, got 'abc'"), std::string::npos)
+      << r.output;
+  r = vlmtest::run({vlmtest::vlmtrain_bin(), "export", "--checkpoint", "c", "--out", "o", "--max-shard-gb=big"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--max-shard-gb expects a number, got 'big'"), std::string::npos) << r.output;
+  r = vlmtest::run({vlmtest::vlmtrain_bin(), "train", recipe, "--dry-run=yes"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--dry-run takes no value"), std::string::npos) << r.output;
+  r = vlmtest::run({vlmtest::vlmtrain_bin(), "synth-ocr", "--out", "o", "--train"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--train needs a value"), std::string::npos) << r.output;
+  r = vlmtest::run({vlmtest::vlmtrain_bin(), "report", "run_a", "run_b"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("vlmtrain report: unexpected argument 'run_b'"), std::string::npos) << r.output;
+  r = vlmtest::run({vlmtest::vlmtrain_bin(), "inspect", "image"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("vlmtrain inspect image: missing FILE"), std::string::npos) << r.output;
+  r = vlmtest::run({vlmtest::vlmtrain_bin(), "inspect"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("missing the subcommand (one of: data, image)"), std::string::npos) << r.output;
+  r = vlmtest::run({vlmtest::vlmtrain_bin(), "inspect", "imag", "a.png"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("unexpected argument 'imag' (expected one of: data, image)"), std::string::npos)
+      << r.output;
+}
+
+TEST(CliParse, ValuesFlagsAndPositionals) {
+  auto app = vlmtrain::make_app("vlmtrain x");
+  std::optional<long long> n;
+  std::optional<double> lr;
+  std::vector<std::string> data, texts;
+  std::optional<std::string> out;
+  bool ids = false;
+  vlmtrain::add_value(*app, "TEXT", texts, "", "texts");
+  vlmtrain::add_value(*app, "--n", n, "N", "an integer");
+  vlmtrain::add_value(*app, "--lr", lr, "X", "a number");
+  vlmtrain::add_value(*app, "--data", data, "FILE", "repeatable");
+  vlmtrain::add_value(*app, "--out", out, "DIR", "a folder");
+  vlmtrain::add_flag(*app, "--ids", ids, "a flag");
+  // A flag never takes the next token; a repeated value keeps the last; --name=value;
+  // decimal integers (not octal); negative numbers are values; `--` ends the options.
+  ASSERT_TRUE(vlmtrain::parse_command(*app, {"--ids", "A", "--n", "010", "B", "--n=-7", "--lr", "2e-5", "--data",
+                                             "a", "--data=b", "C", "--", "--not-an-option"}));
+  EXPECT_TRUE(ids);
+  EXPECT_EQ(n.value(), -7);
+  EXPECT_DOUBLE_EQ(lr.value(), 2e-5);
+  EXPECT_FALSE(out.has_value());
+  EXPECT_EQ(data, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(texts, (std::vector<std::string>{"A", "B", "C", "--not-an-option"}));
+
+  auto again = vlmtrain::make_app("vlmtrain x");
+  vlmtrain::add_value(*again, "--n", n, "N", "an integer");
+  ASSERT_TRUE(vlmtrain::parse_command(*again, {"--n", "010"}));
+  EXPECT_EQ(n.value(), 10);
+  EXPECT_THROW(vlmtrain::parse_command(*again, {"--n", "1.5"}), vlm::Error);
+}
+
+TEST(CliParse, DidYouMean) {
+  const std::vector<std::string> known = {"--max-new-tokens", "--max-samples", "--batch-size", "--model"};
+  EXPECT_EQ(vlmtrain::did_you_mean("--max-new-token", known), "--max-new-tokens");
+  EXPECT_EQ(vlmtrain::did_you_mean("--batchsize", known), "--batch-size");
+  EXPECT_EQ(vlmtrain::did_you_mean("--modle", known), "--model");
+  EXPECT_EQ(vlmtrain::did_you_mean("--output-dir", known), "");
+  EXPECT_EQ(vlmtrain::did_you_mean("trian", {"train", "eval"}), "train");
 }
 
 }  // namespace
