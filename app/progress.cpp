@@ -88,6 +88,12 @@ void ProgressBar::restart(int64_t initial) {
   while (next_tenth_ <= 10 && initial * 10 >= next_tenth_ * o_.total) ++next_tenth_;
 }
 
+double ProgressBar::eta_seconds(int64_t done) const {
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  if (done <= initial_ || secs <= 0) return 0;
+  return static_cast<double>(o_.total - done) * secs / static_cast<double>(done - initial_);
+}
+
 void ProgressBar::clear() {
   if (!tty_ || !drawn_) return;
   std::fprintf(o_.out, "\r\033[K");

@@ -48,6 +48,8 @@ class ProgressBar {
   // Restarts the clock with `initial` units already done (a resumed run): the rate and ETA
   // count only what this process does.
   void restart(int64_t initial);
+  // Seconds left at `done` units, from this process's rate so far (0 before any unit).
+  double eta_seconds(int64_t done) const;
   // Erases the bar on a terminal (before another line is logged); the next update redraws it.
   void clear();
   // Prints the final state (terminal: ends the line). Called by the destructor otherwise.

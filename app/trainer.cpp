@@ -460,11 +460,11 @@ TrainSummary run_training(const Recipe& recipe) {
         bar.clear();
         if (main)
           spdlog::info("step {:>5}/{} | ep {:.2f} | loss {:.4f} | gnorm {:.3f} | lr {:.2e} | tok/s {:.0f} | img/s {:.1f} "
-                       "| smp/s {:.1f} | mfu {:.2f}% | mem {} | data {:.0f}%{}",
+                       "| smp/s {:.1f} | mfu {:.2f}% | mem {} | data {:.0f}% | eta {}{}",
                        st.step, steps_total, epoch, loss, gnorm, lr, window_tokens / window_seconds,
                        window_images / window_seconds, window_samples / window_seconds, 100 * mfu,
                        human_bytes(static_cast<double>(peak_rss_bytes())), 100.0 * window_wait / window_seconds,
-                       bad ? " | SKIPPED" : "");
+                       human_seconds(bar.eta_seconds(st.step)), bad ? " | SKIPPED" : "");
         metrics.write(j);
         window_seconds = window_wait = window_flops = 0;
         window_steps = window_tokens = window_images = window_samples = 0;

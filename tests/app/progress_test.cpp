@@ -2,6 +2,7 @@
 // terminal redraw, the plain-line cadence (one per tenth), resumed tasks, parts.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <string>
 
@@ -106,4 +107,19 @@ TEST(Progress, ResumedTaskCountsTenthsFromWhereItStarts) {
   EXPECT_EQ(s.find("train 50/100"), std::string::npos) << s;  // tenths before the restart: not reported
   EXPECT_NE(s.find("train 60/100"), std::string::npos) << s;
   EXPECT_EQ(pg_count(s, "\n"), 5) << s;  // 60, 70, 80, 90, 100
+}
+
+TEST(Progress, EtaFromThisProcesssRate) {
+  PgCapture cap;
+  ProgressBar bar(ProgressOptions{"train", "steps", 100, false, false, false, cap.f});
+  bar.restart(40);
+  EXPECT_EQ(bar.eta_seconds(40), 0);  // no unit done yet by this process
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(50)) {
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // 10 steps in ~secs: 50 left take ~5 x secs (bounds: the clocks of the two reads differ).
+  const double eta = bar.eta_seconds(50);
+  EXPECT_GT(eta, 5 * secs * 0.9);
+  EXPECT_LT(eta, 5 * secs * 1.5 + 0.05);
 }
