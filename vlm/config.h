@@ -1,6 +1,9 @@
-// Model configuration of Qwen2-VL and Qwen2.5-VL: plain structs, HF config.json parsing
+// Model configuration of the Qwen VL families: plain structs, HF config.json parsing
 // (legacy top-level text fields and newer `text_config`; `rope_scaling` and
-// `rope_parameters`), export back to an HF config.json, and built-in presets.
+// `rope_parameters`), export back to an HF config.json, and built-in presets. What differs
+// per family (its config keys, presets, vision tower, processor and chat defaults) lives in
+// the family's own files behind one registry entry (vlm/model_family.h); this file holds
+// the shared structs and dispatches by `model_type`.
 //
 // The one trap: in Qwen2-VL's `vision_config`, `hidden_size` is the merger OUTPUT width and
 // `embed_dim` the ViT width; in Qwen2.5-VL `hidden_size` is the ViT width and
@@ -17,9 +20,11 @@ namespace vlm {
 enum class Family {
   qwen2_vl,    // Qwen2-VL: LayerNorm + QuickGELU ViT, full attention per image
   qwen2_5_vl,  // Qwen2.5-VL: RMSNorm + gated SiLU ViT, window attention + full-attention blocks
+  qwen3_vl,    // Qwen3-VL (dense): 16-px patches, learned 2-D position table, DeepStack
+               // mergers, Qwen3 decoder (q/k norm, no attention bias), interleaved M-RoPE
 };
 
-std::string family_name(Family f);  // "qwen2_vl" | "qwen2_5_vl" (the HF model_type)
+std::string family_name(Family f);  // the HF model_type: "qwen2_vl" | "qwen2_5_vl" | "qwen3_vl"
 
 struct VisionConfig {
   int64_t depth = 0;                // number of ViT blocks
@@ -37,6 +42,11 @@ struct VisionConfig {
   double tokens_per_second = 2.0;   // 2.5: temporal position scale (videos only; presets 2 as
                                     // the released models, absent from config.json: 4 as HF)
   double norm_eps = 1e-6;           // ViT and merger norms (hard-coded in HF)
+  double rope_theta = 10000.0;      // 2-D rotary base of the ViT
+  int64_t num_position_embeddings = 0;  // Qwen3: learned position table of side^2 entries,
+                                        // bilinearly resampled to each image's grid
+  std::vector<int64_t> deepstack_visual_indexes;  // Qwen3: blocks whose output feeds a
+                                                  // DeepStack merger (added to LLM layer k)
 
   int64_t head_dim() const { return embed_dim / num_heads; }
   int64_t patch_dim() const { return in_chans * temporal_patch_size * patch_size * patch_size; }
@@ -59,8 +69,13 @@ struct TextConfig {
   // config.json's pad_token_id (absent or null: -1, none). HF makes it embed_tokens'
   // padding_idx: that row never receives a gradient, so it is never trained.
   int64_t pad_token_id = -1;
+  int64_t explicit_head_dim = 0;    // config.json head_dim (Qwen3); 0 = hidden / heads
+  bool attention_bias = true;       // q/k/v_proj biases (Qwen2: true, Qwen3: false)
+  bool qk_norm = false;             // Qwen3: RMSNorm over head_dim on q and k (q_norm, k_norm)
+  bool mrope_interleaved = false;   // Qwen3: frequency k takes stream k % 3 (within the
+                                    // sections); Qwen2: consecutive sections T, H, W
 
-  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : hidden_size / num_attention_heads; }
 };
 
 struct VlmConfig {
@@ -83,7 +98,7 @@ constexpr int64_t kMaxConfigLayers = 4096;             // depth, num_hidden_laye
 constexpr int64_t kMaxPatchGeometry = 1024;            // patch, temporal, merge, channels
 
 // Keys absent from the file take transformers 5.23's defaults (Qwen2VLConfig /
-// Qwen2_5_VLConfig and their sub-configs); with a `text_config` object the top-level text
+// Qwen2_5_VLConfig / Qwen3VLConfig and their sub-configs); with a `text_config` object the top-level text
 // keys are ignored, as in HF. Throws vlm::Error naming `source_name` and the key when a
 // value has the wrong type or is out of range.
 VlmConfig parse_hf_config(const std::string& json_text, const std::string& source_name);
@@ -92,7 +107,8 @@ VlmConfig load_hf_config(const std::string& dir_or_file);
 // An HF config.json (legacy layout: text fields top-level) that transformers loads.
 nlohmann::json to_hf_json(const VlmConfig& cfg);
 
-// Built-in presets: tiny, tiny-qwen2.5, small, qwen2-vl-2b, qwen2-vl-7b, qwen2.5-vl-3b, qwen2.5-vl-7b.
+// Built-in presets of every family in the registry: tiny, tiny-qwen2.5, tiny-qwen3, small,
+// qwen2-vl-2b, qwen2-vl-7b, qwen2.5-vl-3b, qwen2.5-vl-7b, qwen3-vl-2b, qwen3-vl-4b, qwen3-vl-8b.
 VlmConfig preset(const std::string& name);
 std::vector<std::string> preset_names();
 
