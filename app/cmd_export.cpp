@@ -13,6 +13,7 @@
 #include "vlm/check.h"
 #include "vlm/hf_checkpoint.h"
 #include "vlm/lora.h"
+#include "vlm/model_family.h"
 #include "vlm/peft_adapter.h"
 
 namespace fs = std::filesystem;
@@ -124,7 +125,12 @@ int export_checkpoint(const ExportArgs& a) {
 
   nlohmann::json config = nlohmann::json::parse(ck.config_json());
   config["torch_dtype"] = dtype == "bf16" ? "bfloat16" : "float32";
+  if (config.contains("dtype")) config["dtype"] = config["torch_dtype"];
   vlm::SaveHfOptions so;
+  // Tensor names as the family's hub checkpoints write them (Qwen3-VL: model.visual.*,
+  // model.language_model.*).
+  const vlm::VlmConfig model_cfg = vlm::parse_hf_config(ck.config_json(), dir + "/config.json");
+  so.style = vlm::family_spec(model_cfg.family).nested_names ? vlm::HfNameStyle::kNested : vlm::HfNameStyle::kLegacy;
   so.dtype = dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
   so.overwrite = overwrite;
   if (shard_gb) {

@@ -64,7 +64,7 @@ int plan(const PlanArgs& a) {
   }
   const int64_t total = vlm::count_parameters(*model);
   const int64_t vision = vlm::count_parameters(*model->visual);
-  const int64_t merger = vlm::count_parameters(*model->visual->merger);
+  const int64_t merger = model->visual->connector_parameters();
   const int64_t llm = total - vision;
 
   if (as_json) {

@@ -73,18 +73,29 @@ TextAttentionImpl::TextAttentionImpl(const TextConfig& cfg, const torch::TensorO
       num_kv_heads(cfg.num_key_value_heads),
       head_dim(cfg.head_dim()) {
   const int64_t d = cfg.hidden_size;
-  q_proj = register_module("q_proj", Linear(d, num_heads * head_dim, true, opts));
-  k_proj = register_module("k_proj", Linear(d, num_kv_heads * head_dim, true, opts));
-  v_proj = register_module("v_proj", Linear(d, num_kv_heads * head_dim, true, opts));
+  const bool b = cfg.attention_bias;
+  q_proj = register_module("q_proj", Linear(d, num_heads * head_dim, b, opts));
+  k_proj = register_module("k_proj", Linear(d, num_kv_heads * head_dim, b, opts));
+  v_proj = register_module("v_proj", Linear(d, num_kv_heads * head_dim, b, opts));
   o_proj = register_module("o_proj", Linear(num_heads * head_dim, d, false, opts));
+  if (cfg.qk_norm) {
+    q_norm = register_module("q_norm", Norm(NormKind::rms_norm, head_dim, cfg.rms_norm_eps, opts));
+    k_norm = register_module("k_norm", Norm(NormKind::rms_norm, head_dim, cfg.rms_norm_eps, opts));
+  }
 }
 
 torch::Tensor TextAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                          const torch::Tensor& sin, const torch::Tensor& mask,
                                          LayerKv* cache) {
   const int64_t b = x.size(0), l = x.size(1);
-  auto q = q_proj(x).view({b, l, num_heads, head_dim}).transpose(1, 2);     // [B, H, L, D]
-  auto k = k_proj(x).view({b, l, num_kv_heads, head_dim}).transpose(1, 2);  // [B, Hkv, L, D]
+  auto q = q_proj(x).view({b, l, num_heads, head_dim});     // [B, L, H, D]
+  auto k = k_proj(x).view({b, l, num_kv_heads, head_dim});  // [B, L, Hkv, D]
+  if (q_norm) {
+    q = q_norm(q);
+    k = k_norm(k);
+  }
+  q = q.transpose(1, 2);  // [B, H, L, D]
+  k = k.transpose(1, 2);  // [B, Hkv, L, D]
   auto v = v_proj(x).view({b, l, num_kv_heads, head_dim}).transpose(1, 2);
   auto c = cos.unsqueeze(1), sn = sin.unsqueeze(1);                         // [B, 1, L, D]
   q = apply_rotary(q, c, sn);

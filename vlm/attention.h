@@ -48,7 +48,9 @@ struct LayerKv {
   torch::Tensor k, v;
 };
 
-// `model.layers.N.self_attn`: q/k/v_proj with bias, o_proj without; GQA; M-RoPE.
+// `model.layers.N.self_attn`: q/k/v_proj (with bias when cfg.attention_bias: Qwen2), o_proj
+// without; with cfg.qk_norm (Qwen3) q_norm / k_norm, RMSNorm over head_dim of each head
+// before the rotary; GQA; M-RoPE.
 class TextAttentionImpl : public torch::nn::Module {
  public:
   TextAttentionImpl(const TextConfig& cfg, const torch::TensorOptions& opts);
@@ -59,6 +61,7 @@ class TextAttentionImpl : public torch::nn::Module {
                         const torch::Tensor& mask, LayerKv* cache);
   int64_t num_heads, num_kv_heads, head_dim;
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  Norm q_norm{nullptr}, k_norm{nullptr};  // null without qk_norm
 };
 TORCH_MODULE(TextAttention);
 

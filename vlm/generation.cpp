@@ -169,11 +169,12 @@ GenerationOutput generate(Qwen2VLImpl& model, const Batch& prompt, const Generat
       Batch full = prompt;
       full.input_ids = ids;
       full.attention_mask = mask;
-      auto embeds = model.embed_inputs(full, o.dummy_vision, nullptr);
+      DeepStackInputs deepstack;  // Qwen3-VL: image features added after the first layers
+      auto embeds = model.embed_inputs(full, o.dummy_vision, nullptr, &deepstack);
       auto rope = get_rope_index(ids, prompt.image_grid_thw, mask, model.cfg);
       deltas = rope.rope_deltas.to(dev);
       auto hidden = model.model->forward(embeds, rope.position_ids, mask, o.use_cache ? &cache : nullptr,
-                                         runner, "model");
+                                         runner, "model", deepstack.embeds.empty() ? nullptr : &deepstack);
       last = hidden.select(1, hidden.size(1) - 1);
     } else {
       auto tok = ids.narrow(1, ids.size(1) - 1, 1);  // [B, 1]

@@ -35,7 +35,8 @@ torch::Tensor LanguageModelImpl::embed(const torch::Tensor& input_ids, UnitRunne
 
 torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torch::Tensor& position_ids,
                                          const torch::Tensor& attention_mask, KvCache* cache,
-                                         UnitRunner& runner, const std::string& prefix) {
+                                         UnitRunner& runner, const std::string& prefix,
+                                         const DeepStackInputs* deepstack) {
   const int64_t b = embeds.size(0), l = embeds.size(1);
   const int64_t past = cache ? cache->length() : 0;
   VLM_CHECK(position_ids.dim() == 3 && position_ids.size(0) == 3 && position_ids.size(1) == b &&
@@ -49,7 +50,7 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torc
             attention_mask.defined() ? attention_mask.sizes() : torch::IntArrayRef{});
   if (cache && cache->layers.empty()) cache->layers.resize(layers.size());
   auto cs = mrope_cos_sin(position_ids.to(embeds.device()), cfg.head_dim(), cfg.rope_theta,
-                          cfg.mrope_section, embeds.scalar_type());  // [B, L, D]
+                          cfg.mrope_section, embeds.scalar_type(), cfg.mrope_interleaved);  // [B, L, D]
   // Undefined: causal attention without a mask tensor (flash attention on CUDA).
   auto mask = attention_mask.defined() ? causal_padding_mask(attention_mask.to(embeds.device()), l) : torch::Tensor();
   auto h = embeds;
@@ -60,6 +61,11 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torc
                    [layer, cos = cs.cos, sin = cs.sin, mask, kv](const torch::Tensor& x) mutable {
                      return layer(x, cos, sin, mask, kv);
                    });
+    if (deepstack != nullptr && i < deepstack->embeds.size()) {
+      // h[mask] += embeds[i], as HF's _deepstack_process (adding exact zeros elsewhere).
+      auto m = deepstack->mask.to(h.device()).unsqueeze(-1).expand_as(h);
+      h = h + torch::zeros_like(h).masked_scatter(m, deepstack->embeds[i].to(h.scalar_type()));
+    }
   }
   return runner.run(prefix + ".norm", *norm, h, [n = norm](const torch::Tensor& x) mutable { return n(x); });
 }

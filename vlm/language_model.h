@@ -1,4 +1,4 @@
-// `model`: the Qwen2 text decoder with M-RoPE: embed_tokens, layers.N, norm. The head
+// `model`: the Qwen2 / Qwen3 text decoder with M-RoPE: embed_tokens, layers.N, norm. The head
 // (`lm_head`, possibly tied to embed_tokens) lives in the composed model (qwen2_vl.h).
 //
 // Names: B batch, L new tokens, P cached tokens, T = P + L keys, d hidden, D head_dim.
@@ -28,6 +28,13 @@ struct KvCache {
 // ignored by the loss anyway).
 torch::Tensor causal_padding_mask(const torch::Tensor& attention_mask, int64_t num_queries);
 
+// DeepStack (Qwen3-VL): after decoder layer k < embeds.size(), embeds[k] is added to the
+// hidden states at the image positions (mask true, in order).
+struct DeepStackInputs {
+  torch::Tensor mask;                 // [B, L] bool: image-token positions
+  std::vector<torch::Tensor> embeds;  // each [count(mask), d]
+};
+
 class LanguageModelImpl : public torch::nn::Module {
  public:
   LanguageModelImpl(const TextConfig& cfg, const torch::TensorOptions& opts);
@@ -37,10 +44,11 @@ class LanguageModelImpl : public torch::nn::Module {
   // or undefined for plain causal attention without a mask tensor (no cache; rows whose
   // padding, if any, is at the end: right padding); cache: optional, extended in place
   // -> final-normed hidden states [B, L, d]
-  // (units "<prefix>.layers.N", "<prefix>.norm").
+  // (units "<prefix>.layers.N", "<prefix>.norm"). deepstack: optional (Qwen3-VL), added
+  // between the layer units.
   torch::Tensor forward(const torch::Tensor& embeds, const torch::Tensor& position_ids,
                         const torch::Tensor& attention_mask, KvCache* cache, UnitRunner& runner,
-                        const std::string& prefix = "model");
+                        const std::string& prefix = "model", const DeepStackInputs* deepstack = nullptr);
   TextConfig cfg;
   Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers_list{nullptr};  // registered as "layers"

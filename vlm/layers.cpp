@@ -84,18 +84,24 @@ void EmbeddingImpl::rebind() { weight = parameters_["weight"]; }
 // ---------------------------------------------------------------- PatchEmbed
 
 PatchProjImpl::PatchProjImpl(int64_t embed_dim, int64_t in_chans, int64_t temporal, int64_t patch,
-                             const torch::TensorOptions& opts) {
+                             const torch::TensorOptions& opts, bool with_bias) {
   weight = register_parameter("weight",
                               torch::empty({embed_dim, in_chans, temporal, patch, patch}, opts));
+  if (with_bias) bias = register_parameter("bias", torch::empty({embed_dim}, opts));
 }
 
-ParamInit PatchProjImpl::init_rule(const std::string&) const { return ParamInit::normal; }
+ParamInit PatchProjImpl::init_rule(const std::string& name) const {
+  return name == "bias" ? ParamInit::zeros : ParamInit::normal;
+}
 
-void PatchProjImpl::rebind() { weight = parameters_["weight"]; }
+void PatchProjImpl::rebind() {
+  weight = parameters_["weight"];
+  if (parameters_.contains("bias")) bias = parameters_["bias"];
+}
 
 PatchEmbedImpl::PatchEmbedImpl(int64_t embed_dim, int64_t in_chans, int64_t temporal, int64_t patch,
-                               const torch::TensorOptions& opts) {
-  proj = register_module("proj", PatchProj(embed_dim, in_chans, temporal, patch, opts));
+                               const torch::TensorOptions& opts, bool bias) {
+  proj = register_module("proj", PatchProj(embed_dim, in_chans, temporal, patch, opts, bias));
 }
 
 torch::Tensor PatchEmbedImpl::forward(const torch::Tensor& pixel_values) {
@@ -104,7 +110,9 @@ torch::Tensor PatchEmbedImpl::forward(const torch::Tensor& pixel_values) {
   VLM_CHECK(pixel_values.dim() == 2 && pixel_values.size(1) == patch_dim,
             "pixel_values: expected [patches, ", patch_dim, "], got ", pixel_values.sizes(),
             " (hint: rows are C*T*P*P patches in merge-block order)");
-  return torch::matmul(pixel_values.to(w.scalar_type()), w.reshape({w.size(0), patch_dim}).t());
+  const auto x = pixel_values.to(w.scalar_type());
+  const auto w2 = w.reshape({w.size(0), patch_dim}).t();
+  return proj->bias.defined() ? torch::addmm(proj->bias, x, w2) : torch::matmul(x, w2);
 }
 
 }  // namespace vlm

@@ -102,13 +102,14 @@ class EmbeddingImpl : public LayerBase {
 };
 TORCH_MODULE(Embedding);
 
-// The Conv3d weight of the patch embedding, `proj.weight` [embed, C, T, P, P], no bias.
+// The Conv3d of the patch embedding: `proj.weight` [embed, C, T, P, P], and `proj.bias`
+// [embed] when built with one (Qwen3-VL).
 class PatchProjImpl : public LayerBase {
  public:
   PatchProjImpl(int64_t embed_dim, int64_t in_chans, int64_t temporal, int64_t patch,
-                const torch::TensorOptions& opts);
+                const torch::TensorOptions& opts, bool with_bias = false);
   ParamInit init_rule(const std::string& name) const override;
-  torch::Tensor weight;
+  torch::Tensor weight, bias;  // bias undefined without one
 
  protected:
   void rebind() override;
@@ -120,7 +121,7 @@ TORCH_MODULE(PatchProj);
 class PatchEmbedImpl : public torch::nn::Module {
  public:
   PatchEmbedImpl(int64_t embed_dim, int64_t in_chans, int64_t temporal, int64_t patch,
-                 const torch::TensorOptions& opts);
+                 const torch::TensorOptions& opts, bool bias = false);
   // pixel_values: [patches, C*T*P*P] -> [patches, embed] (pixels cast to the weight dtype)
   torch::Tensor forward(const torch::Tensor& pixel_values);
   PatchProj proj{nullptr};

@@ -7,6 +7,9 @@ MlpImpl::MlpImpl(MlpKind k, int64_t dim, int64_t hidden, bool bias, const torch:
   if (kind == MlpKind::quick_gelu) {
     fc1 = register_module("fc1", Linear(dim, hidden, bias, opts));
     fc2 = register_module("fc2", Linear(hidden, dim, bias, opts));
+  } else if (kind == MlpKind::gelu_tanh) {
+    fc1 = register_module("linear_fc1", Linear(dim, hidden, bias, opts));
+    fc2 = register_module("linear_fc2", Linear(hidden, dim, bias, opts));
   } else {
     gate_proj = register_module("gate_proj", Linear(dim, hidden, bias, opts));
     up_proj = register_module("up_proj", Linear(dim, hidden, bias, opts));
@@ -19,6 +22,7 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
     auto h = fc1(x);
     return fc2(h * torch::sigmoid(1.702 * h));
   }
+  if (kind == MlpKind::gelu_tanh) return fc2(torch::gelu(fc1(x), "tanh"));
   return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
 }
 

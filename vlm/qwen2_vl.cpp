@@ -2,6 +2,7 @@
 
 #include "vlm/check.h"
 #include "vlm/chunked_cross_entropy.h"
+#include "vlm/model_family.h"
 #include "vlm/rope_index.h"
 
 namespace vlm {
@@ -9,7 +10,7 @@ namespace vlm {
 Qwen2VLImpl::Qwen2VLImpl(const VlmConfig& c, const torch::TensorOptions& opts)
     : cfg(c), runner_(std::make_shared<UnitRunner>()) {
   validate(cfg, "model config");
-  visual = register_module("visual", VisionEncoder(cfg, opts));
+  visual = register_module("visual", family_spec(cfg.family).make_vision(cfg, opts));
   model = register_module("model", LanguageModel(cfg.text, opts));
   if (!cfg.tie_word_embeddings) {
     lm_head = register_module("lm_head", Linear(cfg.text.hidden_size, cfg.text.vocab_size, false, opts));
@@ -23,10 +24,7 @@ void Qwen2VLImpl::set_runner(std::shared_ptr<UnitRunner> runner) {
 
 std::vector<Unit> Qwen2VLImpl::units() {
   std::vector<Unit> u;
-  u.push_back({"visual.patch_embed", visual->patch_embed.get(), ""});
-  for (size_t i = 0; i < visual->blocks.size(); ++i)
-    u.push_back({"visual.blocks." + std::to_string(i), visual->blocks[i].get(), ""});
-  u.push_back({"visual.merger", visual->merger.get(), ""});
+  visual->append_units(u, "visual");
   u.push_back({"model.embed_tokens", model->embed_tokens.get(), ""});
   for (size_t i = 0; i < model->layers.size(); ++i)
     u.push_back({"model.layers." + std::to_string(i), model->layers[i].get(), ""});
@@ -39,8 +37,8 @@ std::vector<Unit> Qwen2VLImpl::units() {
   return u;
 }
 
-torch::Tensor Qwen2VLImpl::image_features(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw) {
-  return visual->forward(pixel_values, grid_thw, *runner_, "visual");
+VisionOutput Qwen2VLImpl::image_features(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw) {
+  return visual->encode(pixel_values, grid_thw, *runner_, "visual");
 }
 
 torch::Tensor Qwen2VLImpl::head(const torch::Tensor& hidden) {
@@ -64,22 +62,28 @@ torch::Tensor Qwen2VLImpl::head_loss(const torch::Tensor& hidden, const torch::T
   });
 }
 
-torch::Tensor Qwen2VLImpl::embed_inputs(const Batch& batch, bool dummy_vision, torch::Tensor* zero_term) {
+torch::Tensor Qwen2VLImpl::embed_inputs(const Batch& batch, bool dummy_vision, torch::Tensor* zero_term,
+                                        DeepStackInputs* deepstack) {
   const auto& ids = batch.input_ids;
   VLM_CHECK(ids.defined() && ids.dim() == 2, "input_ids: expected [B, L] int64, got ",
             ids.defined() ? ids.sizes() : torch::IntArrayRef{});
   const bool has_image = batch.pixel_values.defined() && batch.pixel_values.size(0) > 0;
   torch::Tensor features;
+  std::vector<torch::Tensor> deep;
   if (has_image) {
     VLM_CHECK(batch.image_grid_thw.defined(), "pixel_values given without image_grid_thw");
-    features = image_features(batch.pixel_values, batch.image_grid_thw);  // [M, d]
+    auto vo = image_features(batch.pixel_values, batch.image_grid_thw);  // [M, d]
+    features = vo.features;
+    deep = std::move(vo.deepstack);
   } else if (dummy_vision) {
     const auto& v = cfg.vision;
-    const auto& w = visual->patch_embed->proj->weight;
+    const auto w = visual->first_weight();
     auto grid = torch::tensor({int64_t{1}, v.spatial_merge_size, v.spatial_merge_size}, torch::kInt64).view({1, 3});
     auto pixels = torch::zeros({v.merge_unit(), v.patch_dim()}, w.options());
     auto dummy = image_features(pixels, grid);
-    if (zero_term) *zero_term = dummy.sum().to(torch::kFloat32) * 0.0;
+    auto sum = dummy.features.sum().to(torch::kFloat32);
+    for (const auto& d : dummy.deepstack) sum = sum + d.sum().to(torch::kFloat32);
+    if (zero_term) *zero_term = sum * 0.0;
   }
   auto embeds = model->embed(ids, *runner_, "model");  // [B, L, d]
   const int64_t n_feat = features.defined() ? features.size(0) : 0;
@@ -92,8 +96,9 @@ torch::Tensor Qwen2VLImpl::embed_inputs(const Batch& batch, bool dummy_vision, t
   if (n_feat == 0) return embeds;
   // Image features replace the pad embeddings in order (HF's masked_scatter: the pad rows of
   // embed_tokens get no gradient); no host sync.
-  auto is_image = (ids == cfg.image_token_id).unsqueeze(-1).expand_as(embeds);
-  return embeds.masked_scatter(is_image, features.to(embeds.scalar_type()));
+  auto image_pos = ids == cfg.image_token_id;  // [B, L]
+  if (deepstack != nullptr && !deep.empty()) *deepstack = {image_pos, std::move(deep)};
+  return embeds.masked_scatter(image_pos.unsqueeze(-1).expand_as(embeds), features.to(embeds.scalar_type()));
 }
 
 torch::Tensor supervised_rows(const torch::Tensor& labels) {
@@ -105,7 +110,8 @@ torch::Tensor supervised_rows(const torch::Tensor& labels) {
 ForwardOutput Qwen2VLImpl::forward(const Batch& batch, bool return_logits) {
   const auto& ids = batch.input_ids;
   torch::Tensor zero_term;
-  auto embeds = embed_inputs(batch, /*dummy_vision=*/true, &zero_term);
+  DeepStackInputs deepstack;
+  auto embeds = embed_inputs(batch, /*dummy_vision=*/true, &zero_term, &deepstack);
   const int64_t b = embeds.size(0), l = embeds.size(1), d = embeds.size(2);
   auto mask = batch.attention_mask.defined() ? batch.attention_mask
                                              : torch::ones({b, l}, ids.options().dtype(torch::kInt64));
@@ -113,7 +119,7 @@ ForwardOutput Qwen2VLImpl::forward(const Batch& batch, bool return_logits) {
   if (!pos.defined()) pos = get_rope_index(ids, batch.image_grid_thw, mask, cfg).position_ids;
   // Right-padded rows (training): causal attention without a mask tensor.
   auto hidden = model->forward(embeds, pos, batch.right_padded ? torch::Tensor() : mask, nullptr, *runner_,
-                               "model");  // [B, L, d]
+                               "model", deepstack.embeds.empty() ? nullptr : &deepstack);  // [B, L, d]
 
   ForwardOutput out;
   const bool want_loss = batch.labels.defined();

@@ -1,11 +1,12 @@
-// The composed vision-language model (Qwen2-VL and Qwen2.5-VL): `visual` (ViT + merger),
+// The composed vision-language model of every registered family (Qwen2-VL, Qwen2.5-VL,
+// Qwen3-VL): `visual` (the family's vision tower, from the registry: vlm/model_family.h),
 // `model` (text decoder), `lm_head` (absent when tied: the head then computes with
 // model.embed_tokens.weight, so named_parameters() never counts the embedding twice).
 //
 // Names: B batch, L tokens, P patches, N images, M merged image tokens, d hidden, V vocab.
 // Units run through the UnitRunner in this fixed order (= units()):
-//   visual.patch_embed, visual.blocks.0.., visual.merger, model.embed_tokens,
-//   model.layers.0.., model.norm, lm_head
+//   visual.* (the tower's units: patch_embed, [pos_embed,] blocks.0.. [with
+//   deepstack_merger_list.k], merger), model.embed_tokens, model.layers.0.., model.norm, lm_head
 #pragma once
 #include <torch/torch.h>
 
@@ -16,7 +17,7 @@
 #include "vlm/language_model.h"
 #include "vlm/layers.h"
 #include "vlm/unit_runner.h"
-#include "vlm/vision_encoder.h"
+#include "vlm/vision_tower.h"
 
 namespace vlm {
 
@@ -60,12 +61,15 @@ class Qwen2VLImpl : public torch::nn::Module {
   std::vector<Unit> units();
 
   // --- building blocks (also used by generation) ---
-  // Image features [M, d] in merge-block order (units visual.*).
-  torch::Tensor image_features(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw);
+  // Image features [M, d] in merge-block order, and the DeepStack features (units visual.*).
+  VisionOutput image_features(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw);
   // Token embeddings with image features spliced in at image_token_id positions: [B, L, d].
-  // With dummy_vision and no image, runs the dummy image and returns its features.sum()*0
-  // in *zero_term (a scalar to add to the loss).
-  torch::Tensor embed_inputs(const Batch& batch, bool dummy_vision, torch::Tensor* zero_term);
+  // With dummy_vision and no image, runs the dummy image and returns the sum of its
+  // features (DeepStack ones included) times 0 in *zero_term (a scalar to add to the loss).
+  // deepstack (optional): filled with the image positions and DeepStack features for
+  // LanguageModel::forward (left empty without images or for families without DeepStack).
+  torch::Tensor embed_inputs(const Batch& batch, bool dummy_vision, torch::Tensor* zero_term,
+                             DeepStackInputs* deepstack = nullptr);
   // hidden: [..., d] -> logits [..., V] in the activation dtype (unit lm_head).
   torch::Tensor head(const torch::Tensor& hidden);
   // Summed cross-entropy of head(hidden) against labels, chunked (unit "lm_head").
@@ -73,7 +77,7 @@ class Qwen2VLImpl : public torch::nn::Module {
   torch::Tensor head_loss(const torch::Tensor& hidden, const torch::Tensor& labels);
 
   VlmConfig cfg;
-  VisionEncoder visual{nullptr};
+  std::shared_ptr<VisionTowerImpl> visual;
   LanguageModel model{nullptr};
   Linear lm_head{nullptr};  // null when tie_word_embeddings
 

@@ -1,5 +1,7 @@
 #include "vlm/rotary.h"
 
+#include <algorithm>
+
 #include "vlm/check.h"
 
 namespace vlm {
@@ -52,12 +54,25 @@ CosSin vision_rotary(const torch::Tensor& grid_thw, int64_t head_dim, int64_t me
 }
 
 CosSin mrope_cos_sin(const torch::Tensor& position_ids, int64_t head_dim, double theta,
-                     const std::vector<int64_t>& mrope_section, torch::Dtype dtype) {
+                     const std::vector<int64_t>& mrope_section, torch::Dtype dtype, bool interleaved) {
   VLM_CHECK(position_ids.dim() == 3 && position_ids.size(0) == 3,
             "position_ids: expected [3, B, L], got ", position_ids.sizes());
   const int64_t half = head_dim / 2;
   auto inv = rotary_inv_freq(head_dim, theta).to(position_ids.device());  // [half]
   auto freqs = position_ids.to(torch::kFloat32).unsqueeze(-1) * inv;       // [3, B, L, half]
+  if (interleaved) {
+    VLM_CHECK(mrope_section.size() == 3, "mrope_section: expected 3 entries, got ", mrope_section.size());
+    auto sel = freqs[0].clone();  // [B, L, half]: T everywhere, then H and W at their slots
+    for (int64_t s = 1; s <= 2; ++s) {
+      std::vector<int64_t> slots;
+      for (int64_t k = s; k < std::min(3 * mrope_section[size_t(s)], half); k += 3) slots.push_back(k);
+      if (slots.empty()) continue;
+      auto idx = torch::tensor(slots, torch::kInt64).to(freqs.device());
+      sel.index_copy_(-1, idx, freqs[s].index_select(-1, idx));
+    }
+    auto emb = torch::cat({sel, sel}, -1);  // [B, L, head_dim]
+    return {emb.cos().to(dtype), emb.sin().to(dtype)};
+  }
   std::vector<torch::Tensor> parts;
   int64_t k0 = 0;
   for (size_t s = 0; s < mrope_section.size(); ++s) {

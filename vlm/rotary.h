@@ -33,9 +33,12 @@ CosSin vision_rotary(const torch::Tensor& grid_thw, int64_t head_dim, int64_t me
 
 // M-RoPE cos/sin: position_ids [3, B, L] -> cos/sin [B, L, head_dim] in `dtype`.
 // Frequency k (and k + head_dim/2) takes its angle from stream s where
-// mrope_section = [nT, nH, nW] splits k = 0..head_dim/2-1 into consecutive ranges.
+// mrope_section = [nT, nH, nW] splits k = 0..head_dim/2-1 into consecutive ranges
+// (Qwen2), or, interleaved (Qwen3), k takes H when k % 3 == 1 and k < 3 nH, W when
+// k % 3 == 2 and k < 3 nW, else T.
 // Angles, cos and sin are computed in fp32 and then cast to `dtype`.
 CosSin mrope_cos_sin(const torch::Tensor& position_ids, int64_t head_dim, double theta,
-                     const std::vector<int64_t>& mrope_section, torch::Dtype dtype);
+                     const std::vector<int64_t>& mrope_section, torch::Dtype dtype,
+                     bool interleaved = false);
 
 }  // namespace vlm

@@ -75,6 +75,18 @@ VisionEncoderImpl::VisionEncoderImpl(const VlmConfig& c, const torch::TensorOpti
   merger = register_module("merger", PatchMerger(cfg, opts));
 }
 
+void VisionEncoderImpl::append_units(std::vector<Unit>& u, const std::string& prefix) {
+  u.push_back({prefix + ".patch_embed", patch_embed.get(), ""});
+  for (size_t i = 0; i < blocks.size(); ++i) u.push_back({prefix + ".blocks." + std::to_string(i), blocks[i].get(), ""});
+  u.push_back({prefix + ".merger", merger.get(), ""});
+}
+
+int64_t VisionEncoderImpl::connector_parameters() {
+  int64_t n = 0;
+  for (const auto& p : merger->parameters()) n += p.numel();
+  return n;
+}
+
 torch::Tensor VisionEncoderImpl::forward(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw,
                                          UnitRunner& runner, const std::string& prefix) {
   const auto& v = cfg.vision;

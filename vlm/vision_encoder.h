@@ -17,6 +17,7 @@
 #include "vlm/merger.h"
 #include "vlm/mlp.h"
 #include "vlm/unit_runner.h"
+#include "vlm/vision_tower.h"
 
 namespace vlm {
 
@@ -46,9 +47,17 @@ struct WindowIndex {
 };
 WindowIndex get_window_index(const torch::Tensor& grid_thw, const VisionConfig& vc);
 
-class VisionEncoderImpl : public torch::nn::Module {
+// The Qwen2-VL / Qwen2.5-VL tower (registry: family_qwen2_vl.cpp).
+class VisionEncoderImpl : public VisionTowerImpl {
  public:
   VisionEncoderImpl(const VlmConfig& cfg, const torch::TensorOptions& opts);
+  VisionOutput encode(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw, UnitRunner& runner,
+                      const std::string& prefix) override {
+    return {forward(pixel_values, grid_thw, runner, prefix), {}};
+  }
+  void append_units(std::vector<Unit>& units, const std::string& prefix) override;
+  int64_t connector_parameters() override;
+  torch::Tensor first_weight() override { return patch_embed->proj->weight; }
   // pixel_values: [S, C*T*P*P]; grid_thw: [N, 3] int64 -> image features [M, O] in
   // merge-block order. Units run through `runner` as "<prefix>.patch_embed",
   // "<prefix>.blocks.N", "<prefix>.merger".

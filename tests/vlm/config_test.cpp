@@ -43,7 +43,7 @@ TEST(Config, Qwen2Vl2bExactPublishedCount) {
   vlm::Qwen2VL m(vlm::preset("qwen2-vl-2b"), torch::TensorOptions().device(torch::kMeta));
   EXPECT_EQ(vlm::count_parameters(*m), 2208985600LL);
   EXPECT_EQ(vlm::count_parameters(*m->visual), 665271296LL);
-  EXPECT_EQ(vlm::count_parameters(*m->visual->merger), 34087936LL);
+  EXPECT_EQ(m->visual->connector_parameters(), 34087936LL);
   EXPECT_EQ(vlm::count_parameters(*m->model), 1543714304LL);
   EXPECT_FALSE(m->lm_head);  // tied: no second copy of the embedding
 }
@@ -67,7 +67,7 @@ TEST(Config, EveryPresetMatchesClosedForm) {
     vlm::Qwen2VL m(cfg, torch::TensorOptions().device(torch::kMeta));
     const Counts f = formula(cfg);
     EXPECT_EQ(vlm::count_parameters(*m->visual), f.vision);
-    EXPECT_EQ(vlm::count_parameters(*m->visual->merger), f.merger);
+    EXPECT_EQ(m->visual->connector_parameters(), f.merger);
     EXPECT_EQ(vlm::count_parameters(*m) - vlm::count_parameters(*m->visual), f.llm);
     EXPECT_TRUE(vlm::has_meta_parameters(*m));
   }
