@@ -224,6 +224,7 @@ PixelImage process_image_to_size(const cv::Mat& rgb, int64_t target_height,
   PixelImage out;
   out.pixel_values = normalize_patchify_rgb(resized, cfg);
   out.grid_thw = vlm::image_grid_thw(target_height, target_width, cfg.geometry);
+  out.merge_size = cfg.geometry.merge_size;
   out.source_height = rgb.rows;
   out.source_width = rgb.cols;
   out.resized_height = target_height;

@@ -1,12 +1,19 @@
-// Pixel pipeline: RGB uint8 image -> pixel_values [patches, 1176] float32 + grid_thw.
+// Pixel pipeline: RGB uint8 image -> pixel_values [patches, C*T*p*p] float32 + grid_thw.
+//
+// Named sizes: p = patch side (14 Qwen2-VL / 2.5-VL, 16 Qwen3-VL), m = merge (2), T =
+// temporal patch (2), factor = p*m (28 / 32); C*T*p*p = 1176 (p 14) or 1536 (p 16).
 //
 // Steps (spec section 2): bicubic resize to the target size (chosen by smart_resize or
-// given by the step plan), scale 1/255, CLIP mean/std normalisation, temporal duplication
-// to 2 frames, patchify in the 2x2 merge-block order. Resize and normalisation round as
-// HF's Pillow-based Qwen2VLImageProcessorPil does, so pixel_values are bit-identical to it
-// for the same decoded RGB image (tests/data/image_hf_parity_test.cpp, docs/image_parity.md):
-//   row r = ((bh * gw/2 + bw) * 2 + mh) * 2 + mw   (patch at row 2bh+mh, col 2bw+mw)
-//   col c = ((ch * 2 + tt) * 14 + py) * 14 + px
+// given by the step plan), scale 1/255, mean/std normalisation (the model's: CLIP for
+// Qwen2, 0.5 for Qwen3), temporal duplication to T frames, patchify in the m x m
+// merge-block order. Resize and normalisation round as HF's Pillow-based
+// Qwen2VLImageProcessorPil does, so pixel_values are bit-identical to it for the same
+// decoded RGB image (tests/data/image_hf_parity_test.cpp, docs/image_parity.md):
+//   row r = ((bh * gw/m + bw) * m + mh) * m + mw   (patch at row m*bh+mh, col m*bw+mw)
+//   col c = ((ch * T + tt) * p + py) * p + px
+// The PixelConfig of a model (its family's processor defaults, its vision geometry and its
+// preprocessor_config.json) comes from data/processor_config.h; the defaults here are
+// Qwen2-VL's.
 #pragma once
 #include <opencv2/core.hpp>
 #include <torch/torch.h>
@@ -20,25 +27,29 @@
 namespace vlm::data {
 
 struct PixelConfig {
-  vlm::VisionPatchGeometry geometry;           // patch 14, merge 2, temporal 2
+  vlm::VisionPatchGeometry geometry;           // default: patch 14, merge 2, temporal 2
   vlm::PixelLimits limits;                     // min/max pixels for smart_resize
   int64_t max_image_tokens = 0;                // per-image merged-token cap (0: none)
-  // CLIP mean / std as the processor config's (double) values; used as float32, the way
-  // HF's processor rounds them.
+  // Mean / std as the processor config's (double) values; used as float32, the way HF's
+  // processor rounds them. Default: CLIP's (Qwen2-VL, Qwen2.5-VL).
   std::array<double, 3> mean = {0.48145466, 0.4578275, 0.40821073};
   std::array<double, 3> std = {0.26862954, 0.26130258, 0.27577711};
-  // Limits with the token cap applied (max_pixels = min(max_pixels, cap x 784)).
+  // Limits with the token cap applied (max_pixels = min(max_pixels, cap x factor^2)).
   vlm::PixelLimits effective_limits() const;
 };
 
 struct PixelImage {
-  torch::Tensor pixel_values;          // [gt*gh*gw, C*T*p*p] = [patches, 1176] float32
+  torch::Tensor pixel_values;          // [gt*gh*gw, C*T*p*p] = [patches, 1176 | 1536] float32
   std::array<int64_t, 3> grid_thw{};   // (t, gh, gw) in patch units
+  int64_t merge_size = 2;              // m of the geometry it was patchified with
   int64_t source_height = 0;          // decoded image, before the resize
   int64_t source_width = 0;
   int64_t resized_height = 0;
   int64_t resized_width = 0;
-  int64_t merged_tokens() const { return grid_thw[0] * grid_thw[1] * grid_thw[2] / 4; }
+  // LLM-side tokens: t*gh*gw / m^2.
+  int64_t merged_tokens() const {
+    return grid_thw[0] * grid_thw[1] * grid_thw[2] / (merge_size * merge_size);
+  }
 };
 
 // image_hwc: [h, w, C] float32 (already normalised), h and w multiples of patch x merge.
@@ -54,7 +65,7 @@ torch::Tensor patchify(const torch::Tensor& image_hwc, const vlm::VisionPatchGeo
 cv::Mat resize_bicubic_aa(const cv::Mat& rgb, int64_t height, int64_t width);
 
 // rgb: CV_8UC3, RGB order. Resized with resize_bicubic_aa to target_height x target_width
-// (multiples of 28), then normalised and patchified.
+// (multiples of cfg.geometry.factor()), then normalised and patchified.
 PixelImage process_image_to_size(const cv::Mat& rgb, int64_t target_height,
                                  int64_t target_width, const PixelConfig& cfg = {});
 
@@ -67,8 +78,8 @@ PixelImage process_image(const cv::Mat& rgb, const PixelConfig& cfg = {});
 PixelImage process_image_file(const std::string& path, const PixelConfig& cfg = {});
 
 // Fused normalise + temporal duplication + patchify of an RGB uint8 image whose sides are
-// multiples of 28 (no resize): the same result as patchify(normalize_rgb(rgb)), one pass.
-// returns [(h/14)*(w/14), 1176] float32.
+// multiples of p*m (no resize): the same result as patchify(normalize_rgb(rgb)), one pass.
+// returns [(h/p)*(w/p), C*T*p*p] float32.
 torch::Tensor normalize_patchify_rgb(const cv::Mat& rgb, const PixelConfig& cfg = {});
 
 // Normalised float image [h, w, 3] of an RGB uint8 Mat (no resize): (x/255 - mean)/std,

@@ -1,8 +1,10 @@
-// Image geometry of Qwen2-VL / Qwen2.5-VL preprocessing: pure integer/float math, no pixels.
+// Image geometry of Qwen-VL preprocessing: pure integer/float math, no pixels.
 //
 // smart_resize picks the resized (height, width) of an image exactly as the reference
 // image processor does (spec section 2): both sides multiples of factor = patch x merge
-// (28), round-half-to-even, total pixels inside [min_pixels, max_pixels], aspect <= 200.
+// (28 for Qwen2-VL / 2.5-VL, 32 for Qwen3-VL), round-half-to-even, total pixels inside
+// [min_pixels, max_pixels], aspect <= 200. The `factor` defaults below are Qwen2-VL's;
+// callers that serve any model pass the model's (VisionPatchGeometry::factor()).
 // Capping merged image tokens is the same as choosing max_pixels = cap x factor^2.
 // data/ (the pixel pipeline) and collate/ (the step plan, which assigns each image its
 // pixel budget before anything is decoded) both use these functions.
@@ -12,15 +14,16 @@
 
 namespace vlm {
 
-// The fixed vision constants of the Qwen2-VL family.
+// The patch geometry of a vision tower (defaults: Qwen2-VL's; Qwen3-VL has patch 16).
 struct VisionPatchGeometry {
   int64_t patch_size = 14;           // pixels per patch side
   int64_t merge_size = 2;            // patches per merged-token side
   int64_t temporal_patch_size = 2;   // frames per temporal patch (images are duplicated)
-  int64_t factor() const { return patch_size * merge_size; }  // 28
+  int64_t factor() const { return patch_size * merge_size; }  // 28 (Qwen2), 32 (Qwen3)
+  int64_t merge_unit() const { return merge_size * merge_size; }  // patches per merged token
 };
 
-// Pixel limits of smart_resize; defaults are the hub preprocessor_config.json values.
+// Pixel limits of smart_resize; defaults are Qwen2-VL's hub preprocessor_config.json values.
 struct PixelLimits {
   int64_t min_pixels = 3136;       // 56 x 56
   int64_t max_pixels = 12845056;   // 28 x 28 x 16384
@@ -58,7 +61,7 @@ int64_t max_pixels_for_tokens(int64_t tokens, int64_t factor = 28);
 PixelLimits limits_with_token_cap(const PixelLimits& limits, int64_t max_image_tokens,
                                   int64_t factor = 28);
 
-// grid_thw in patch units of one image resized to height x width: (1, h/14, w/14).
+// grid_thw in patch units of one image resized to height x width: (1, h/p, w/p).
 std::array<int64_t, 3> image_grid_thw(int64_t height, int64_t width,
                                       const VisionPatchGeometry& g = {});
 
