@@ -19,7 +19,7 @@ using vlm::TokenizedSample;
 
 struct MicroBatch {
   vlm::Batch batch;                // input_ids/attention_mask/labels [B, L], position_ids [3, B, L],
-                                   // pixel_values [P, 1176], image_grid_thw [N, 3]
+                                   // pixel_values [P, C*T*p*p], image_grid_thw [N, 3]
   torch::Tensor cu_seqlens;        // [N*t + 1] int64: vision block-diagonal boundaries (patches)
   int64_t supervised_tokens = 0;   // labels != -100 after the one-token shift
   int64_t n_images = 0;

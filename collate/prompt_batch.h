@@ -20,7 +20,7 @@ namespace vlm::collate {
 
 // samples: B >= 1 prompts (labels ignored), each with >= 1 token.
 // returns input_ids [B, L] (pad_token_id on the left), attention_mask [B, L] int64,
-// pixel_values [P, 1176] = the rows' pixel_values in row order (undefined when no row has an
+// pixel_values [P, C*T*p*p] = the rows' pixel_values in row order (undefined when no row has an
 // image), image_grid_thw [N, 3] int64 in the same order. labels / position_ids undefined.
 // Throws vlm::Error naming the sample index for an empty prompt or pixel rows that do not
 // match the sample's grids.

@@ -11,15 +11,15 @@ namespace {
 // Room kept for text (template + prompt) when images have to shrink for a long sample.
 constexpr int64_t kMinTextTokens = 16;
 
-// Merged tokens of every image under a per-image cap of `cap` tokens.
+// Merged tokens of every image under a per-image cap of `cap` tokens (resize factor `factor`).
 int64_t tokens_at_cap(const std::vector<ImageSize>& images, const PixelLimits& pixels, int64_t cap,
-                      std::vector<PlannedImage>* out) {
-  PixelLimits limits = limits_with_token_cap(pixels, cap);
+                      int64_t factor, std::vector<PlannedImage>* out) {
+  PixelLimits limits = limits_with_token_cap(pixels, cap, factor);
   int64_t total = 0;
   if (out) out->clear();
   for (const auto& im : images) {
-    ImageSize r = smart_resize(im.height, im.width, limits);
-    int64_t t = merged_tokens(r.height, r.width);
+    ImageSize r = smart_resize(im.height, im.width, limits, factor);
+    int64_t t = merged_tokens(r.height, r.width, factor);
     total += t;
     if (out) out->push_back({r, t, false});
   }
@@ -34,7 +34,8 @@ bool fit_sample(const SampleCost& sample, const Budgets& b, PlannedSample* out, 
   out->index = sample.index;
   out->images.clear();
   out->truncated = false;
-  const int64_t factor_sq = 28 * 28;
+  VLM_CHECK(b.factor > 0, "plan: the resize factor (patch x merge) must be positive, got ", b.factor);
+  const int64_t factor_sq = b.factor * b.factor;
   const int64_t min_cap = (b.pixels.min_pixels + factor_sq - 1) / factor_sq;
   const int64_t cap = std::min(b.max_image_tokens, b.pixels.max_pixels / factor_sq);
   const int64_t limit = std::min(b.max_seq_len, b.max_tokens);  // one row must fit a micro-batch
@@ -42,7 +43,7 @@ bool fit_sample(const SampleCost& sample, const Budgets& b, PlannedSample* out, 
   int64_t image_tokens = 0;
   if (!sample.images.empty()) {
     try {
-      image_tokens = tokens_at_cap(sample.images, b.pixels, cap, &out->images);
+      image_tokens = tokens_at_cap(sample.images, b.pixels, cap, b.factor, &out->images);
     } catch (const vlm::Error& e) {  // zero-size or extreme aspect ratio
       *reason = e.what();
       return false;
@@ -54,11 +55,11 @@ bool fit_sample(const SampleCost& sample, const Budgets& b, PlannedSample* out, 
       int64_t lo = min_cap, hi = cap - 1, best = -1;
       while (lo <= hi) {
         int64_t mid = lo + (hi - lo) / 2;
-        if (tokens_at_cap(sample.images, b.pixels, mid, nullptr) <= room) best = mid, lo = mid + 1;
+        if (tokens_at_cap(sample.images, b.pixels, mid, b.factor, nullptr) <= room) best = mid, lo = mid + 1;
         else hi = mid - 1;
       }
       if (best < 0) {
-        int64_t at_min = tokens_at_cap(sample.images, b.pixels, min_cap, nullptr);
+        int64_t at_min = tokens_at_cap(sample.images, b.pixels, min_cap, b.factor, nullptr);
         *reason = str(sample.images.size(), " image(s) need at least ", at_min,
                       " merged tokens at min_pixels, but only ", room,
                       " fit (batch.max_image_tokens ", b.batch_image_tokens, ", sequence limit ",
@@ -66,7 +67,7 @@ bool fit_sample(const SampleCost& sample, const Budgets& b, PlannedSample* out, 
                       " kept for text); hint: raise the budgets or lower data.min_pixels");
         return false;
       }
-      image_tokens = tokens_at_cap(sample.images, b.pixels, best, &out->images);
+      image_tokens = tokens_at_cap(sample.images, b.pixels, best, b.factor, &out->images);
       for (auto& im : out->images) im.downscaled = true;
     }
   }

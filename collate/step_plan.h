@@ -27,6 +27,7 @@ struct SampleCost {
 
 struct Budgets {
   PixelLimits pixels;                 // smart_resize bounds per image
+  int64_t factor = 28;                // resize factor = patch x merge of the model (Qwen3-VL: 32)
   int64_t max_image_tokens = 1024;    // per image, merged tokens (data.max_image_tokens)
   int64_t max_seq_len = 2048;         // per sample, text + image tokens (data.max_seq_len)
   int64_t max_tokens = 4096;          // per micro-batch: padded length x rows (batch.max_tokens)
@@ -35,8 +36,8 @@ struct Budgets {
 };
 
 struct PlannedImage {
-  ImageSize resized;                  // target size for the pixel pipeline (multiples of 28)
-  int64_t tokens = 0;                 // merged tokens = (h/28) * (w/28)
+  ImageSize resized;                  // target size for the pixel pipeline (multiples of factor)
+  int64_t tokens = 0;                 // merged tokens = (h/factor) * (w/factor)
   bool downscaled = false;            // below the per-image cap to fit a budget
 };
 

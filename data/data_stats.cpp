@@ -56,7 +56,7 @@ DatasetStats dataset_stats(const Dataset& ds, const std::vector<TextTokenCounts>
                            const StatsOptions& opts) {
   VLM_CHECK(counts.empty() || counts.size() == ds.records.size(), "dataset_stats: ",
             ds.records.size(), " records but ", counts.size(), " token counts");
-  const vlm::PixelLimits capped = vlm::limits_with_token_cap(opts.limits, opts.max_image_tokens);
+  const vlm::PixelLimits capped = vlm::limits_with_token_cap(opts.limits, opts.max_image_tokens, opts.factor);
   DatasetStats s;
   s.lines = ds.lines;
   s.records = int64_t(ds.records.size());
@@ -71,8 +71,8 @@ DatasetStats dataset_stats(const Dataset& ds, const std::vector<TextTokenCounts>
       ++s.images;
       s.image_width.add(im.width);
       s.image_height.add(im.height);
-      const int64_t raw = vlm::image_tokens(im.height, im.width, opts.limits);
-      const int64_t cap = vlm::image_tokens(im.height, im.width, capped);
+      const int64_t raw = vlm::image_tokens(im.height, im.width, opts.limits, opts.factor);
+      const int64_t cap = vlm::image_tokens(im.height, im.width, capped, opts.factor);
       s.image_tokens_uncapped.add(raw);
       s.image_tokens_capped.add(cap);
       if (opts.max_image_tokens > 0 && raw > opts.max_image_tokens) ++s.images_over_cap;

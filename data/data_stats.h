@@ -56,6 +56,7 @@ struct DatasetStats {
 struct StatsOptions {
   vlm::PixelLimits limits;        // data.min_pixels / data.max_pixels
   int64_t max_image_tokens = 0;   // data.max_image_tokens (0: no cap)
+  int64_t factor = 28;            // the model's resize factor, patch x merge (Qwen3-VL: 32)
   int64_t max_seq_len = 0;        // data.max_seq_len (0: no limit)
 };
 

@@ -389,10 +389,10 @@ Record parse_record(const json& j, DatasetFormat format, const std::string& imag
   return r;
 }
 
-int64_t approx_token_cost(const Record& r, const vlm::PixelLimits& limits) {
+int64_t approx_token_cost(const Record& r, const vlm::PixelLimits& limits, int64_t factor) {
   int64_t cost = 0;
   for (const ImageRef& im : r.images)
-    if (im.width > 0 && im.height > 0) cost += vlm::image_tokens(im.height, im.width, limits);
+    if (im.width > 0 && im.height > 0) cost += vlm::image_tokens(im.height, im.width, limits, factor);
   for (const Turn& t : r.turns) cost += int64_t(t.content.size()) / 4 + 1;
   return cost;
 }

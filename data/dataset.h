@@ -198,7 +198,8 @@ inline std::string dataset_index_path(const std::string& jsonl) { return jsonl +
 int64_t count_image_markers(const Record& r);
 
 // Rough token cost for length grouping before the tokenizer exists: merged image tokens
-// under `limits` (needs probed sizes) + UTF-8 bytes of all turns / 4.
-int64_t approx_token_cost(const Record& r, const vlm::PixelLimits& limits);
+// under `limits` with resize factor `factor` (the model's patch x merge; needs probed
+// sizes) + UTF-8 bytes of all turns / 4 (about 4 bytes per text token).
+int64_t approx_token_cost(const Record& r, const vlm::PixelLimits& limits, int64_t factor = 28);
 
 }  // namespace vlm::data

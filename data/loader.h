@@ -133,7 +133,7 @@ class OrderedLoader {
 // The images of one record, decoded and processed.
 struct RecordImages {
   std::vector<PixelImage> images;  // one per record image, in order
-  torch::Tensor pixel_values;      // [sum patches, 1176] concatenated (empty when no image)
+  torch::Tensor pixel_values;      // [sum patches, C*T*p*p] concatenated (empty when no image)
   torch::Tensor grid_thw;          // [n_images, 3] int64
 };
 

@@ -5,12 +5,13 @@
 namespace vlm::data {
 namespace {
 
-// Merged tokens of each image: t*gh*gw/4.
+// Merged tokens of each image: t*gh*gw/m^2 (m: the merge size it was patchified with).
 std::vector<int64_t> image_token_counts(const RecordImages& images, size_t n) {
   std::vector<int64_t> out;
   for (size_t i = 0; i < n; ++i) {
-    const auto& g = images.images[i].grid_thw;
-    out.push_back(vlm::merged_image_tokens(g[0], g[1], g[2]));
+    const PixelImage& im = images.images[i];
+    const auto& g = im.grid_thw;
+    out.push_back(vlm::merged_image_tokens(g[0], g[1], g[2], im.merge_size));
   }
   return out;
 }
@@ -62,6 +63,7 @@ std::vector<vlm::ChatTurn> record_chat_turns(const Record& r, int64_t n_turns) {
 
 vlm::ChatOptions chat_options(const SampleOptions& opts, bool generation) {
   vlm::ChatOptions co;
+  co.default_system = opts.default_system;
   if (opts.system_prompt == kNoSystemTurn) co.default_system.clear();
   else if (!opts.system_prompt.empty()) co.default_system = opts.system_prompt;
   co.add_generation_prompt = generation;

@@ -2,9 +2,10 @@
 //
 //   Record turns (roles already ChatML: system | user | assistant; LLaVA human/gpt mapped)
 //     "<image>" markers in a turn's content become image items in place, in image order
-//   -> render_chat (ChatML; labels only on assistant answers, through <|im_end|>\n)
-//   -> image i's single <|image_pad|> expanded to its merged tokens t*gh*gw/4
-//   -> pixel_values = concat of each image's [patches_i, 1176] in prompt order, grid_thw
+//   -> render_chat (ChatML; labels only on assistant answers, through <|im_end|>\n; the
+//      system turn: the recipe's, else the model family's default, e.g. none for Qwen3-VL)
+//   -> image i's single <|image_pad|> expanded to its merged tokens t*gh*gw/m^2
+//   -> pixel_values = concat of each image's [patches_i, C*T*p*p] in prompt order, grid_thw
 //
 // Truncation (issue #5): the caller (collate's step plan) may give a target length; the
 // tail of the sequence is cut to it. A cut inside an image's pad tokens, or one that
@@ -32,9 +33,12 @@ namespace vlm::data {
 inline constexpr const char* kNoSystemTurn = "none";
 
 struct SampleOptions {
-  // recipe data.system_prompt; "" = the template's default system turn, "none" = no system
-  // turn (kNoSystemTurn), anything else = that text as the system turn
+  // recipe data.system_prompt; "" = default_system below, "none" = no system turn
+  // (kNoSystemTurn), anything else = that text as the system turn
   std::string system_prompt;
+  // The model family's default system turn (vlm::family_spec(cfg.family).default_system;
+  // "" = none, as Qwen3-VL). Default: Qwen2-VL's chat template's.
+  std::string default_system = vlm::ChatOptions{}.default_system;
   int64_t max_length = 0;     // cut the tail to this many tokens; 0 = no truncation
 };
 
@@ -53,13 +57,13 @@ std::string chatml_role(const std::string& role);
 // pieces dropped). `n_turns` < 0: all turns, else only the first n_turns.
 std::vector<vlm::ChatTurn> record_chat_turns(const Record& r, int64_t n_turns = -1);
 
-// Chat options for the recipe's system prompt.
+// Chat options for the recipe's system prompt over the family's default.
 vlm::ChatOptions chat_options(const SampleOptions& opts, bool generation = false);
 
 // Builds a training sample. images: the record's images decoded and resized (one entry
 // per record image, load_record_images()). index: the global dataset index.
 // returns input_ids/labels [L] (L <= max_length when set), pixel_values [sum patches,
-// 1176] (undefined when no image), grid_thw [n_images].
+// C*T*p*p] (undefined when no image), grid_thw [n_images].
 // Throws SampleSkip for the truncation cases above, vlm::Error for inconsistent input
 // (image count != markers, a tokenizer without the ChatML specials).
 vlm::TokenizedSample build_sample(const vlm::Tokenizer& tok, const Record& record,

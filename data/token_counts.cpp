@@ -57,7 +57,7 @@ json read_json(const std::string& path) {
 
 // counts by line of one file's cache section when its key matches, else empty.
 std::map<int64_t, std::pair<TextTokenCounts, std::string>> read_section(
-    const std::string& jsonl, const std::string& tok_id, const std::string& system_prompt) {
+    const std::string& jsonl, const std::string& tok_id, const SampleOptions& opts) {
   std::map<int64_t, std::pair<TextTokenCounts, std::string>> out;
   const json j = read_json(dataset_index_path(jsonl));
   if (!j.contains("text_tokens")) return out;
@@ -66,7 +66,8 @@ std::map<int64_t, std::pair<TextTokenCounts, std::string>> read_section(
     json key = file_stamp(jsonl);
     key["version"] = kCacheVersion;
     key["tokenizer"] = tok_id;
-    key["system_prompt"] = system_prompt;
+    key["system_prompt"] = opts.system_prompt;
+    key["default_system"] = opts.default_system;
     for (auto& [k, v] : key.items())
       if (!s.contains(k) || s[k] != v) return out;
     for (auto& [line, v] : s.at("counts").items())
@@ -78,15 +79,15 @@ std::map<int64_t, std::pair<TextTokenCounts, std::string>> read_section(
   return out;
 }
 
-bool write_section(const std::string& jsonl, const std::string& tok_id,
-                   const std::string& system_prompt,
+bool write_section(const std::string& jsonl, const std::string& tok_id, const SampleOptions& opts,
                    const std::map<int64_t, std::pair<TextTokenCounts, std::string>>& counts) {
   const std::string path = dataset_index_path(jsonl);
   json j = read_json(path);  // keep the image probes written by load_dataset
   json s = file_stamp(jsonl);
   s["version"] = kCacheVersion;
   s["tokenizer"] = tok_id;
-  s["system_prompt"] = system_prompt;
+  s["system_prompt"] = opts.system_prompt;
+  s["default_system"] = opts.default_system;
   json c = json::object();
   for (const auto& [line, v] : counts)
     c[std::to_string(line)] = {v.first.text_tokens, v.first.supervised_tokens, v.second};
@@ -161,7 +162,7 @@ std::vector<TextTokenCounts> dataset_text_token_counts(
   for (size_t i = 0; i < ds.records.size(); ++i) by_file[ds.records[i].source].push_back(i);
   for (const auto& [file, idx] : by_file) {
     std::map<int64_t, std::pair<TextTokenCounts, std::string>> cache;
-    if (use_cache && !file.empty()) cache = read_section(file, tok_id, opts.system_prompt);
+    if (use_cache && !file.empty()) cache = read_section(file, tok_id, opts);
     bool dirty = false;
     for (size_t i : idx) {
       const Record& r = ds.records[i];
@@ -178,7 +179,7 @@ std::vector<TextTokenCounts> dataset_text_token_counts(
       dirty = true;
     }
     if (use_cache && dirty && !file.empty() &&
-        !write_section(file, tok_id, opts.system_prompt, cache)) {
+        !write_section(file, tok_id, opts, cache)) {
       const std::string m = vlm::str("warning: could not write text token counts to ",
                                      dataset_index_path(file), " (read-only folder?)");
       if (warn) warn(m);

@@ -6,9 +6,12 @@
 // The counts are cached in the dataset index file beside each JSONL (<jsonl>.index.json,
 // shared with dataset.cpp's image probes) under the key "text_tokens":
 //   {"version": 1, "jsonl_size": .., "jsonl_mtime": .., "tokenizer": <identity hash>,
-//    "system_prompt": "..", "counts": {"<line>": [text_tokens, supervised, turns_hash]}}
-// A different tokenizer (content hash, not path), system prompt, JSONL file, or record
-// content (e.g. a changed OCR prompt, via turns_hash) invalidates the affected counts.
+//    "system_prompt": "..", "default_system": "..",
+//    "counts": {"<line>": [text_tokens, supervised, turns_hash]}}
+// A different tokenizer (content hash, not path), system prompt, model family default
+// system turn (Qwen2-VL's vs Qwen3-VL's none), JSONL file, or record content (e.g. a
+// changed OCR prompt, via turns_hash) invalidates the affected counts. Image tokens are
+// not cached: they depend on the model's resize factor and are computed per step.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -232,6 +232,91 @@ TEST(StepPlan, LongTextIsTruncatedImagesKept) {
   EXPECT_FALSE(p.images[0].downscaled);
 }
 
+// Qwen3-VL geometry (patch 16, merge 2: resize factor 32, 1024 pixels per merged token;
+// min_pixels 65536 = 64 tokens). Reference sizes are HF's: Qwen2VLImageProcessorPil with
+// patch_size 16, merge_size 2, size {65536, max_pixels} (scripts/image_reference.py
+// --processor qwen3_vl prints the same grids for these images).
+Budgets qwen3_budgets() {
+  Budgets b = default_budgets();
+  b.factor = 32;
+  b.pixels = {65536, 16777216};
+  return b;
+}
+
+TEST(StepPlan, Qwen3FactorCapsImagesOnThe32PixelGrid) {
+  PlannedSample p;
+  std::string reason;
+  // Capped at 100 tokens (max_pixels 102400): HF's grid is [1, 16, 22] -> 256 x 352, 88 tokens.
+  Budgets b = qwen3_budgets();
+  b.max_image_tokens = 100;
+  ASSERT_TRUE(fit_sample({1, 20, {{1500, 2000}}}, b, &p, &reason)) << reason;
+  EXPECT_EQ(p.images[0].resized.height, 256);
+  EXPECT_EQ(p.images[0].resized.width, 352);
+  EXPECT_EQ(p.image_tokens, 88);
+  EXPECT_EQ(p.seq_len, 20 + 88);
+  // Capped at 77 tokens: HF's grid for 333 x 517 is [1, 14, 20] -> 224 x 320, 70 tokens.
+  b.max_image_tokens = 77;
+  ASSERT_TRUE(fit_sample({2, 20, {{333, 517}}}, b, &p, &reason)) << reason;
+  EXPECT_EQ(p.images[0].resized.height, 224);
+  EXPECT_EQ(p.images[0].resized.width, 320);
+  EXPECT_EQ(p.image_tokens, 70);
+  // Uncapped 480 x 640 is already on the grid: 15 x 20 = 300 tokens (391 at factor 28).
+  ASSERT_TRUE(fit_sample({3, 20, {{480, 640}}}, qwen3_budgets(), &p, &reason)) << reason;
+  EXPECT_EQ(p.images[0].resized.height, 480);
+  EXPECT_EQ(p.images[0].resized.width, 640);
+  EXPECT_EQ(p.image_tokens, 300);
+  // A tiny image goes up to min_pixels: 10 x 10 -> 256 x 256 = 64 tokens (HF [1, 16, 16]).
+  ASSERT_TRUE(fit_sample({4, 20, {{10, 10}}}, qwen3_budgets(), &p, &reason)) << reason;
+  EXPECT_EQ(p.images[0].resized.height, 256);
+  EXPECT_EQ(p.image_tokens, 64);
+}
+
+TEST(StepPlan, Qwen3FactorTokenBudgetDownscalesAndSkips) {
+  PlannedSample p;
+  std::string reason;
+  // A 100 MP image under a 200-token micro-batch budget: square, on the 32-px grid, <= 200
+  // tokens (the largest square is 14 x 14 = 196), never below min_pixels.
+  Budgets b = qwen3_budgets();
+  b.batch_image_tokens = 200;
+  ASSERT_TRUE(fit_sample({1, 30, {{10000, 10000}}}, b, &p, &reason)) << reason;
+  const auto& im = p.images.at(0);
+  EXPECT_TRUE(im.downscaled);
+  EXPECT_EQ(im.resized.height, im.resized.width);
+  EXPECT_EQ(im.resized.height % 32, 0);
+  EXPECT_EQ(im.tokens, (im.resized.height / 32) * (im.resized.width / 32));
+  EXPECT_EQ(p.image_tokens, 196);
+  EXPECT_GE(im.resized.height * im.resized.width, 65536);
+  // 8 images need 8 x 64 tokens at min_pixels 65536: more than 300 does not fit.
+  b.batch_image_tokens = 300;
+  EXPECT_FALSE(fit_sample({2, 10, std::vector<vlm::ImageSize>(8, {500, 500})}, b, &p, &reason));
+  EXPECT_NE(reason.find("need at least 512 merged tokens"), std::string::npos) << reason;
+
+  // Random steps: every planned image on the 32-px grid, under the per-image cap, its tokens
+  // (h/32)(w/32), and every micro-batch under its budgets.
+  std::mt19937_64 rng(32);
+  for (int trial = 0; trial < 60; ++trial) {
+    Budgets rb = qwen3_budgets();
+    rb.max_image_tokens = 64 + static_cast<int64_t>(rng() % 1500);
+    const int world = 1 + trial % 8;
+    StepPlan plan = plan_step(random_samples(rng, 1 + static_cast<int>(rng() % 40)), world, rb);
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    for (const auto& rank : plan.ranks) {
+      ASSERT_EQ(static_cast<int64_t>(rank.micro_batches.size()), plan.micro_batches);
+      for (const auto& mb : rank.micro_batches) {
+        EXPECT_LE(mb.padded_tokens(), rb.max_tokens);
+        EXPECT_LE(mb.image_tokens, rb.batch_image_tokens);
+        for (const auto& s : mb.samples)
+          for (const auto& pi : s.images) {
+            EXPECT_EQ(pi.resized.height % 32, 0);
+            EXPECT_EQ(pi.resized.width % 32, 0);
+            EXPECT_EQ(pi.tokens, (pi.resized.height / 32) * (pi.resized.width / 32));
+            EXPECT_LE(pi.tokens, rb.max_image_tokens);
+          }
+      }
+    }
+  }
+}
+
 TEST(StepPlan, IdenticalInAnotherProcess) {
   std::mt19937_64 rng(99);
   auto samples = random_samples(rng, 50);
