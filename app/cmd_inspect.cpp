@@ -14,7 +14,9 @@
 #include "data/dataset.h"
 #include "data/image.h"
 #include "data/pixel_pipeline.h"
+#include "data/processor_config.h"
 #include "vlm/check.h"
+#include "vlm/config.h"
 #include "vlm/image_geometry.h"
 #include "vlm/safetensors.h"
 #include "vlm/tokenizer.h"
@@ -25,6 +27,7 @@ namespace {
 
 struct ImageArgs {
   std::string file;                                           // FILE
+  std::optional<std::string> preset, model;                   // whose processor (default Qwen2-VL)
   std::optional<long long> min_pixels, max_pixels, max_image_tokens;
   std::optional<std::string> pixels;                          // --pixels OUT.safetensors
   bool json = false;
@@ -35,14 +38,31 @@ struct DataArgs {
   bool json = false;
 };
 
+// The processor of --preset / --model (HF directory: config.json + preprocessor_config.json),
+// else Qwen2-VL's defaults.
+vlm::data::PixelConfig inspect_processor(const ImageArgs& a, std::string* which) {
+  VLM_CHECK(!(a.preset && a.model), "vlmtrain inspect image: give --preset or --model, not both");
+  if (a.preset) {
+    *which = "preset " + *a.preset;
+    return vlm::data::family_pixel_config(vlm::preset(*a.preset));
+  }
+  if (a.model) {
+    *which = "model " + *a.model;
+    return vlm::data::model_pixel_config(vlm::load_hf_config(*a.model), *a.model);
+  }
+  *which = "Qwen2-VL defaults";
+  return vlm::data::PixelConfig{};
+}
+
 int inspect_image(const ImageArgs& a) {
   const bool as_json = a.json;
-  vlm::data::PixelConfig cfg;
+  std::string processor;
+  vlm::data::PixelConfig cfg = inspect_processor(a, &processor);
   if (a.min_pixels) cfg.limits.min_pixels = *a.min_pixels;
   const auto& max_pixels = a.max_pixels;
   const auto& max_tokens = a.max_image_tokens;
   VLM_CHECK(!(max_pixels && max_tokens), "vlmtrain inspect image: give --max-pixels or ",
-            "--max-image-tokens, not both (a token cap N is max_pixels = N x 784)");
+            "--max-image-tokens, not both (a token cap N is max_pixels = N x factor^2)");
   if (max_pixels) cfg.limits.max_pixels = *max_pixels;
   if (max_tokens) {
     VLM_CHECK(*max_tokens > 0, "vlmtrain inspect image: --max-image-tokens must be > 0, got ",
@@ -67,12 +87,20 @@ int inspect_image(const ImageArgs& a) {
                         {"resized_width", img.resized_width},
                         {"grid_thw", {g[0], g[1], g[2]}},
                         {"tokens", img.merged_tokens()},
-                        {"patches", img.pixel_values.size(0)}};
+                        {"patches", img.pixel_values.size(0)},
+                        {"patch_size", cfg.geometry.patch_size},
+                        {"factor", cfg.geometry.factor()}};
     if (pixels_out) j["pixels"] = *pixels_out;
     std::printf("%s\n", j.dump().c_str());
   } else {
     const vlm::PixelLimits lim = cfg.effective_limits();
     std::printf("file:           %s\n", file.c_str());
+    std::printf("processor:      %s: patch %lld, merge %lld (factor %lld), mean [%g, %g, %g], "
+                "std [%g, %g, %g]\n", processor.c_str(),
+                static_cast<long long>(cfg.geometry.patch_size),
+                static_cast<long long>(cfg.geometry.merge_size),
+                static_cast<long long>(cfg.geometry.factor()), cfg.mean[0], cfg.mean[1],
+                cfg.mean[2], cfg.std[0], cfg.std[1], cfg.std[2]);
     std::printf("original:       %lld x %lld (h x w, after EXIF orientation)\n",
                 static_cast<long long>(img.source_height), static_cast<long long>(img.source_width));
     std::printf("pixel limits:   min %lld, max %lld\n", static_cast<long long>(lim.min_pixels),
@@ -108,12 +136,15 @@ int inspect_data(const DataArgs& a) {
   std::unique_ptr<vlm::Tokenizer> tok;
   if (!tok_path.empty()) tok = vlm::load_tokenizer(tok_path);
 
+  // The model's processor (resize factor, pixel limits) and default system turn.
+  const vlm::VlmConfig model_cfg = recipe_model_config(recipe);
+  const vlm::data::PixelConfig pixels = pixel_config(recipe, model_cfg);
   vlm::data::StatsOptions sopt;
-  sopt.limits = {d.min_pixels, d.max_pixels};
-  sopt.max_image_tokens = d.max_image_tokens;
+  sopt.limits = pixels.limits;
+  sopt.max_image_tokens = pixels.max_image_tokens;
+  sopt.factor = pixels.geometry.factor();
   sopt.max_seq_len = d.max_seq_len;
-  vlm::data::SampleOptions sample_opts;
-  sample_opts.system_prompt = d.system_prompt;
+  const vlm::data::SampleOptions sample_opts = sample_options(recipe, model_cfg);
 
   nlohmann::json splits = nlohmann::json::object();
   std::string text;
@@ -154,6 +185,9 @@ int inspect_data(const DataArgs& a) {
                           {"tokenizer", tok ? nlohmann::json(tok_path) : nlohmann::json()},
                           {"max_image_tokens", d.max_image_tokens},
                           {"max_seq_len", d.max_seq_len},
+                          {"min_pixels", pixels.limits.min_pixels},
+                          {"max_pixels", pixels.limits.max_pixels},
+                          {"factor", pixels.geometry.factor()},
                           {"splits", splits}};
     std::printf("%s\n", out.dump().c_str());
   } else {
@@ -161,7 +195,8 @@ int inspect_data(const DataArgs& a) {
                 "max_seq_len %lld, pixels [%lld, %lld]\n%s",
                 recipe.source.c_str(), tok ? tok_path.c_str() : "(none: set model.tokenizer)",
                 static_cast<long long>(d.max_image_tokens), static_cast<long long>(d.max_seq_len),
-                static_cast<long long>(d.min_pixels), static_cast<long long>(d.max_pixels),
+                static_cast<long long>(pixels.limits.min_pixels),
+                static_cast<long long>(pixels.limits.max_pixels),
                 text.c_str());
   }
   return 0;
@@ -171,7 +206,8 @@ int inspect_data(const DataArgs& a) {
 
 CommandRun declare_inspect(CLI::App& app) {
   app.description(R"(usage: vlmtrain inspect data RECIPE [--set KEY=VALUE]... [--json]
-       vlmtrain inspect image FILE [--min-pixels N] [--max-pixels N | --max-image-tokens N]
+       vlmtrain inspect image FILE [--preset NAME | --model DIR] [--min-pixels N]
+                              [--max-pixels N | --max-image-tokens N]
                               [--pixels OUT.safetensors] [--json]
 
 inspect data: scans data.train and data.eval as training sees them (image sizes from the
@@ -208,26 +244,35 @@ reason (the first 50 in the text output).
 
   CLI::App* image = app.add_subcommand("image", "");
   auto i = std::make_shared<ImageArgs>();
-  image->description(R"(usage: vlmtrain inspect image FILE [--min-pixels N] [--max-pixels N | --max-image-tokens N]
+  image->description(R"(usage: vlmtrain inspect image FILE [--preset NAME | --model DIR] [--min-pixels N]
+                              [--max-pixels N | --max-image-tokens N]
                               [--pixels OUT.safetensors] [--json]
 
 Decodes FILE as training does (EXIF orientation applied, alpha composited over white,
 16-bit reduced to its high byte), applies smart_resize and prints the original and resized
-size, grid_thw (patches) and the merged image tokens. pixel_values match HF transformers'
-Qwen2VLImageProcessorPil bit for bit (docs/image_parity.md).
+size, grid_thw (patches) and the merged image tokens. The processor (patch size, mean/std,
+pixel limits) is the model's: --preset NAME (its family's defaults, e.g. qwen3-vl-2b: patch
+16, mean/std 0.5) or --model DIR (an HF directory: config.json and its
+preprocessor_config.json); without either, Qwen2-VL's. pixel_values match HF transformers'
+Qwen2VLImageProcessorPil with the same settings bit for bit (docs/image_parity.md).
 )");
   add_value(*image, "FILE", i->file, "", "an image file")->required();
-  add_value(*image, "--min-pixels", i->min_pixels, "N", "default 3136 (56x56)");
-  add_value(*image, "--max-pixels", i->max_pixels, "N", "default 12845056 (28x28x16384)");
+  add_value(*image, "--preset", i->preset, "NAME", "the processor of a built-in preset (tiny, qwen2-vl-2b, qwen3-vl-2b, ...)");
+  add_value(*image, "--model", i->model, "DIR", "the processor of an HF model directory");
+  add_value(*image, "--min-pixels", i->min_pixels, "N", "default: the model's (Qwen2-VL 3136, Qwen3-VL 65536)");
+  add_value(*image, "--max-pixels", i->max_pixels, "N",
+            "default: the model's (Qwen2-VL 12845056, Qwen3-VL 16777216)");
   add_value(*image, "--max-image-tokens", i->max_image_tokens, "N",
-            "per-image cap in merged tokens (max_pixels = N x 784)");
+            "per-image cap in merged tokens (max_pixels = N x factor^2;\n"
+            "factor = patch x merge: 28 Qwen2-VL, 32 Qwen3-VL)");
   add_value(*image, "--pixels", i->pixels, "OUT",
             "also write OUT (safetensors) with the model's inputs for this image,\n"
             "exactly as the training loader builds them: pixel_values F32\n"
-            "[patches, 1176] and image_grid_thw I64 [1, 3] (t, h, w in patches)");
+            "[patches, C*T*p*p] (1176 for patch 14, 1536 for patch 16) and\n"
+            "image_grid_thw I64 [1, 3] (t, h, w in patches)");
   add_flag(*image, "--json", i->json,
            "one JSON object: original_height, original_width, resized_height,\n"
-           "resized_width, grid_thw [t,h,w], tokens, patches");
+           "resized_width, grid_thw [t,h,w], tokens, patches, patch_size, factor");
   image->callback([which, i] { *which = [i] { return inspect_image(*i); }; });
 
   return [which] { return (*which)(); };

@@ -2,11 +2,11 @@
 
 namespace vlmtrain {
 
-vlm::collate::Budgets collate_budgets(const Recipe& recipe) {
+vlm::collate::Budgets collate_budgets(const Recipe& recipe, const vlm::data::PixelConfig& pixels) {
   vlm::collate::Budgets b;
-  b.pixels.min_pixels = recipe.data.min_pixels;
-  b.pixels.max_pixels = recipe.data.max_pixels;
-  b.max_image_tokens = recipe.data.max_image_tokens;
+  b.pixels = pixels.limits;
+  b.factor = pixels.geometry.factor();
+  b.max_image_tokens = pixels.max_image_tokens;
   b.max_seq_len = recipe.data.max_seq_len;
   b.max_tokens = recipe.batch.max_tokens;
   b.batch_image_tokens = recipe.batch.max_image_tokens;

@@ -2,11 +2,13 @@
 #pragma once
 #include "app/recipe.h"
 #include "collate/step_plan.h"
+#include "data/pixel_pipeline.h"
 
 namespace vlmtrain {
 
-// [data] min/max pixels, max_image_tokens, max_seq_len and [batch] max_tokens,
+// `pixels` (the model's resolved processor, pixel_config(recipe, cfg): pixel limits,
+// max_image_tokens and the resize factor) and [data] max_seq_len, [batch] max_tokens,
 // max_image_tokens, max_micro_batches -> the step plan's budgets.
-vlm::collate::Budgets collate_budgets(const Recipe& recipe);
+vlm::collate::Budgets collate_budgets(const Recipe& recipe, const vlm::data::PixelConfig& pixels);
 
 }  // namespace vlmtrain

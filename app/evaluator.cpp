@@ -300,11 +300,9 @@ EvalSummary evaluate(vlm::Qwen2VLImpl& model, const vlm::Tokenizer& tok, const R
                                         : (int64_t(local.size()) + opts.batch_size - 1) / opts.batch_size;
 
   // Prompts are built by loader threads ahead of generation.
-  vlm::data::PixelConfig pixels;
-  pixels.limits = {recipe.data.min_pixels, recipe.data.max_pixels};
-  pixels.max_image_tokens = recipe.data.max_image_tokens;
-  vlm::data::SampleOptions sample_opts;
-  sample_opts.system_prompt = recipe.data.system_prompt;
+  // The model's processor and default system turn (app/data_options.h).
+  const vlm::data::PixelConfig pixels = pixel_config(recipe, cfg);
+  const vlm::data::SampleOptions sample_opts = sample_options(recipe, cfg);
   auto produce = [&](int64_t g) {
     Prepared p;
     p.global = g;

@@ -16,15 +16,16 @@ namespace {
 bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
 }  // namespace
 
-FlopModel::FlopModel(const std::vector<vlm::sharding::UnitPlan>& units, const vlm::VlmConfig& cfg) {
+FlopModel::FlopModel(const std::vector<vlm::sharding::UnitPlan>& units, const vlm::VlmConfig& cfg)
+    : merge_unit_(cfg.vision.merge_unit()) {
   for (const auto& u : units) {
     // Trained: forward + both backward matmuls (6P). Frozen: forward only (2P), except a
     // LoRA base, whose backward computes the input gradient for the adapters below (4P).
     const double f = u.trainable() ? 6.0 : u.has_adapters ? 4.0 : 2.0;
     const double n = static_cast<double>(u.numel);
     const std::string& path = u.adapter_of.empty() ? u.path : u.adapter_of;
-    if (path == "visual.merger") {
-      per_merged_patch_ += f * n;
+    if (path == "visual.merger" || starts_with(path, "visual.deepstack_merger_list.")) {
+      per_merged_patch_ += f * n;  // Qwen3-VL's DeepStack mergers also see merged tokens
     } else if (starts_with(path, "visual.")) {
       per_patch_ += f * n;
     } else if (path == "model.embed_tokens") {
@@ -38,7 +39,7 @@ FlopModel::FlopModel(const std::vector<vlm::sharding::UnitPlan>& units, const vl
 
 double FlopModel::flops(int64_t llm_tokens, int64_t patches) const {
   return per_token_ * static_cast<double>(llm_tokens) + per_patch_ * static_cast<double>(patches) +
-         per_merged_patch_ * static_cast<double>(patches) / 4.0;
+         per_merged_patch_ * static_cast<double>(patches) / static_cast<double>(merge_unit_);
 }
 
 double peak_flops_per_rank(torch::Device device, std::string* how) {

@@ -6,7 +6,7 @@
 // trained unit, 2N for a frozen one, whose backward never runs); attention score/value
 // FLOPs and activation-checkpointing recompute are not counted (both make the reported
 // MFU a lower bound). Tokens per unit: vision blocks and patch_embed see every patch,
-// the merger sees patches / 4, decoder layers, the final norm and the head see every
+// the mergers (Qwen3-VL: also the DeepStack mergers) see patches / merge^2 (4), decoder layers, the final norm and the head see every
 // non-pad LLM token; the embedding lookup costs nothing, but a tied head costs V x d per
 // token like an untied one.
 #pragma once
@@ -30,7 +30,8 @@ class FlopModel {
 
  private:
   double per_patch_ = 0;        // 2 or 6 x params of units that see every patch
-  double per_merged_patch_ = 0; // merger (patches / 4)
+  double per_merged_patch_ = 0; // mergers (patches / merge_unit_)
+  int64_t merge_unit_ = 4;      // patches per merged token: spatial_merge_size^2
   double per_token_ = 0;        // decoder layers, norm, head
 };
 

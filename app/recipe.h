@@ -96,10 +96,16 @@ struct DataSection {
   // entries the dataset_info.json folder, LLaMA-Factory's media_dir).
   std::string image_root;
   std::string prompt = "Read the text in the image.";  // user turn for plain OCR records
-  std::string system_prompt;             // "" = the template's default system turn; "none" = no system turn
-  int64_t max_image_tokens = 1024;       // cap per image in merged tokens (max_pixels = cap*784)
-  int64_t min_pixels = 3136;             // smart_resize lower bound (56*56)
-  int64_t max_pixels = 12845056;         // smart_resize upper bound (28*28*16384)
+  // "" = the model family's default system turn (Qwen2-VL / 2.5-VL: "You are a helpful
+  // assistant."; Qwen3-VL: none); "none" = no system turn; anything else = that text.
+  std::string system_prompt;
+  // Cap per image in merged tokens: max_pixels = cap x factor^2, factor = the model's
+  // patch x merge (28 Qwen2-VL / 2.5-VL, 32 Qwen3-VL).
+  int64_t max_image_tokens = 1024;
+  // smart_resize bounds in pixels; 0 = the model's (its preprocessor_config.json, else its
+  // family's: Qwen2 3136 .. 12845056, Qwen3-VL 65536 .. 16777216).
+  int64_t min_pixels = 0;
+  int64_t max_pixels = 0;
   int64_t max_seq_len = 2048;            // longer samples are truncated (never inside an image)
   double max_bad_fraction = 0.01;        // more bad records than this is an error
   int64_t num_workers = 2;               // loader threads
@@ -116,8 +122,8 @@ struct DataSection {
     v("prompt", prompt);
     v("system_prompt", system_prompt);
     v("max_image_tokens", max_image_tokens, Range{1, 1e7});
-    v("min_pixels", min_pixels, Range{784, 1e10});
-    v("max_pixels", max_pixels, Range{784, 1e10});
+    v("min_pixels", min_pixels, Range{0, 1e10});
+    v("max_pixels", max_pixels, Range{0, 1e10});
     v("max_seq_len", max_seq_len, Range{16, 1e7});
     v("max_bad_fraction", max_bad_fraction, Range{0, 1});
     v("num_workers", num_workers, Range{0, 256});

@@ -38,14 +38,11 @@ void Recipe::validate(Purpose purpose) const {
     fail("data.train", "no training data (expected one or more JSONL files)");
   if (purpose == Purpose::eval && data.eval.empty())
     fail("data.eval", "no evaluation data (expected one or more JSONL files, or pass --data)");
-  if (data.min_pixels > data.max_pixels)
+  // Pixel bounds (0 = the model's default): checked here when both are set; against the
+  // model's defaults and resize factor (the token cap) in pixel_config (app/data_options.h).
+  if (data.min_pixels > 0 && data.max_pixels > 0 && data.min_pixels > data.max_pixels)
     fail("data.min_pixels", "min_pixels " + std::to_string(data.min_pixels) +
                                 " is larger than max_pixels " + std::to_string(data.max_pixels));
-  if (data.max_image_tokens * 784 < data.min_pixels)
-    fail("data.max_image_tokens",
-         "a cap of " + std::to_string(data.max_image_tokens) + " tokens (" +
-             std::to_string(data.max_image_tokens * 784) + " pixels) is below data.min_pixels " +
-             std::to_string(data.min_pixels) + " (hint: raise the cap or lower min_pixels)");
   if (data.synth.min_height > data.synth.max_height)
     fail("data.synth.min_height", "min_height " + std::to_string(data.synth.min_height) +
                                       " is larger than max_height " + std::to_string(data.synth.max_height));

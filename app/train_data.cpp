@@ -27,9 +27,9 @@ TrainData::TrainData(const Recipe& recipe, const vlm::Tokenizer& tok, const vlm:
   vlm::data::DatasetOptions dopt = dataset_options(recipe);
   dopt.warn = rank == 0 ? warn_ : std::function<void(const std::string&)>([](const std::string&) {});
   if (rank == 0) dopt.on_index_progress = index_progress();
-  sample_opts_ = sample_options(recipe);
-  pixels_ = pixel_config(recipe);
-  budgets_ = collate_budgets(recipe);
+  sample_opts_ = sample_options(recipe, cfg);
+  pixels_ = pixel_config(recipe, cfg);
+  budgets_ = collate_budgets(recipe, pixels_);
   // Rank 0 first: it writes the index caches (image probes, token counts) the others read.
   std::vector<vlm::data::TextTokenCounts> counts;
   auto load = [&] {

@@ -62,8 +62,7 @@ class Evaluator : public ::testing::Test {
 
   // The reference: the record's prompt alone (no padding, no batching), generate(), decode.
   std::string reference_prediction(const vlm::data::Record& rec, int64_t max_new_tokens) {
-    vlm::data::PixelConfig px;
-    px.limits = {recipe_.data.min_pixels, recipe_.data.max_pixels};
+    vlm::data::PixelConfig px;  // the tiny Qwen2-VL model's processor: Qwen2-VL's defaults
     px.max_image_tokens = recipe_.data.max_image_tokens;
     auto images = vlm::data::load_record_images(rec, px);
     auto prompt = vlm::data::build_generation_prompt(*tok_, rec, images, {}, 0).sample;

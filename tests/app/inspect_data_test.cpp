@@ -35,11 +35,8 @@ int64_t bucket(int64_t v) {  // smallest power of two >= v (help text's rule)
   return v <= 0 ? 0 : b;
 }
 
-TEST(InspectData, JsonMatchesIndependentCounts) {
-  VLMTEST_REQUIRE_SENTENCEPIECE();
-  vlmtest::TempDir dir("inspect_data");
-  const std::string d = dir.path();
-  // Tokenizer.
+// A small unigram sentencepiece tokenizer with the ChatML specials, as d/tok.model.
+std::unique_ptr<vlm::Tokenizer> train_inspect_tokenizer(const std::string& d) {
   std::string corpus;
   std::mt19937 rng(5);
   const std::vector<std::string> words = {"hello", "world", "invoice", "total", "12.50", "read",
@@ -53,7 +50,14 @@ TEST(InspectData, JsonMatchesIndependentCounts) {
   vlm::train_sentencepiece("--input=" + d + "/corpus.txt --model_prefix=" + d + "/tok" +
                            " --vocab_size=320 --model_type=unigram --character_coverage=1.0"
                            " --hard_vocab_limit=false --num_threads=1 " + vlm::sp_trainer_flags());
-  auto tok = vlm::load_tokenizer(d + "/tok.model");
+  return vlm::load_tokenizer(d + "/tok.model");
+}
+
+TEST(InspectData, JsonMatchesIndependentCounts) {
+  VLMTEST_REQUIRE_SENTENCEPIECE();
+  vlmtest::TempDir dir("inspect_data");
+  const std::string d = dir.path();
+  auto tok = train_inspect_tokenizer(d);
 
   // Images: (h, w).
   const std::vector<std::pair<int, int>> sizes = {{56, 84}, {112, 112}, {30, 400}};
@@ -170,6 +174,60 @@ TEST(InspectData, JsonMatchesIndependentCounts) {
   EXPECT_NE(r3.output.find("bad: missing image: 1"), std::string::npos) << r3.output;
   EXPECT_NE(r3.output.find("images over the cap of 8 tokens: " + std::to_string(over)),
             std::string::npos) << r3.output;
+}
+
+// With a Qwen3-VL model (preset qwen3-vl-2b): image tokens at resize factor 32 under its
+// pixel defaults (65536 .. 16777216) and the cap, and no system turn in the text.
+TEST(InspectData, Qwen3PresetUsesItsFactorAndNoSystemTurn) {
+  VLMTEST_REQUIRE_SENTENCEPIECE();
+  vlmtest::TempDir dir("inspect_data_q3");
+  const std::string d = dir.path();
+  auto tok = train_inspect_tokenizer(d);
+  const std::vector<std::pair<int, int>> sizes = {{56, 84}, {480, 640}};
+  for (size_t i = 0; i < sizes.size(); ++i)
+    ASSERT_TRUE(cv::imwrite(d + "/i" + std::to_string(i) + ".png",
+                            cv::Mat(sizes[i].first, sizes[i].second, CV_8UC3, cv::Scalar(90, 90, 90))));
+  vlmtest::write_file(d + "/train.jsonl", R"({"image":"i0.png","text":"hello world"})" "\n"
+                                          R"({"image":"i1.png","text":"read"})" "\n");
+  const int64_t cap = 100;
+  vlmtest::write_file(d + "/r.toml", "[model]\npreset = \"qwen3-vl-2b\"\ntokenizer = \"" + d +
+                      "/tok.model\"\n[data]\ntrain = [\"" + d + "/train.jsonl\"]\n"
+                      "prompt = \"Read the text.\"\nmax_image_tokens = " + std::to_string(cap) + "\n");
+  const vlm::PixelLimits cap_lim{65536, cap * 32 * 32};
+  auto tokens = [&](size_t i) {
+    auto s = vlm::smart_resize(sizes[i].first, sizes[i].second, cap_lim, 32);
+    EXPECT_EQ(s.height % 32, 0);
+    return (s.height / 32) * (s.width / 32);
+  };
+  auto len = [&](const std::string& text) { return int64_t(tok->encode(text).size()); };
+  auto text = [&](int64_t n, const std::string& answer) {  // no system turn
+    return "<|im_start|>user\n" + pads(n) + "Read the text.<|im_end|>\n<|im_start|>assistant\n" +
+           answer + "<|im_end|>\n";
+  };
+  const int64_t seq0 = len(text(tokens(0), "hello world")), seq1 = len(text(tokens(1), "read"));
+  EXPECT_EQ(tokens(0), 70);  // 56 x 84 scaled up to min_pixels: 224 x 320
+  EXPECT_LE(tokens(1), cap);
+
+  auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "inspect", "data", d + "/r.toml", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const json j = last_json_line(r.output);
+  EXPECT_EQ(j["factor"], 32);
+  EXPECT_EQ(j["min_pixels"], 65536);
+  EXPECT_EQ(j["max_pixels"], 16777216);
+  const json& t = j["splits"]["train"];
+  EXPECT_EQ(t["records"], 2);
+  EXPECT_EQ(t["image_tokens_capped"]["sum"], tokens(0) + tokens(1));
+  EXPECT_EQ(t["seq_len"]["sum"], seq0 + seq1);
+  EXPECT_EQ(t["supervised_tokens"]["sum"], len("hello world<|im_end|>\n") + len("read<|im_end|>\n"));
+  // The same data under Qwen2-VL (preset tiny) counts differently: factor 28, a system turn.
+  auto r2 = vlmtest::run({vlmtest::vlmtrain_bin(), "inspect", "data", d + "/r.toml", "--json", "--set",
+                          "model.preset=tiny"});
+  ASSERT_EQ(r2.exit_code, 0) << r2.output;
+  const json j2 = last_json_line(r2.output);
+  EXPECT_EQ(j2["factor"], 28);
+  const int64_t sys = len("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n");
+  EXPECT_EQ(j2["splits"]["train"]["text_tokens"]["sum"].get<int64_t>(),
+            t["text_tokens"]["sum"].get<int64_t>() + 2 * sys);
 }
 
 TEST(InspectData, Errors) {
