@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Reference prompts from HF transformers' Qwen2VLProcessor: chat template + tokenizer +
-image-pad expansion, for tests/vlm/chat_template_test.cpp (and generate_reference.py).
+"""Reference prompts from HF transformers' Qwen2VLProcessor (or Qwen3VLProcessor): chat
+template + tokenizer + image-pad expansion, for tests/vlm/chat_template_test.cpp,
+tests/vlm/chat_template_qwen3_test.cpp (and generate_reference.py).
 
     .venv/bin/python scripts/chat_template_reference.py \\
-        --tokenizer ../shared/reference/qwen3_tokenizer --cases cases.json --out out.jsonl
+        --tokenizer ../shared/reference/qwen3_tokenizer --cases cases.json --out out.jsonl \\
+        [--family qwen2_vl|qwen3_vl]
 
 --tokenizer  a directory with tokenizer.json + tokenizer_config.json (AutoTokenizer).
 --cases      a JSON list; each case {"messages": [...], "add_generation_prompt": bool}. A
@@ -16,10 +18,14 @@ image-pad expansion, for tests/vlm/chat_template_test.cpp (and generate_referenc
               "input_ids": [...] (apply_chat_template(tokenize=True): pads expanded),
               "mm_token_type_ids": [...], "image_grid_thw": [[t, h, w], ...]}
 
-The chat template is Qwen2-VL-Instruct's (chat_template.json of the hub repos
+--family qwen2_vl (default): Qwen2VLProcessor with HF's default Qwen2VLImageProcessor and
+Qwen2-VL-Instruct's chat template (chat_template.json of the hub repos
 Qwen/Qwen2-VL-2B-Instruct and -7B-Instruct), kept verbatim in
 scripts/qwen2_vl_chat_template.jinja: the reference tokenizer directory holds Qwen3's
-template, which differs (no default system prompt, thinking blocks).
+(text) template, which differs (no default system prompt, thinking blocks).
+--family qwen3_vl: Qwen3VLProcessor with Qwen3-VL's image processor settings (patch 16,
+merge 2, mean/std 0.5, size 65536 .. 16777216) and Qwen3-VL-Instruct's chat template as
+transcribed in scripts/qwen3_vl_chat_template.jinja (no default system prompt).
 """
 import argparse
 import json
@@ -27,22 +33,30 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TEMPLATE_FILE = os.path.join(HERE, "qwen2_vl_chat_template.jinja")
+TEMPLATE_FILES = {"qwen2_vl": os.path.join(HERE, "qwen2_vl_chat_template.jinja"),
+                  "qwen3_vl": os.path.join(HERE, "qwen3_vl_chat_template.jinja")}
 
 
-def make_processor(tokenizer_dir):
-    """Qwen2VLProcessor with HF's default image processor and the Qwen2-VL chat template."""
+def make_processor(tokenizer_dir, family="qwen2_vl"):
+    """The family's processor with its image processor settings and chat template."""
     try:
         from transformers import (AutoTokenizer, Qwen2VLImageProcessor, Qwen2VLProcessor,
-                                  Qwen2VLVideoProcessor)
+                                  Qwen2VLVideoProcessor, Qwen3VLProcessor)
+        from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
     except ImportError as e:
         sys.exit(f"chat_template_reference: cannot import transformers with {sys.executable} "
                  f"({e}); run scripts/install-deps.sh (scripts/requirements.txt)")
     if not os.path.isfile(os.path.join(tokenizer_dir, "tokenizer.json")):
         sys.exit(f"chat_template_reference: no tokenizer.json in {tokenizer_dir}")
-    with open(TEMPLATE_FILE, encoding="utf-8") as f:
+    with open(TEMPLATE_FILES[family], encoding="utf-8") as f:
         template = f.read()
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    if family == "qwen3_vl":
+        image = Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2,
+                                      image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+                                      size={"shortest_edge": 65536, "longest_edge": 16777216})
+        return Qwen3VLProcessor(image_processor=image, tokenizer=tok,
+                                video_processor=Qwen3VLVideoProcessor(), chat_template=template)
     return Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(), tokenizer=tok,
                             video_processor=Qwen2VLVideoProcessor(), chat_template=template)
 
@@ -88,9 +102,10 @@ def main():
     ap.add_argument("--tokenizer", required=True)
     ap.add_argument("--cases", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--family", choices=sorted(TEMPLATE_FILES), default="qwen2_vl")
     args = ap.parse_args()
     import transformers
-    proc = make_processor(args.tokenizer)
+    proc = make_processor(args.tokenizer, args.family)
     with open(args.cases, encoding="utf-8") as f:
         cases = json.load(f)
     image_dir = os.path.dirname(os.path.abspath(args.out))
@@ -100,7 +115,7 @@ def main():
             messages = materialize_images(case["messages"], image_dir, counter)
             row, _ = render(proc, messages, bool(case.get("add_generation_prompt", False)))
             f.write(json.dumps(row) + "\n")
-    print(f"chat_template_reference: transformers {transformers.__version__}, "
+    print(f"chat_template_reference ({args.family}): transformers {transformers.__version__}, "
           f"{len(cases)} cases, {counter[0]} images")
 
 

@@ -11,10 +11,16 @@ apply_chat_template, which hands paths to it) loads images:
   pil  Qwen2VLImageProcessorPil (Pillow backend, backend="pil"). Loads a path with
        image_utils.load_image (PIL.Image.open, ImageOps.exif_transpose, convert("RGB")).
 
-Both are built from Qwen2-VL's preprocessor_config.json values (no hub access): min_pixels
-3136, max_pixels 12845056 (overridden per case), patch 14, merge 2, temporal 2, CLIP
-mean/std, bicubic. Where both loaders are wrong by our judgement (docs/image_parity.md),
-the case names another reference, also computed with HF's Pillow processor:
+--processor qwen2_vl (default): both are built from Qwen2-VL's preprocessor_config.json
+values (no hub access): min_pixels 3136, max_pixels 12845056 (overridden per case), patch
+14, merge 2, temporal 2, CLIP mean/std, bicubic, on every case below.
+--processor qwen3_vl: Qwen3-VL's hub values (Qwen3-VL uses the same Qwen2-VL image
+processor classes): size {shortest_edge 65536, longest_edge 16777216}, patch 16, merge 2,
+temporal 2, mean/std 0.5, bicubic, on a smaller set (the decoders are shared with Qwen2;
+what differs is the geometry and the normalisation): up- and downscaling, EXIF, alpha, a
+pixel cap, a token cap (max_pixels = N x 32 x 32), aspect ~200 and min_pixels.
+Where both loaders are wrong by our judgement (docs/image_parity.md), the case names
+another reference, also computed with HF's Pillow processor:
 
   pil_image  the Pillow processor given the opened, EXIF-transposed PIL image (not a path):
              its convert_to_rgb composites alpha over white (PIL.Image.alpha_composite).
@@ -26,11 +32,13 @@ Written under --out:
   <case>.ref.safetensors       <proc>.pixel_values [patches, 1176] f32,
                                <proc>.image_grid_thw [1, 3] i64 for every proc that ran
   manifest.json                {"transformers", "torch", "torchvision", "pillow",
+                                "processor": {"name", "patch_size", "merge_size",
+                                "temporal_patch_size", "image_mean", "image_std"},
                                 "cases": [{"name", "file", "min_pixels", "max_pixels",
                                 "max_image_tokens", "reference", "errors": {proc: msg}}]}
 
-Usage: python scripts/image_reference.py --out DIR   (needs transformers, torch,
-torchvision, Pillow, numpy, safetensors)
+Usage: python scripts/image_reference.py --out DIR [--processor qwen2_vl|qwen3_vl]
+(needs transformers, torch, torchvision, Pillow, numpy, safetensors)
 """
 import argparse
 import io
@@ -51,8 +59,15 @@ from safetensors.torch import save_file
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 
-MIN_PIXELS, MAX_PIXELS = 3136, 12845056  # Qwen2-VL preprocessor_config.json
-TOKEN_PIXELS = 28 * 28                   # one merged token
+# The processors' settings: each family's hub preprocessor_config.json.
+PROCESSORS = {
+    "qwen2_vl": dict(min_pixels=3136, max_pixels=12845056, patch_size=14, merge_size=2,
+                     temporal_patch_size=2, image_mean=[0.48145466, 0.4578275, 0.40821073],
+                     image_std=[0.26862954, 0.26130258, 0.27577711]),
+    "qwen3_vl": dict(min_pixels=65536, max_pixels=16777216, patch_size=16, merge_size=2,
+                     temporal_patch_size=2, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5]),
+}
+PROC = PROCESSORS["qwen2_vl"]  # set by main() from --processor
 
 
 def content(h, w, seed):
@@ -90,18 +105,55 @@ def png_16bit(path, arr):
                 chunk(b"IEND", b""))
 
 
-def write_cases(out):
-    """Writes the image files; returns the case list (without results)."""
-    cases = []
+def case_adder(out, cases):
+    """add(name, ext, writer, ...): writes one image file and records its case."""
+    token_pixels = (PROC["patch_size"] * PROC["merge_size"]) ** 2  # one merged token
 
-    def add(name, ext, writer, reference="pil", min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS,
+    def add(name, ext, writer, reference="pil", min_pixels=None, max_pixels=None,
             max_image_tokens=0):
+        min_pixels = PROC["min_pixels"] if min_pixels is None else min_pixels
+        max_pixels = PROC["max_pixels"] if max_pixels is None else max_pixels
         path = os.path.join(out, f"{name}.{ext}")
         writer(path)
         cases.append(dict(name=name, file=os.path.basename(path), reference=reference,
                           min_pixels=min_pixels,
-                          max_pixels=max_image_tokens * TOKEN_PIXELS if max_image_tokens else max_pixels,
+                          max_pixels=max_image_tokens * token_pixels if max_image_tokens else max_pixels,
                           max_image_tokens=max_image_tokens))
+    return add
+
+
+def write_cases_qwen3(out):
+    """The Qwen3-VL set: 16-px patches, mean/std 0.5, 65536 .. 16777216 pixels."""
+    cases = []
+    add = case_adder(out, cases)
+    base = content(77, 123, 1)  # 9471 px: below min_pixels, scaled up
+    add("baseline_jpeg", "jpg", lambda p: Image.fromarray(base).save(p, quality=90))
+    add("exif_6", "jpg", lambda p: Image.fromarray(base).save(p, quality=92, exif=exif_bytes(6)))
+    alpha = content(77, 123, 2)[..., 1]
+    alpha[:20, :30] = 0
+    add("rgba_png", "png", lambda p: Image.fromarray(np.dstack([base, alpha]), "RGBA").save(p),
+        reference="pil_image")
+    add("gray_png", "png", lambda p: Image.fromarray(base[..., 0]).save(p))
+    mid = content(333, 517, 12)  # 172161 px: inside the limits, sides not multiples of 32
+    add("mid_png", "png", lambda p: Image.fromarray(mid).save(p))
+    add("mid_webp", "webp", lambda p: Image.fromarray(mid).save(p, lossless=True))
+    big = content(1500, 2000, 11)
+    add("over_max_pixels", "jpg", lambda p: Image.fromarray(big).save(p, quality=90),
+        max_pixels=262144)
+    add("over_token_cap", "jpg", lambda p: Image.fromarray(big).save(p, quality=90),
+        max_image_tokens=100)
+    add("token_cap_mid", "png", lambda p: Image.fromarray(mid).save(p), max_image_tokens=77)
+    add("tiny_10x10", "png", lambda p: Image.fromarray(content(10, 10, 6)).save(p))
+    add("aspect_200_wide", "png", lambda p: Image.fromarray(content(32, 6400, 9)).save(p))
+    add("aspect_207_wide", "png", lambda p: Image.fromarray(content(27, 5600, 10)).save(p))
+    add("min_pixels_up", "png", lambda p: Image.fromarray(base).save(p), min_pixels=300000)
+    return cases
+
+
+def write_cases(out):
+    """Writes the image files; returns the case list (without results)."""
+    cases = []
+    add = case_adder(out, cases)
 
     base = content(77, 123, 1)  # h 77, w 123: not multiples of 28, so every case resizes
     for o in range(1, 9):
@@ -159,9 +211,7 @@ def write_cases(out):
 
 
 def processors(min_pixels, max_pixels):
-    kw = dict(min_pixels=min_pixels, max_pixels=max_pixels, patch_size=14, merge_size=2,
-              temporal_patch_size=2, image_mean=[0.48145466, 0.4578275, 0.40821073],
-              image_std=[0.26862954, 0.26130258, 0.27577711], resample=3, do_convert_rgb=True)
+    kw = dict(PROC, min_pixels=min_pixels, max_pixels=max_pixels, resample=3, do_convert_rgb=True)
     return {"tv": Qwen2VLImageProcessor(**kw), "pil": Qwen2VLImageProcessorPil(**kw)}
 
 
@@ -212,18 +262,23 @@ def high_byte_rgb(path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--processor", choices=sorted(PROCESSORS), default="qwen2_vl")
     args = ap.parse_args()
+    global PROC
+    PROC = PROCESSORS[args.processor]
     os.makedirs(args.out, exist_ok=True)
     warnings.filterwarnings("ignore")
-    cases = write_cases(args.out)
+    cases = (write_cases_qwen3 if args.processor == "qwen3_vl" else write_cases)(args.out)
     for case in cases:
         run_case(args.out, case)
+    processor = {k: v for k, v in PROC.items() if k not in ("min_pixels", "max_pixels")}
     manifest = dict(transformers=transformers.__version__, torch=torch.__version__,
                     torchvision=torchvision.__version__, pillow=PIL.__version__,
-                    numpy=np.__version__, cases=cases)
+                    numpy=np.__version__, processor=dict(processor, name=args.processor),
+                    cases=cases)
     with open(os.path.join(args.out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
-    print(f"image_reference: {len(cases)} cases, transformers {transformers.__version__}, "
+    print(f"image_reference ({args.processor}): {len(cases)} cases, transformers {transformers.__version__}, "
           f"Pillow {PIL.__version__}, torchvision {torchvision.__version__} -> {args.out}")
 
 
