@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""How transformers resolves Qwen2-VL / Qwen2.5-VL config.json files, for
-tests/vlm/config_test.cpp: every file is loaded with AutoConfig.from_pretrained (as
+"""How transformers resolves Qwen2-VL / Qwen2.5-VL / Qwen3-VL config.json files, for
+tests/vlm/config_test.cpp and config_qwen3_test.cpp: every file is loaded with AutoConfig.from_pretrained (as
 from_pretrained of the model would) and the values the model is built from are written
 under vlmtrain's field names (vlm/config.h).
 
     .venv/bin/python scripts/config_reference.py --configs configs.json --out resolved.jsonl
 
 --configs  a JSON list of config.json objects.
+--count-params  also build each model on the meta device with the class its
+           `architectures` names and write "params": the number of distinct parameters
+           (tied weights once), as `sum(p.numel() for p in model.parameters())`.
 --out      one JSON object per config, in order: {"ok": true, "family", "vision": {...},
            "text": {...}, "tie_word_embeddings", "image_token_id", "video_token_id",
            "vision_start_token_id", "vision_end_token_id", "bos_token_id", "eos_token_id"}
@@ -37,32 +40,41 @@ def resolve(cfg):
     if fam == "qwen2_vl":
         vision.update(embed_dim=v.embed_dim, out_hidden_size=v.hidden_size,
                       intermediate_size=int(v.embed_dim * v.mlp_ratio))
+    elif fam == "qwen3_vl":
+        vision.update(embed_dim=v.hidden_size, out_hidden_size=v.out_hidden_size,
+                      intermediate_size=v.intermediate_size,
+                      num_position_embeddings=v.num_position_embeddings,
+                      deepstack_visual_indexes=list(v.deepstack_visual_indexes),
+                      rope_theta=float(v.rope_parameters["rope_theta"]))
     else:
         vision.update(embed_dim=v.hidden_size, out_hidden_size=v.out_hidden_size,
                       intermediate_size=v.intermediate_size, window_size=v.window_size,
                       fullatt_block_indexes=list(v.fullatt_block_indexes),
                       tokens_per_second=float(v.tokens_per_second))
-    eos = t.eos_token_id
+    eos = getattr(t, "eos_token_id", None)  # Qwen3VLTextConfig has no default for it
     if isinstance(eos, (list, tuple)):
         eos = eos[0]
     text = dict(vocab_size=t.vocab_size, hidden_size=t.hidden_size,
                 intermediate_size=t.intermediate_size, num_hidden_layers=t.num_hidden_layers,
                 num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads,
                 rms_norm_eps=float(t.rms_norm_eps), rope_theta=float(rope["rope_theta"]),
-                mrope_section=list(rope.get("mrope_section", [16, 24, 24])),
+                mrope_section=list(rope.get("mrope_section", [24, 20, 20] if fam == "qwen3_vl" else [16, 24, 24])),
                 max_position_embeddings=t.max_position_embeddings, hidden_act=t.hidden_act)
+    if fam == "qwen3_vl":
+        text.update(head_dim=t.head_dim, attention_bias=bool(t.attention_bias))
     return dict(ok=True, family=fam, vision=vision, text=text,
                 tie_word_embeddings=bool(cfg.tie_word_embeddings),
                 image_token_id=cfg.image_token_id, video_token_id=cfg.video_token_id,
                 vision_start_token_id=cfg.vision_start_token_id,
                 vision_end_token_id=cfg.vision_end_token_id,
-                bos_token_id=t.bos_token_id, eos_token_id=eos)
+                bos_token_id=getattr(t, "bos_token_id", None), eos_token_id=eos)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--count-params", action="store_true")
     args = ap.parse_args()
     try:
         import transformers
@@ -82,7 +94,15 @@ def main():
             with open(os.path.join(d, "config.json"), "w") as f:
                 json.dump(c, f)
             try:
-                rows.append(resolve(AutoConfig.from_pretrained(d)))
+                cfg = AutoConfig.from_pretrained(d)
+                row = resolve(cfg)
+                if args.count_params:
+                    import torch
+                    model_class = getattr(transformers, c["architectures"][0])
+                    with torch.device("meta"):
+                        model = model_class(cfg)
+                    row["params"] = sum(p.numel() for p in model.parameters())
+                rows.append(row)
             except Exception as e:  # noqa: BLE001  (reported to the test, which decides)
                 rows.append(dict(ok=False, error=f"{type(e).__name__}: {e}"))
     with open(args.out, "w", encoding="utf-8") as f:

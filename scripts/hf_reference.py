@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """HF transformers references for tests/vlm/hf_parity_test.cpp, produced at test time.
 
-For each family (qwen2_vl, qwen2_5_vl) it builds a tiny random model with transformers,
+For each family (qwen2_vl, qwen2_5_vl, qwen3_vl) it builds a tiny random model with transformers,
 with every weight re-drawn at a scale that keeps activations O(1) (so attention is far
 from uniform and rotary or mask bugs change the result) and with random norms and biases
 (so ones / zeros cannot hide a bug), and saves it. Then, for each pass in PASSES (float32
@@ -13,7 +13,7 @@ image_grid_thw and attention_mask), takes the summed shifted cross-entropy of th
   <family>/config.json, <family>/model.safetensors   model.save_pretrained (fp32; HF's
       own config layout and tensor names)
   <family>.<dtype>.<batch>.io.safetensors
-      input_ids, attention_mask, labels [B, L] int64; pixel_values [P, 1176] f32 and
+      input_ids, attention_mask, labels [B, L] int64; pixel_values [P, 3*2*p*p] f32 and
       image_grid_thw [N, 3] int64 (absent without images; the model casts the pixels to
       its dtype); position_ids [3, B, L] int64 (what HF's rotary embedding was given);
       logits [B, L, V] f32; loss_sum [1] f32; n_tokens [1] int64
@@ -82,6 +82,39 @@ REAL = {
                            hidden_act="silu", window_size=112, fullatt_block_indexes=[7, 15, 23, 31],  # block 0: windowed
                            tokens_per_second=2)),
 }
+
+# Qwen3-VL: its own nested config (text_config / vision_config). Tiny: 16-px patches, a
+# 6 x 6 position table (bilinear resampling to grids of 2..10 patches, up- and down-scaled),
+# DeepStack from vision blocks 0 and 2 (list order [2, 0]: merger 0 reads block 2) into LLM
+# layers 0 and 1, text head_dim 32 given explicitly (2 x 32 != hidden 64), interleaved
+# M-RoPE with sections 4 + 6 + 6, q/k norms, no attention bias.
+QWEN3_TINY = dict(
+    image_token_id=250, video_token_id=251, vision_start_token_id=248, vision_end_token_id=249,
+    tie_word_embeddings=False,
+    text_config=dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=2, num_key_value_heads=1, head_dim=32, rms_norm_eps=1e-6,
+                     max_position_embeddings=512, hidden_act="silu", attention_bias=False,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                      "mrope_section": [4, 6, 6], "mrope_interleaved": True},
+                     bos_token_id=0, eos_token_id=1, pad_token_id=3, attention_dropout=0.0),
+    vision_config=dict(depth=3, hidden_size=64, intermediate_size=96, num_heads=2, in_channels=3,
+                       patch_size=16, spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64,
+                       num_position_embeddings=36, deepstack_visual_indexes=[2, 0],
+                       hidden_act="gelu_pytorch_tanh"))
+FAMILIES["qwen3_vl"] = QWEN3_TINY
+# Qwen3-VL-2B widths: ViT 1024 (16 heads of 64, MLP 4096, 48 x 48 positions, merger and one
+# DeepStack merger 4096 -> 2048), text 2048 with 16 x 128 query heads on 8 kv heads, MLP 6144,
+# M-RoPE 24 + 20 + 20 interleaved, theta 5e6.
+REAL["qwen3_vl_2b_layer"] = dict(
+    QWEN3_TINY, tie_word_embeddings=True,
+    text_config=dict(QWEN3_TINY["text_config"], vocab_size=512, hidden_size=2048, intermediate_size=6144,
+                     num_hidden_layers=1, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                     max_position_embeddings=262144,
+                     rope_parameters={"rope_type": "default", "rope_theta": 5000000.0,
+                                      "mrope_section": [24, 20, 20], "mrope_interleaved": True}),
+    vision_config=dict(QWEN3_TINY["vision_config"], depth=1, hidden_size=1024, intermediate_size=4096,
+                       num_heads=16, out_hidden_size=2048, num_position_embeddings=2304,
+                       deepstack_visual_indexes=[0]))
 REAL_BATCHES = ["images_left", "multi_image_right"]
 
 IMG, VS, VE, PAD = TEXT["image_token_id"], TEXT["vision_start_token_id"], TEXT["vision_end_token_id"], 3
@@ -112,8 +145,14 @@ BATCHES = {
 PASSES = {"float32": (torch.float32, "eager"), "float64": (torch.float64, "sdpa")}
 
 
+def patch_size(cfg_dict):
+    return cfg_dict["vision_config"]["patch_size"]
+
+
 def build(family, cfg_dict, embed_std=0.25):
-    if family.startswith("qwen2_5_vl"):
+    if family.startswith("qwen3_vl"):
+        from transformers import Qwen3VLConfig as C, Qwen3VLForConditionalGeneration as M
+    elif family.startswith("qwen2_5_vl"):
         from transformers import Qwen2_5_VLConfig as C, Qwen2_5_VLForConditionalGeneration as M
     else:
         from transformers import Qwen2VLConfig as C, Qwen2VLForConditionalGeneration as M
@@ -122,16 +161,18 @@ def build(family, cfg_dict, embed_std=0.25):
         for n, p in model.named_parameters():
             if n.endswith(".bias"):
                 p.normal_(0.0, 0.1)
-            elif "norm" in n or "ln_q" in n:
+            elif "norm" in n or "ln_q" in n:  # (Qwen3: also q_norm, k_norm, merger norms)
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             elif "embed_tokens" in n:
                 p.normal_(0.0, embed_std)
+            elif "pos_embed" in n:  # Qwen3's learned position table: O(1) like the patches
+                p.normal_(0.0, 0.5)
             else:  # matrices (and the conv3d patch embedding): fan-in scaling
                 p.normal_(0.0, (p.numel() // p.shape[0]) ** -0.5)
     return model.eval()
 
 
-def make_batch(spec, gen):
+def make_batch(spec, gen, patch=14):
     seqs, images, answers = [], [], []
     for items, answer in spec["seqs"]:
         ids = []
@@ -158,7 +199,7 @@ def make_batch(spec, gen):
     if images:
         out["image_grid_thw"] = torch.tensor([[1, gh, gw] for gh, gw in images], dtype=torch.int64)
         rows = sum(gh * gw for gh, gw in images)
-        out["pixel_values"] = torch.randn(rows, 3 * 2 * 14 * 14, generator=gen)
+        out["pixel_values"] = torch.randn(rows, 3 * 2 * patch * patch, generator=gen)
     return out
 
 
@@ -214,7 +255,7 @@ def main():
             for bi, bname in enumerate(batches):
                 spec = BATCHES[bname]
                 gen = torch.Generator().manual_seed(100 * fi + bi)
-                res, grads = run_batch(model, make_batch(spec, gen), dtype)
+                res, grads = run_batch(model, make_batch(spec, gen, patch_size(cfg_dict)), dtype)
                 base = os.path.join(args.out, f"{family}.{dtype_name}.{bname}")
                 save_file(res, base + ".io.safetensors")
                 save_file(grads, base + ".grads.safetensors")

@@ -54,12 +54,12 @@ void parse_text_common(const json& tj, const std::string& tw, const TextDefaults
   parse_rope(tj, t, tw, src);
 }
 
-void parse_top_common(const json& top, const json& tj, const std::string& tw, bool nested, VlmConfig& c,
+void parse_top_common(const json& top, const json& tj, const std::string& tw, bool text_tie_counts, VlmConfig& c,
                       const std::string& src) {
   // Tied head: the top-level key (default false), or true in text_config (HF turns the
   // top-level flag on when the text config has it on).
   c.tie_word_embeddings = get_opt<bool>(top, "tie_word_embeddings", false, "", src) ||
-                          (nested && get_opt<bool>(tj, "tie_word_embeddings", false, tw, src));
+                          (text_tie_counts && get_opt<bool>(tj, "tie_word_embeddings", false, tw, src));
   c.image_token_id = get_opt<int64_t>(top, "image_token_id", 151655, "", src);
   c.video_token_id = get_opt<int64_t>(top, "video_token_id", 151656, "", src);
   c.vision_start_token_id = get_opt<int64_t>(top, "vision_start_token_id", 151652, "", src);

@@ -82,8 +82,10 @@ struct TextDefaults {
 };
 void parse_text_common(const json& tj, const std::string& tw, const TextDefaults& d, TextConfig& t,
                        const std::string& src);
-// Top-level special ids, tie flag, dtype; bos/eos from the text section `tj`.
-void parse_top_common(const json& top, const json& tj, const std::string& tw, bool nested, VlmConfig& c,
+// Top-level special ids, tie flag, dtype; bos/eos from the text section `tj` (else the top
+// level). text_tie_counts: a true tie_word_embeddings in `tj` ties the head too (Qwen2's
+// configs turn the top-level flag on from text_config; Qwen3-VL's do not).
+void parse_top_common(const json& top, const json& tj, const std::string& tw, bool text_tie_counts, VlmConfig& c,
                       const std::string& src);
 
 }  // namespace vlm::config_json

@@ -129,7 +129,11 @@ json q2_to_json(const VlmConfig& c) {
     vj["intermediate_size"] = v.intermediate_size;
     vj["window_size"] = v.window_size;
     vj["fullatt_block_indexes"] = v.fullatt_block_indexes;
-    vj["tokens_per_second"] = v.tokens_per_second;
+    // An int when integral: transformers 5 validates the field as int (2.0 is refused).
+    if (v.tokens_per_second == std::floor(v.tokens_per_second) && std::fabs(v.tokens_per_second) < 1e9)
+      vj["tokens_per_second"] = static_cast<int64_t>(v.tokens_per_second);
+    else
+      vj["tokens_per_second"] = v.tokens_per_second;
   }
   j["vision_config"] = vj;
   return j;

@@ -50,7 +50,8 @@ VlmConfig q3_parse(const json& top, const std::string& src) {
   t.attention_bias = false;
   t.qk_norm = true;
   t.mrope_interleaved = true;  // HF's Qwen3-VL rotary always interleaves (the key is informational)
-  parse_top_common(top, tj, tw, true, c, src);
+  // Tied head: the top-level key only (Qwen3VLConfig does not read text_config's flag).
+  parse_top_common(top, tj, tw, /*text_tie_counts=*/false, c, src);
   return c;
 }
 

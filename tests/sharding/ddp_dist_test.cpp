@@ -300,7 +300,7 @@ TEST(DdpDist, DISABLED_UnusedParamsWorker) {
     auto out = model->forward(batch);
     (out.loss_sum / static_cast<double>(out.n_tokens)).backward();
   } else if (dims.rank() == 1) {
-    (model->image_features(batch.pixel_values, batch.image_grid_thw).sum() * 0).backward();
+    (model->image_features(batch.pixel_values, batch.image_grid_thw).features.sum() * 0).backward();
   }
   sm->finish_backward("unused-params test");
   // Reference: the same batch on a fresh model in this process.

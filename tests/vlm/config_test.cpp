@@ -21,8 +21,30 @@ struct Counts {
   int64_t vision, merger, llm;
 };
 
+// Qwen3-VL's closed form (transformers' modeling_qwen3_vl weight list): patch embedding
+// with bias, a num_position_embeddings x E position table, LayerNorm blocks with a 2-layer
+// MLP, a merger with a norm over E, DeepStack mergers with a norm over 4E; decoder layers
+// with H x head_dim query width, q/k norms over head_dim, no attention biases.
+Counts formula_qwen3(const vlm::VlmConfig& c) {
+  const auto& v = c.vision;
+  const auto& t = c.text;
+  const int64_t e = v.embed_dim, i = v.intermediate_size, m = e * 4, o = v.out_hidden_size;
+  const int64_t block = 2 * 2 * e + (e * 3 * e + 3 * e) + (e * e + e) + (e * i + i) + (i * e + e);
+  const int64_t fc = (m * m + m) + (m * o + o);
+  const int64_t merger = 2 * e + fc;
+  const int64_t deepstack = static_cast<int64_t>(v.deepstack_visual_indexes.size()) * (2 * m + fc);
+  const int64_t patch = e * 3 * 2 * 16 * 16 + e;
+  const int64_t pos = v.num_position_embeddings * e;
+  const int64_t d = t.hidden_size, hd = t.head_dim(), q = t.num_attention_heads * hd, kv = t.num_key_value_heads * hd;
+  const int64_t layer = 2 * d + d * q + 2 * d * kv + q * d + 2 * hd + 3 * d * t.intermediate_size;
+  const int64_t emb = t.vocab_size * d;
+  const int64_t llm = emb + t.num_hidden_layers * layer + d + (c.tie_word_embeddings ? 0 : emb);
+  return {patch + pos + v.depth * block + merger + deepstack, merger + deepstack, llm};
+}
+
 // Closed form from the spec's weight list.
 Counts formula(const vlm::VlmConfig& c) {
+  if (c.family == vlm::Family::qwen3_vl) return formula_qwen3(c);
   const auto& v = c.vision;
   const auto& t = c.text;
   const bool v2 = c.family == vlm::Family::qwen2_vl;

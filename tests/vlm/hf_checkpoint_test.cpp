@@ -16,7 +16,6 @@
 #include "vlm/meta_init.h"
 #include "vlm/qwen2_vl.h"
 #include "vlm/safetensors.h"
-#include "vlm/vision_encoder.h"
 
 namespace {
 
@@ -313,10 +312,10 @@ TEST(HfCheckpoint, MissingTensorNamesItAndCount) {
   auto state = without(vlm::module_state(*src), "model.layers.0.mlp.gate_proj.weight");
   vlm::save_hf_checkpoint(tmp / "c", state, fp32());
   TinyVlm dst(true, 7);
-  torch::Tensor before = std::dynamic_pointer_cast<vlm::VisionEncoderImpl>(dst->visual)->blocks[0]->attn->qkv->weight.clone();
+  torch::Tensor before = dst->visual->blocks[0]->as<VisionBlock>()->attn->qkv->weight.clone();
   expect_error([&] { vlm::load_module_weights(*dst, tmp / "c"); },
                {"1 tensors of the module are missing", "\"model.layers.0.mlp.gate_proj.weight\"", tmp / "c"}, "missing");
-  EXPECT_TRUE(torch::equal(before, std::dynamic_pointer_cast<vlm::VisionEncoderImpl>(dst->visual)->blocks[0]->attn->qkv->weight))
+  EXPECT_TRUE(torch::equal(before, dst->visual->blocks[0]->as<VisionBlock>()->attn->qkv->weight))
       << "a failed load leaves the module untouched";
 
   // Untied module, checkpoint from a tied one: lm_head.weight is genuinely missing.

@@ -2,8 +2,9 @@
 //
 // HfParity: scripts/hf_reference.py runs once per test process with the build's Python
 // environment (.venv: torch, transformers, safetensors; a missing one fails every test,
-// naming the path and the fix). It builds tiny random Qwen2-VL and Qwen2.5-VL models
-// (Qwen2.5 with several windows per image, partial ones included), and real-shaped single
+// naming the path and the fix). It builds tiny random Qwen2-VL, Qwen2.5-VL and Qwen3-VL
+// models (Qwen2.5 with several windows per image, partial ones included; Qwen3 with its
+// position table resampled up and down and two DeepStack mergers), and real-shaped single
 // layers (Qwen2-VL-2B / Qwen2.5-VL-3B widths, heads, head dims 80 / 128, MLPs, M-RoPE
 // sections and mergers, one vision block and one decoder layer, fp32, two batch kinds:
 // RealShapedLayers; measured worst gradient 2.7e-6), saves them with
@@ -164,18 +165,19 @@ class HfParity : public ::testing::TestWithParam<HfpCase> {};
 
 INSTANTIATE_TEST_SUITE_P(
     Transformers, HfParity,
-    ::testing::Combine(::testing::Values("qwen2_vl", "qwen2_5_vl"), ::testing::Values("float32", "float64"),
+    ::testing::Combine(::testing::Values("qwen2_vl", "qwen2_5_vl", "qwen3_vl"), ::testing::Values("float32", "float64"),
                        ::testing::Values("images_left", "multi_image_right", "mixed_left", "text_left",
                                          "text_right")),
     [](const ::testing::TestParamInfo<HfpCase>& info) {
       return std::get<0>(info.param) + "_" + std::get<1>(info.param) + "_" + std::get<2>(info.param);
     });
 
-// Real-shaped single layers (Qwen2-VL-2B and Qwen2.5-VL-3B widths, one vision block and one
-// decoder layer each; scripts/hf_reference.py REAL), fp32.
+// Real-shaped single layers (Qwen2-VL-2B, Qwen2.5-VL-3B and Qwen3-VL-2B widths, one vision
+// block and one decoder layer each; scripts/hf_reference.py REAL), fp32.
 INSTANTIATE_TEST_SUITE_P(
     RealShapedLayers, HfParity,
-    ::testing::Combine(::testing::Values("qwen2_vl_2b_layer", "qwen2_5_vl_3b_layer"), ::testing::Values("float32"),
+    ::testing::Combine(::testing::Values("qwen2_vl_2b_layer", "qwen2_5_vl_3b_layer", "qwen3_vl_2b_layer"),
+                       ::testing::Values("float32"),
                        ::testing::Values("images_left", "multi_image_right")),
     [](const ::testing::TestParamInfo<HfpCase>& info) {
       return std::get<0>(info.param) + "_" + std::get<1>(info.param) + "_" + std::get<2>(info.param);

@@ -116,7 +116,7 @@ TEST(Attention, GqaUsesKvHeadOfItsGroup) {
 // ---------------------------------------------------------------- model, both families
 
 class Tiny : public ::testing::TestWithParam<std::string> {};
-INSTANTIATE_TEST_SUITE_P(Families, Tiny, ::testing::Values("tiny", "tiny-qwen2.5"));
+INSTANTIATE_TEST_SUITE_P(Families, Tiny, ::testing::Values("tiny", "tiny-qwen2.5", "tiny-qwen3"));
 
 TEST_P(Tiny, PackedImagesEqualSeparateRuns) {
   auto m = make_test_model(GetParam());
@@ -125,8 +125,12 @@ TEST_P(Tiny, PackedImagesEqualSeparateRuns) {
   auto both = m->image_features(b.pixel_values, b.image_grid_thw);
   auto a = m->image_features(b.pixel_values.narrow(0, 0, 16), b.image_grid_thw.narrow(0, 0, 1));
   auto c = m->image_features(b.pixel_values.narrow(0, 16, 32), b.image_grid_thw.narrow(0, 1, 1));
-  ASSERT_EQ(both.sizes(), torch::IntArrayRef({12, 256}));
-  EXPECT_TRUE(torch::allclose(both, torch::cat({a, c}), 1e-5, 1e-5));
+  ASSERT_EQ(both.features.sizes(), torch::IntArrayRef({12, 256}));
+  EXPECT_TRUE(torch::allclose(both.features, torch::cat({a.features, c.features}), 1e-5, 1e-5));
+  // DeepStack features (Qwen3-VL) pack the same way; none for the Qwen2 families.
+  ASSERT_EQ(both.deepstack.size(), m->cfg.vision.deepstack_visual_indexes.size());
+  for (size_t k = 0; k < both.deepstack.size(); ++k)
+    EXPECT_TRUE(torch::allclose(both.deepstack[k], torch::cat({a.deepstack[k], c.deepstack[k]}), 1e-5, 1e-5)) << k;
 }
 
 TEST_P(Tiny, PaddingDoesNotChangeLogits) {
