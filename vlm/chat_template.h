@@ -5,6 +5,13 @@
 //   <|im_start|>assistant\nHELLO<|im_end|>\n                           (supervised: HELLO<|im_end|>\n)
 //   <|im_start|>assistant\n                                             (add_generation_prompt)
 //
+// Families: Qwen2-VL / Qwen2.5-VL insert the default system turn above; Qwen3-VL's template
+// is the same ChatML with no default system turn (default_system = "", from the family's
+// registry entry, ModelFamilySpec::default_system). Known difference from the published
+// Qwen3-VL template: it renders a system turn only as the first turn and drops a later one,
+// and renders only user / assistant (/ tool) roles; this renderer renders every turn it is
+// given (datasets put system turns first; record roles are system | user | assistant).
+//
 // The same template serves both backends: a tiny sentencepiece model is trained with
 // chat_special_tokens() as user-defined symbols (sp_trainer_flags()), so there is no
 // separate "plain" template to keep in sync.
@@ -41,6 +48,7 @@ struct ChatTurn {
 
 struct ChatOptions {
   // Inserted as a system turn when the first turn's role is not "system"; empty = none.
+  // Default: Qwen2-VL's; callers serving any model take the family's (see above).
   std::string default_system = "You are a helpful assistant.";
   // Append "<|im_start|>assistant\n" (generation prompts in eval).
   bool add_generation_prompt = false;

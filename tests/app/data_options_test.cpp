@@ -73,7 +73,8 @@ TEST(DataOptions, HfDirectoryPreprocessorThenRecipeOverrides) {
                           "patch_size": 16, "merge_size": 2, "temporal_patch_size": 2,
                           "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]})");
   const vlm::VlmConfig cfg = vlm::load_hf_config(dir.path());
-  vlmtrain::Recipe r = data_options_recipe({"model.preset=\"\"", "model.path=\"" + dir.path() + "\""});
+  vlmtrain::Recipe r = data_options_recipe({"model.preset=\"\"", "model.path=\"" + dir.path() + "\"",
+                                            "data.max_image_tokens=1024"});
   vlm::data::PixelConfig px = vlmtrain::pixel_config(r, cfg);
   EXPECT_EQ(px.geometry.factor(), 32);
   EXPECT_EQ(px.limits.min_pixels, 131072);
@@ -82,7 +83,7 @@ TEST(DataOptions, HfDirectoryPreprocessorThenRecipeOverrides) {
   EXPECT_EQ(vlmtrain::recipe_model_config(r).vision.patch_size, 16);
   // The recipe's bounds win over the file's.
   r = data_options_recipe({"model.preset=\"\"", "model.path=\"" + dir.path() + "\"",
-                           "data.min_pixels=70000", "data.max_pixels=500000"});
+                           "data.min_pixels=70000", "data.max_pixels=500000", "data.max_image_tokens=1024"});
   px = vlmtrain::pixel_config(r, cfg);
   EXPECT_EQ(px.limits.min_pixels, 70000);
   EXPECT_EQ(px.limits.max_pixels, 500000);
