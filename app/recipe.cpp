@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "vlm/check.h"
+#include "vlm/config.h"
 
 namespace vlmtrain {
 namespace {
@@ -511,9 +512,7 @@ std::string save_resolved_recipe(const Recipe& recipe, const std::string& dir) {
   return path;
 }
 
-std::vector<std::string> known_presets() {
-  return {"tiny", "tiny-qwen2.5", "small", "qwen2-vl-2b", "qwen2-vl-7b", "qwen2.5-vl-3b", "qwen2.5-vl-7b"};
-}
+std::vector<std::string> known_presets() { return vlm::preset_names(); }
 
 std::string Recipe::location(const std::string& key) const {
   auto it = where.find(key);

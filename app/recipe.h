@@ -402,7 +402,7 @@ std::string recipe_hash(const Recipe& recipe);
 // <dir>; returns the path. The header comment records the source file and the hash.
 std::string save_resolved_recipe(const Recipe& recipe, const std::string& dir);
 
-// Built-in model presets the recipe may name (kept in sync with vlm::preset_names()).
+// Built-in model presets the recipe may name: vlm::preset_names() (every registered family's).
 std::vector<std::string> known_presets();
 
 }  // namespace vlmtrain
