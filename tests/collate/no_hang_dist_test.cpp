@@ -1,11 +1,14 @@
-// The collate cannot hang a job (issue #6): 2 and 4 Gloo ranks train the tiny model with a
+// The collate cannot hang a job (issue #6): 2 and 4 Gloo ranks train the tiny model (and 2
+// ranks the tiny Qwen3-VL model, with its 32-px resize factor and DeepStack mergers) with a
 // gradient all-reduce per micro-batch on adversarial steps (one rank gets only text-only
 // samples, another only multi-image samples, one far fewer tokens, a dataset size not
 // divisible by the world size). Every rank must finish every step, end with identical
 // parameters, and the step loss must equal one process on the whole global batch.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <map>
+#include <string>
 
 #include "collate/micro_batch.h"
 #include "collate/step_plan.h"
@@ -48,14 +51,16 @@ TEST(NoHangDist, DISABLED_Worker) {
   Comm& comm = dims.comm();
   const int rank = dims.rank(), world = dims.world_size();
 
-  auto cfg = vlm::preset("tiny");
+  const char* preset = std::getenv("VLMTEST_NO_HANG_PRESET");  // set by run_world
+  auto cfg = vlm::preset(preset != nullptr && *preset != '\0' ? preset : "tiny");
   vlm::Qwen2VL model(cfg);
   vlm::MaterializeOptions mopts;
   mopts.seed = 11;
   vlm::materialize(*model, mopts);  // same seed everywhere: identical start
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05));
 
-  Budgets b = vlmtest::synthetic_budgets();
+  const int64_t patch = cfg.vision.patch_size, merge = cfg.vision.spatial_merge_size;
+  Budgets b = vlmtest::synthetic_budgets(patch * merge);
   b.max_tokens = 80;  // the 74-token multi-image sample fills a micro-batch alone
   for (int step = 0; step < kHangSteps; ++step) {
     auto samples = step_samples(cfg, step, world);
@@ -63,7 +68,7 @@ TEST(NoHangDist, DISABLED_Worker) {
     std::vector<SampleCost> costs;
     for (const auto& s : samples) {
       by_index[s.index] = &s;
-      costs.push_back(vlmtest::synthetic_cost(s));
+      costs.push_back(vlmtest::synthetic_cost(s, patch, merge));
     }
     StepPlan plan = plan_step(costs, world, b);  // global facts only: same on every rank
 
@@ -156,15 +161,17 @@ TEST(NoHangDist, DISABLED_Worker) {
 
 namespace {
 
-void run_world(int world) {
+void run_world(int world, const std::string& preset = "tiny") {
   vlmtest::DistRun run;
   run.world_size = world;
   run.worker_test = "NoHangDist.DISABLED_Worker";
   run.timeout = std::chrono::seconds(120);
+  run.extra_env = [preset](int) { return std::vector<std::string>{"VLMTEST_NO_HANG_PRESET=" + preset}; };
   EXPECT_TRUE(vlmtest::all_ok(vlmtest::run_workers(run)));
 }
 
 TEST(NoHangDist, TwoRanks) { run_world(2); }
 TEST(NoHangDist, FourRanks) { run_world(4); }
+TEST(NoHangDist, TwoRanksQwen3) { run_world(2, "tiny-qwen3"); }
 
 }  // namespace

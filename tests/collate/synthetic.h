@@ -1,6 +1,7 @@
 // Synthetic tokenized samples for collate tests: random text ids (never special tokens),
-// images as <vision_start> + image pads (t*gh*gw/4) + <vision_end> with random pixels, and
-// the last `answer` tokens supervised. Deterministic for a given RNG state.
+// images as <vision_start> + image pads (t*gh*gw/merge^2) + <vision_end> with random pixels
+// [patches, cfg.vision.patch_dim()], and the last `answer` tokens supervised. Deterministic
+// for a given RNG state. Geometry follows cfg.vision (Qwen2: patch 14, Qwen3: patch 16).
 #pragma once
 #include <array>
 #include <random>
@@ -23,10 +24,11 @@ inline vlm::TokenizedSample synthetic_sample(const vlm::VlmConfig& cfg, std::mt1
   std::vector<torch::Tensor> pixels;
   for (const auto& g : grids) {
     s.input_ids.push_back(cfg.vision_start_token_id);
-    for (int64_t i = 0; i < g[0] * g[1] * g[2] / 4; ++i) s.input_ids.push_back(cfg.image_token_id);
+    for (int64_t i = 0; i < g[0] * g[1] * g[2] / cfg.vision.merge_unit(); ++i)
+      s.input_ids.push_back(cfg.image_token_id);
     s.input_ids.push_back(cfg.vision_end_token_id);
     auto gen = torch::make_generator<at::CPUGeneratorImpl>(rng());
-    pixels.push_back(torch::randn({g[0] * g[1] * g[2], 1176}, gen));
+    pixels.push_back(torch::randn({g[0] * g[1] * g[2], cfg.vision.patch_dim()}, gen));
     s.grid_thw.push_back(g);
   }
   for (int64_t i = 0; i < text - text / 2; ++i) s.input_ids.push_back(word());
@@ -36,23 +38,27 @@ inline vlm::TokenizedSample synthetic_sample(const vlm::VlmConfig& cfg, std::mt1
   return s;
 }
 
-// The step plan's view of a synthetic sample: each image at exactly its grid's size.
-inline vlm::collate::SampleCost synthetic_cost(const vlm::TokenizedSample& s) {
+// The step plan's view of a synthetic sample: each image at exactly its grid's size
+// (patch and merge of the model the sample was made for; defaults: Qwen2-VL's).
+inline vlm::collate::SampleCost synthetic_cost(const vlm::TokenizedSample& s, int64_t patch = 14,
+                                               int64_t merge = 2) {
   vlm::collate::SampleCost c;
   c.index = s.index;
   int64_t pads = 0;
   for (const auto& g : s.grid_thw) {
-    c.images.push_back({g[1] * 14, g[2] * 14});
-    pads += g[0] * g[1] * g[2] / 4;
+    c.images.push_back({g[1] * patch, g[2] * patch});
+    pads += g[0] * g[1] * g[2] / (merge * merge);
   }
   c.text_tokens = static_cast<int64_t>(s.input_ids.size()) - pads;
   return c;
 }
 
-// Budgets under which synthetic images keep their exact grid (min_pixels one merged token).
-inline vlm::collate::Budgets synthetic_budgets() {
+// Budgets under which synthetic images keep their exact grid (min_pixels one merged token)
+// at resize factor `factor` (patch x merge; Qwen3-VL: 32).
+inline vlm::collate::Budgets synthetic_budgets(int64_t factor = 28) {
   vlm::collate::Budgets b;
-  b.pixels.min_pixels = 28 * 28;
+  b.factor = factor;
+  b.pixels.min_pixels = factor * factor;
   b.max_image_tokens = 64;
   b.max_tokens = 120;
   b.batch_image_tokens = 64;
