@@ -61,6 +61,22 @@ FAMILIES = {
         depth=3, hidden_size=64, out_hidden_size=64, intermediate_size=96, num_heads=2,
         in_channels=3, patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
         hidden_act="silu", window_size=56, fullatt_block_indexes=[1], tokens_per_second=2)),
+    # Qwen3-VL: nested text_config; 16-px patches (its prompts come from a processor with
+    # Qwen3-VL's patch size and mean/std, see qwen3_processor), DeepStack from blocks 0 and 1.
+    "qwen3_vl": dict(
+        image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
+        vision_end_token_id=151653, tie_word_embeddings=True,
+        text_config=dict(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=1, head_dim=32, rms_norm_eps=1e-6,
+            max_position_embeddings=4096, hidden_act="silu", attention_bias=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6],
+                             "mrope_interleaved": True},
+            bos_token_id=ENDOFTEXT, eos_token_id=IM_END, pad_token_id=ENDOFTEXT, attention_dropout=0.0),
+        vision_config=dict(
+            depth=2, hidden_size=64, intermediate_size=96, num_heads=2, in_channels=3, patch_size=16,
+            spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=36,
+            deepstack_visual_indexes=[0, 1], hidden_act="gelu_pytorch_tanh")),
 }
 
 # generation_config.json contents (eos_token_id and pad_token_id added per family).
@@ -108,6 +124,15 @@ def build(family, cfg_dict):
     """hf_reference.py's weight draw, with embeddings drawn at std 0.5 (this script's
     references were made so; hf_reference.py uses 0.25)."""
     return hf_reference.build(family, cfg_dict, embed_std=0.5)
+
+
+def qwen3_processor(proc):
+    """The same tokenizer and template with Qwen3-VL's image processor settings (patch 16,
+    mean/std 0.5); pixel limits kept small so the prompts stay short."""
+    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
+    ip = Qwen2VLImageProcessor(patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    return Qwen2VLProcessor(image_processor=ip, tokenizer=proc.tokenizer, video_processor=Qwen2VLVideoProcessor(),
+                            chat_template=proc.chat_template)
 
 
 def make_batch(proc, convs, image_dir, seed):
@@ -189,8 +214,11 @@ def main():
     os.makedirs(image_dir, exist_ok=True)
     proc = make_processor(args.tokenizer)
     batches = {name: make_batch(proc, convs, image_dir, bi) for bi, (name, convs) in enumerate(BATCHES.items())}
+    proc3 = qwen3_processor(proc)
+    batches3 = {name: make_batch(proc3, convs, image_dir, bi) for bi, (name, convs) in enumerate(BATCHES.items())}
     eos_extra = {}
     for fi, (family, cfg_dict) in enumerate(FAMILIES.items()):
+        fam_batches = batches3 if family.startswith("qwen3") else batches
         torch.manual_seed(3000 + fi)
         model = build(family, cfg_dict)
         fam_dir = os.path.join(args.out, family)
@@ -199,13 +227,13 @@ def main():
         dry_dir = os.path.join(fam_dir, "dry")
         GenerationConfig(do_sample=False, repetition_penalty=1.3, pad_token_id=ENDOFTEXT,
                          eos_token_id=[IM_END, ENDOFTEXT]).save_pretrained(dry_dir)
-        extra = int(run_generate(model, batches[EOS_BATCH], dry_dir)[0, 3])
+        extra = int(run_generate(model, fam_batches[EOS_BATCH], dry_dir)[0, 3])
         eos_extra[family] = extra
         for sname, s in SETTINGS.items():
             sdir = os.path.join(fam_dir, sname)
             GenerationConfig(**s, pad_token_id=ENDOFTEXT, bos_token_id=ENDOFTEXT,
                              eos_token_id=[IM_END, ENDOFTEXT, extra]).save_pretrained(sdir)
-            for bname, io in batches.items():
+            for bname, io in fam_batches.items():
                 gen = run_generate(model, io, sdir)
                 res = {k: v for k, v in io.items() if k != "mm_token_type_ids"}
                 res["generated"] = gen

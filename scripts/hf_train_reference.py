@@ -2,7 +2,7 @@
 """HF transformers + torch AdamW replay of a vlmtrain run, for the training parity test
 (tests/app/train_hf_parity_dist_test.cpp).
 
-  init   builds a tiny random Qwen2-VL / Qwen2.5-VL with transformers (hf_reference.py's
+  init   builds a tiny random Qwen2-VL / Qwen2.5-VL / Qwen3-VL with transformers (hf_reference.py's
          shapes and weight draw) whose vocabulary and special token ids are the given
          tokenizer's, and saves it (config.json + model.safetensors): the run's start.
   train  loads that directory with transformers and replays the micro-batches a
@@ -39,7 +39,9 @@ import hf_reference  # noqa: E402  (the tiny shapes and the weight draw)
 
 
 def model_class(family):
-    if family == "qwen2_5_vl":
+    if family == "qwen3_vl":
+        from transformers import Qwen3VLConfig as C, Qwen3VLForConditionalGeneration as M
+    elif family == "qwen2_5_vl":
         from transformers import Qwen2_5_VLConfig as C, Qwen2_5_VLForConditionalGeneration as M
     else:
         from transformers import Qwen2VLConfig as C, Qwen2VLForConditionalGeneration as M
@@ -48,12 +50,16 @@ def model_class(family):
 
 def cmd_init(a):
     cfg = dict(hf_reference.FAMILIES[a.family])
-    cfg.update(vocab_size=a.vocab_size, image_token_id=a.image_token_id, video_token_id=a.image_token_id,
-               vision_start_token_id=a.vision_start_id, vision_end_token_id=a.vision_end_id,
-               eos_token_id=a.eos_id, bos_token_id=a.eos_id)
-    cfg.pop("pad_token_id", None)
+    cfg.update(image_token_id=a.image_token_id, video_token_id=a.image_token_id,
+               vision_start_token_id=a.vision_start_id, vision_end_token_id=a.vision_end_id)
+    # The text keys: top level (Qwen2 families) or text_config (Qwen3-VL's nested layout).
+    text = cfg
+    if "text_config" in cfg:
+        text = cfg["text_config"] = dict(cfg["text_config"])
+    text.update(vocab_size=a.vocab_size, eos_token_id=a.eos_id, bos_token_id=a.eos_id)
+    text.pop("pad_token_id", None)
     if a.pad_token_id >= 0:  # HF then freezes that embedding row (nn.Embedding padding_idx)
-        cfg["pad_token_id"] = a.pad_token_id
+        text["pad_token_id"] = a.pad_token_id
     torch.manual_seed(a.seed)
     model = hf_reference.build(a.family, cfg)
     model.save_pretrained(a.out)

@@ -139,5 +139,8 @@ void hft_check(const std::string& family, int nproc, int samples_per_rank, const
 TEST_F(TrainHfParity, Qwen2VLWorld1PadTokenId) { hft_check("qwen2_vl", 1, 4, g_hft_special_ids[3]); }
 TEST_F(TrainHfParity, Qwen2VLWorld2Fsdp) { hft_check("qwen2_vl", 2, 4); }
 TEST_F(TrainHfParity, Qwen25VLWorld2Fsdp) { hft_check("qwen2_5_vl", 2, 4); }
+// Qwen3-VL: 16-px patches through the whole pipeline (processor, collate, DeepStack units
+// under FSDP/DDP, the position table's unit).
+TEST_F(TrainHfParity, Qwen3VLWorld2Fsdp) { hft_check("qwen3_vl", 2, 4); }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Generation with the KV cache against full recomputation of the whole sequence at every
-// step (same tokens, logits within 1e-5), batched with left padding and images, for both
-// families; stop tokens; sampling determinism.
+// step (same tokens, logits within 1e-5), batched with left padding and images, for every
+// family (Qwen3-VL: DeepStack at the prefill only); stop tokens; sampling determinism.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -60,7 +60,7 @@ struct LenRecorder : vlm::UnitRunner {
 };
 
 class Gen : public ::testing::TestWithParam<std::string> {};
-INSTANTIATE_TEST_SUITE_P(Families, Gen, ::testing::Values("tiny", "tiny-qwen2.5"));
+INSTANTIATE_TEST_SUITE_P(Families, Gen, ::testing::Values("tiny", "tiny-qwen2.5", "tiny-qwen3"));
 
 TEST_P(Gen, KvCacheMatchesFullRecomputation) {
   auto m = make_gen_model(GetParam());
@@ -332,7 +332,7 @@ const Reference& reference() {
 }
 
 class GenHf : public ::testing::TestWithParam<std::string> {};
-INSTANTIATE_TEST_SUITE_P(Families, GenHf, ::testing::Values("qwen2_vl", "qwen2_5_vl"));
+INSTANTIATE_TEST_SUITE_P(Families, GenHf, ::testing::Values("qwen2_vl", "qwen2_5_vl", "qwen3_vl"));
 
 TEST_P(GenHf, TokensEqualTransformersGenerate) {
   ASSERT_TRUE(vlmtest::file_exists(tokenizer_dir() + "/tokenizer.json"))
