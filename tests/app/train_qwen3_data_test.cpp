@@ -4,10 +4,12 @@
 // the 32-px resize grid with at least 64 merged tokens (min_pixels 65536), one image pad per
 // merged token, and rows that start with the user turn (no default system turn). The same
 // data under preset tiny (Qwen2-VL) gives [P, 1176] and a system turn: the difference is
-// the model's, not the recipe's.
+// the model's, not the recipe's. `vlmtrain eval` with tiny-qwen3 scores every sample.
 #include <gtest/gtest.h>
 
 #include <filesystem>
+
+#include <nlohmann/json.hpp>
 
 #include "tests/app/train_testing.h"
 #include "tests/require_sentencepiece.h"
@@ -92,6 +94,19 @@ TEST(TrainQwen3Data, TrainerFeedsQwen3InputsEndToEnd) {
   // (v / 255 - 0.5) / 0.5 spans [-1, 1]; CLIP's normalisation would reach beyond it.
   EXPECT_GE(q3.min_pixel, -1.0);
   EXPECT_LE(q3.max_pixel, 1.0);
+
+  // `vlmtrain eval` builds its prompts with the same processor: no sample is skipped (a
+  // pad / grid disagreement would skip it).
+  const std::string eval_out = dir / "q3_eval";
+  auto e = vlmtest::run({vlmtest::vlmtrain_bin(), "eval", vlmtest::source_dir() + "/recipes/ocr_tiny.toml",
+                         "--set", "model.preset=tiny-qwen3", "--set", "model.tokenizer=" + synth + "/tokenizer.model",
+                         "--set", "data.system_prompt=\"\"", "--set", "data.num_workers=1", "--data",
+                         synth + "/val.jsonl", "--max-new-tokens", "3", "--out", eval_out},
+                        std::chrono::seconds(300));
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  const auto summary = nlohmann::json::parse(vlmtest::read_file(eval_out + "/eval_summary.json"));
+  EXPECT_EQ(summary["samples"], 4);
+  EXPECT_EQ(summary["overall"]["skipped"], 0) << summary.dump();
 
   const DumpFacts q2 = train("tiny", "q2");
   ASSERT_GT(q2.images, 0);
