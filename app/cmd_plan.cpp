@@ -214,13 +214,13 @@ Builds the model on the meta device and prints every module with its parameter c
 policy and bytes per rank, plus totals.
 )");
   add_recipe(app, a->recipe, /*required=*/false);
-  add_value(app, "--preset", a->preset, "NAME",
-            "model preset: tiny, tiny-qwen2.5, small, qwen2-vl-2b, qwen2-vl-7b,\n"
-            "qwen2.5-vl-3b, qwen2.5-vl-7b");
+  std::string presets;
+  for (const auto& n : vlm::preset_names()) presets += (presets.empty() ? "" : ", ") + n;
+  add_value(app, "--preset", a->preset, "NAME", "model preset (every registered family): " + presets);
   add_value(app, "--world-size", a->world_size, "N", "ranks to plan for (default 1)");
   add_flag(app, "--json", a->json,
            "one JSON object: preset, total_params, vision_params (incl. merger),\n"
-           "merger_params, llm_params, modules [{path, params}]; with a RECIPE\n"
+           "merger_params (merger and DeepStack mergers), llm_params, modules [{path, params}]; with a RECIPE\n"
            "instead total_params and trainable_params (LoRA adapters included),\n"
            "world_size, param_dtype, units [{path, aliases, policy, strategy, sharding,\n"
            "rule, params, trainable, param_bytes, grad_bytes, optim_bytes, total_bytes,\n"

@@ -43,13 +43,13 @@ struct ModelSection {
   std::string preset;      // built-in architecture (tiny, qwen2-vl-2b, ...); random init
   std::string path;        // HF model directory (config.json + safetensors); loads weights
   std::string tokenizer;   // tokenizer.json / .model / directory; default: model.path
-  std::string family;      // with preset "" and no config.json: qwen2_vl | qwen2_5_vl
+  std::string family;      // with preset "" and no config.json: qwen2_vl | qwen2_5_vl | qwen3_vl
 
   template <class V> void fields(V& v) {
     v("preset", preset);
     v("path", path);
     v("tokenizer", tokenizer);
-    v("family", family, Choice{{"", "qwen2_vl", "qwen2_5_vl"}});
+    v("family", family, Choice{{"", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"}});
   }
 };
 

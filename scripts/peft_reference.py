@@ -21,7 +21,7 @@ make --out DIR
                      "modules": {variant: {nested module: {"r", "alpha", "scaling"}}}}
 
 load --base DIR --adapter DIR --io FILE --out FILE
-  Loads the base with from_pretrained and the adapter with PeftModel.from_pretrained
+  Loads the base (the class its config.json's architectures names) with from_pretrained and the adapter with PeftModel.from_pretrained
   (is_trainable, so gradients flow; eval mode), checks that every tensor of the adapter file
   was loaded unchanged (and nothing else is an adapter), runs the batch of FILE (an io file
   from `make`) forward and back, and writes logits, loss_sum, n_tokens and the adapter
@@ -134,9 +134,10 @@ def cmd_make(args):
 def cmd_load(args):
     from peft import PeftModel, get_peft_model_state_dict
     from safetensors.torch import load_file, save_file
-    from transformers import Qwen2VLForConditionalGeneration
-    base = Qwen2VLForConditionalGeneration.from_pretrained(args.base, dtype=torch.float32,
-                                                           attn_implementation="eager")
+    import transformers
+    with open(os.path.join(args.base, "config.json"), encoding="utf-8") as f:
+        arch = json.load(f)["architectures"][0]  # Qwen2VL / Qwen2_5_VL / Qwen3VL ...ForConditionalGeneration
+    base = getattr(transformers, arch).from_pretrained(args.base, dtype=torch.float32, attn_implementation="eager")
     pm = PeftModel.from_pretrained(base, args.adapter, is_trainable=True)
     pm.eval()
     loaded = get_peft_model_state_dict(pm)

@@ -24,6 +24,7 @@
 #include "tests/testing.h"
 #include "vlm/hf_checkpoint.h"
 #include "vlm/lora.h"
+#include "vlm/model_family.h"
 #include "vlm/peft_adapter.h"
 #include "vlm/safetensors.h"
 
@@ -42,9 +43,10 @@ struct LeRun {
   std::string error;
 };
 
-LeRun le_make_run(bool with_merger) {
+// preset: "" = the recipe's (tiny, Qwen2-VL), or e.g. "tiny-qwen3".
+LeRun le_make_run(bool with_merger, const std::string& preset = "") {
     LeRun out;
-    out.dir = std::make_unique<TempDir>(with_merger ? "lora_export_merger" : "lora_export");
+    out.dir = std::make_unique<TempDir>(with_merger ? "lora_export_merger" : "lora_export" + preset);
     const std::string data = *out.dir / "data";
     auto synth = vlmtest::run({vlmtest::vlmtrain_bin(), "synth-ocr", "--out", data, "--train", "24", "--val", "8",
                                "--seed", "3", "--vocab-size", "400"},
@@ -59,7 +61,8 @@ LeRun le_make_run(bool with_merger) {
           std::string("sharding.module=[") + (with_merger ? "{match = \"visual.merger\", policy = \"ddp\"}, " : "") +
               "{match = \"model.layers.*.self_attn.*_proj|model.layers.*.mlp.*_proj\", "
               "policy = \"lora\", strategy = \"full_shard\", r = 4, alpha = 8}]",
-          std::string("data.eval=[\"") + data + "/val.jsonl\"]"}) {
+          std::string("data.eval=[\"") + data + "/val.jsonl\"]",
+          std::string("model.preset=") + (preset.empty() ? "tiny" : preset)}) {
       argv.push_back("--set");
       argv.push_back(s);
     }
@@ -81,6 +84,11 @@ LeRun& le_run() {
 
 LeRun& le_run_with_merger() {
   static LeRun r = le_make_run(true);
+  return r;
+}
+
+LeRun& le_run_qwen3() {
+  static LeRun r = le_make_run(false, "tiny-qwen3");
   return r;
 }
 
@@ -113,7 +121,7 @@ vlm::Batch le_batch(const vlm::VlmConfig& cfg) {
   b.labels = b.input_ids.clone();
   b.labels.narrow(1, 0, 6).fill_(-100);
   b.image_grid_thw = torch::tensor({1, 4, 4, 1, 4, 4}, torch::kInt64).view({2, 3});
-  b.pixel_values = torch::randn({32, 1176}, gen);
+  b.pixel_values = torch::randn({32, cfg.vision.patch_dim()}, gen);
   return b;
 }
 
@@ -174,6 +182,8 @@ static void le_check_peft_logits(LeRun& r, const std::string& tag) {
   for (const auto& p : base.model->named_parameters()) base_tensors.emplace_back(p.key(), p.value().detach());
   vlm::SaveHfOptions so;
   so.dtype = torch::kFloat32;
+  so.style = vlm::family_spec(base.model->cfg.family).nested_names ? vlm::HfNameStyle::kNested
+                                                                      : vlm::HfNameStyle::kLegacy;
   so.extra_files.emplace_back("config.json", ck.config_json());
   const std::string base_dir = *r.dir / "base_hf";
   vlm::save_hf_checkpoint(base_dir, base_tensors, so);
@@ -201,6 +211,16 @@ TEST(LoraExport, PeftLoadsTheExportedAdapterToVlmtrainsLogits) {
   LeRun& r = le_run();
   LE_REQUIRE_RUN(r);
   le_check_peft_logits(r, "adapters");
+}
+
+// Qwen3-VL: the same LoRA table on tiny-qwen3 (q_norm / k_norm are not Linears: untouched);
+// PEFT loads the exported adapter onto transformers' Qwen3VLForConditionalGeneration.
+TEST(LoraExport, Qwen3AdapterLoadsInPeftToVlmtrainsLogits) {
+  LeRun& r = le_run_qwen3();
+  LE_REQUIRE_RUN(r);
+  vlmtrain::CheckpointReader ck(r.ckpt);
+  EXPECT_EQ(vlmtrain::checkpoint_recipe(ck).model.preset, "tiny-qwen3");
+  le_check_peft_logits(r, "qwen3_vl adapters");
 }
 
 // The merger trained in full beside the adapters: exported as modules_to_save, which PEFT loads.
