@@ -61,8 +61,9 @@ FAMILIES = {
         depth=3, hidden_size=64, out_hidden_size=64, intermediate_size=96, num_heads=2,
         in_channels=3, patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
         hidden_act="silu", window_size=56, fullatt_block_indexes=[1], tokens_per_second=2)),
-    # Qwen3-VL: nested text_config; 16-px patches (its prompts come from a processor with
-    # Qwen3-VL's patch size and mean/std, see qwen3_processor), DeepStack from blocks 0 and 1.
+    # Qwen3-VL: nested text_config; 16-px patches (its prompts come from Qwen3-VL's processor
+    # and chat template: chat_template_reference.make_processor(..., "qwen3_vl")), DeepStack
+    # from blocks 0 and 1.
     "qwen3_vl": dict(
         image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
         vision_end_token_id=151653, tie_word_embeddings=True,
@@ -124,15 +125,6 @@ def build(family, cfg_dict):
     """hf_reference.py's weight draw, with embeddings drawn at std 0.5 (this script's
     references were made so; hf_reference.py uses 0.25)."""
     return hf_reference.build(family, cfg_dict, embed_std=0.5)
-
-
-def qwen3_processor(proc):
-    """The same tokenizer and template with Qwen3-VL's image processor settings (patch 16,
-    mean/std 0.5); pixel limits kept small so the prompts stay short."""
-    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
-    ip = Qwen2VLImageProcessor(patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3)
-    return Qwen2VLProcessor(image_processor=ip, tokenizer=proc.tokenizer, video_processor=Qwen2VLVideoProcessor(),
-                            chat_template=proc.chat_template)
 
 
 def make_batch(proc, convs, image_dir, seed):
@@ -214,7 +206,7 @@ def main():
     os.makedirs(image_dir, exist_ok=True)
     proc = make_processor(args.tokenizer)
     batches = {name: make_batch(proc, convs, image_dir, bi) for bi, (name, convs) in enumerate(BATCHES.items())}
-    proc3 = qwen3_processor(proc)
+    proc3 = make_processor(args.tokenizer, "qwen3_vl")  # Qwen3-VL's template, patch 16, mean/std 0.5, pixels
     batches3 = {name: make_batch(proc3, convs, image_dir, bi) for bi, (name, convs) in enumerate(BATCHES.items())}
     eos_extra = {}
     for fi, (family, cfg_dict) in enumerate(FAMILIES.items()):
