@@ -1,0 +1,102 @@
+// `vlmtrain export` of a Qwen3-VL run (preset tiny-qwen3, 2 steps) writes what transformers
+// loads: tensor names in Qwen3-VL's hub layout (model.visual.*, model.language_model.*,
+// DeepStack mergers included), a config.json that Qwen3VLForConditionalGeneration reads, and
+// weights whose logits on a batch with images equal vlmtrain's on the checkpoint it came from
+// (scripts/hf_forward_reference.py: from_pretrained with every tensor loaded, fp32 eager;
+// tolerance 1e-5 of the largest |logit|, as the parity tests).
+#include <gtest/gtest.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <nlohmann/json.hpp>
+
+#include "app/checkpoint.h"
+#include "app/model_source.h"
+#include "tests/app/train_testing.h"
+#include "tests/require_sentencepiece.h"
+#include "tests/testing.h"
+#include "vlm/hf_checkpoint.h"
+#include "vlm/meta_init.h"
+#include "vlm/safetensors.h"
+
+using vlmtest::TempDir;
+
+namespace {
+
+// Two rows: <vision_start> 4 image pads <vision_end> + 10 text tokens (ids above the
+// synthetic tokenizer's specials); labels on the text.
+vlm::Batch eq3_batch(const vlm::VlmConfig& cfg) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(31);
+  const int64_t B = 2, L = 16;
+  vlm::Batch b;
+  b.input_ids = torch::randint(16, 300, {B, L}, gen, torch::kInt64);
+  for (int64_t i = 0; i < B; ++i) {
+    b.input_ids[i][0] = cfg.vision_start_token_id;
+    for (int64_t k = 1; k <= 4; ++k) b.input_ids[i][k] = cfg.image_token_id;
+    b.input_ids[i][5] = cfg.vision_end_token_id;
+  }
+  b.attention_mask = torch::ones({B, L}, torch::kInt64);
+  b.labels = b.input_ids.clone();
+  b.labels.narrow(1, 0, 6).fill_(-100);
+  b.image_grid_thw = torch::tensor({1, 4, 4, 1, 4, 4}, torch::kInt64).view({2, 3});
+  b.pixel_values = torch::randn({32, cfg.vision.patch_dim()}, gen);
+  return b;
+}
+
+}  // namespace
+
+TEST(ExportQwen3, TransformersLoadsTheExportToTheSameLogits) {
+  VLMTEST_REQUIRE_SENTENCEPIECE();
+  TempDir dir("export_qwen3");
+  const std::string data = dir / "data";
+  auto synth = vlmtest::run({vlmtest::vlmtrain_bin(), "synth-ocr", "--out", data, "--train", "16", "--val", "4",
+                             "--seed", "4", "--vocab-size", "400"},
+                            std::chrono::seconds(120));
+  ASSERT_EQ(synth.exit_code, 0) << synth.output;
+  auto argv = vlmtest::tiny_train_args(dir / "run", data, 2, 0);
+  argv.insert(argv.end(), {"--set", "model.preset=tiny-qwen3"});
+  auto train = vlmtest::run(argv, std::chrono::seconds(300));
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  const auto ckpts = vlmtrain::complete_checkpoints(dir / "run");
+  ASSERT_FALSE(ckpts.empty()) << train.output;
+
+  const std::string out = dir / "hf";
+  auto ex = vlmtest::run({vlmtest::vlmtrain_bin(), "export", "--checkpoint", ckpts.back(), "--out", out, "--dtype", "fp32"});
+  ASSERT_EQ(ex.exit_code, 0) << ex.output;
+  // Names as Qwen3-VL's hub checkpoints write them.
+  const auto ck = vlm::HfCheckpoint::open(out);
+  for (const std::string n : {"model.visual.deepstack_merger_list.0.linear_fc1.weight", "model.visual.pos_embed.weight",
+                              "model.language_model.layers.0.self_attn.q_norm.weight"}) {
+    const std::string canonical = vlm::canonical_hf_name(n);
+    ASSERT_TRUE(ck.contains(canonical)) << n;
+    EXPECT_EQ(ck.stored_name(canonical), n);
+  }
+
+  // vlmtrain's logits: the model built from the exported config with the exported weights.
+  const auto cfg = vlm::load_hf_config(out);
+  EXPECT_EQ(vlm::family_name(cfg.family), "qwen3_vl");
+  vlm::Qwen2VL m(cfg, torch::TensorOptions().device(torch::kMeta));
+  vlm::materialize(*m, {torch::kCPU, torch::kFloat32, 0, 0.02, /*init=*/false});
+  vlm::load_module_weights(*m, out);
+  m->eval();
+  const vlm::Batch b = eq3_batch(cfg);
+  torch::Tensor ours;
+  {
+    torch::NoGradGuard ng;
+    ours = m->forward(b, /*return_logits=*/true).logits;
+  }
+  const std::string io = dir / "io.safetensors", ref = dir / "ref.safetensors";
+  vlm::save_safetensors(io, {{"input_ids", b.input_ids}, {"attention_mask", b.attention_mask}, {"labels", b.labels},
+                             {"pixel_values", b.pixel_values}, {"image_grid_thw", b.image_grid_thw}});
+  auto py = vlmtest::run({vlmtest::python_tool("python"), vlmtest::source_dir() + "/scripts/hf_forward_reference.py",
+                          "--model", out, "--io", io, "--out", ref},
+                         std::chrono::seconds(300));
+  ASSERT_EQ(py.exit_code, 0) << "transformers could not load vlmtrain's Qwen3-VL export:\n" << py.output;
+  const torch::Tensor theirs = vlm::SafetensorsFile::open(ref).get("logits").clone();
+  ASSERT_EQ(ours.sizes(), theirs.sizes());
+  const double rel = (ours - theirs).abs().max().item<double>() / theirs.abs().max().item<double>();
+  const auto loaded = vlmtest::last_json_line(py.output);
+  EXPECT_EQ(loaded.at("class").get<std::string>(), "Qwen3VLForConditionalGeneration");
+  std::cout << "[export_qwen3] transformers(export) vs vlmtrain logits: " << rel << " (" << loaded.dump() << ")\n";
+  EXPECT_LE(rel, 1e-5);
+}
