@@ -88,4 +88,17 @@ void parse_text_common(const json& tj, const std::string& tw, const TextDefaults
 void parse_top_common(const json& top, const json& tj, const std::string& tw, bool text_tie_counts, VlmConfig& c,
                       const std::string& src);
 
+// Placeholder special ids of a from-scratch preset at the top of its vocabulary V:
+// bos V-7, eos V-5, vision start / end V-4 / V-3, image / video pad V-2 / V-1 (the trainer
+// overwrites them from the tokenizer it trains: use_tokenizer_special_ids).
+inline void top_of_vocab_special_ids(VlmConfig& c) {
+  const int64_t v = c.text.vocab_size;
+  c.bos_token_id = v - 7;
+  c.eos_token_id = v - 5;
+  c.vision_start_token_id = v - 4;
+  c.vision_end_token_id = v - 3;
+  c.image_token_id = v - 2;
+  c.video_token_id = v - 1;
+}
+
 }  // namespace vlm::config_json

@@ -214,13 +214,7 @@ VlmConfig tiny(Family family) {
   c.text.mrope_section = {2, 2, 28};
   c.text.rope_theta = 100.0;
   c.text.max_position_embeddings = 4096;
-  // Top of the vocab; the trainer overwrites these from the tokenizer it trains.
-  c.bos_token_id = 2041;
-  c.eos_token_id = 2043;
-  c.vision_start_token_id = 2044;
-  c.vision_end_token_id = 2045;
-  c.image_token_id = 2046;
-  c.video_token_id = 2047;
+  top_of_vocab_special_ids(c);  // 2041..2047
   c.tie_word_embeddings = true;
   c.torch_dtype = "float32";
   return c;
@@ -241,12 +235,7 @@ VlmConfig small() {
   c.text.num_hidden_layers = 8;
   c.text.num_attention_heads = 8;  // head_dim 64
   c.text.num_key_value_heads = 2;
-  c.bos_token_id = 8185;
-  c.eos_token_id = 8187;
-  c.vision_start_token_id = 8188;
-  c.vision_end_token_id = 8189;
-  c.image_token_id = 8190;
-  c.video_token_id = 8191;
+  top_of_vocab_special_ids(c);  // 8185..8191
   return c;
 }
 

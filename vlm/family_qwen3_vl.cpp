@@ -186,12 +186,7 @@ VlmConfig tiny_qwen3() {
   t.mrope_section = {4, 6, 6};
   t.rope_theta = 1000.0;
   t.max_position_embeddings = 4096;
-  c.bos_token_id = 2041;
-  c.eos_token_id = 2043;
-  c.vision_start_token_id = 2044;
-  c.vision_end_token_id = 2045;
-  c.image_token_id = 2046;
-  c.video_token_id = 2047;
+  top_of_vocab_special_ids(c);  // 2041..2047, as tiny
   c.tie_word_embeddings = true;
   c.torch_dtype = "float32";
   return c;
