@@ -115,6 +115,14 @@ REAL["qwen3_vl_2b_layer"] = dict(
     vision_config=dict(QWEN3_TINY["vision_config"], depth=1, hidden_size=1024, intermediate_size=4096,
                        num_heads=16, out_hidden_size=2048, num_position_embeddings=2304,
                        deepstack_visual_indexes=[0]))
+# vlmtrain's `small` preset (the benchmark model): 8 layers of 512, vocab 8192, tied head,
+# M-RoPE 2 + 2 + 28 with theta 100, a 6-block ViT of 384.
+REAL["qwen2_vl_small_preset"] = dict(
+    REAL_TEXT, vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
+    num_attention_heads=8, num_key_value_heads=2, rope_theta=100.0, max_position_embeddings=4096,
+    rope_scaling={"type": "mrope", "mrope_section": [2, 2, 28]}, tie_word_embeddings=True,
+    vision_config=dict(depth=6, embed_dim=384, hidden_size=512, mlp_ratio=4, num_heads=6, in_channels=3,
+                       patch_size=14, spatial_merge_size=2, temporal_patch_size=2, hidden_act="quick_gelu"))
 REAL_BATCHES = ["images_left", "multi_image_right"]
 
 IMG, VS, VE, PAD = TEXT["image_token_id"], TEXT["vision_start_token_id"], TEXT["vision_end_token_id"], 3

@@ -176,7 +176,8 @@ INSTANTIATE_TEST_SUITE_P(
 // block and one decoder layer each; scripts/hf_reference.py REAL), fp32.
 INSTANTIATE_TEST_SUITE_P(
     RealShapedLayers, HfParity,
-    ::testing::Combine(::testing::Values("qwen2_vl_2b_layer", "qwen2_5_vl_3b_layer", "qwen3_vl_2b_layer"),
+    ::testing::Combine(::testing::Values("qwen2_vl_2b_layer", "qwen2_5_vl_3b_layer", "qwen3_vl_2b_layer",
+                                         "qwen2_vl_small_preset"),
                        ::testing::Values("float32"),
                        ::testing::Values("images_left", "multi_image_right")),
     [](const ::testing::TestParamInfo<HfpCase>& info) {
