@@ -3,7 +3,7 @@
 // process_image, which is process_image_file), timed in-process. Driven by
 // scripts/bench_image_hf.py, which times HF's image processors on the same files between
 // runs of this binary and checks the pixels first (--dump).
-//   ./image_file_bench [--cap TOKENS] [--iters N] [--warmup PASSES] [--dump DIR]
+//   ./image_file_bench [--cap TOKENS] [--iters N] [--warmup CALLS] [--dump DIR]
 //                      [--jpeg-reduced-decode] FILE...
 // prints one JSON line per file:
 //   {"file", "cap", "iters", "s": [seconds per image, one per iteration],
@@ -45,7 +45,7 @@ double seconds(Clock::time_point a, Clock::time_point b) {
 struct Args {
   int64_t cap = 0;
   int iters = 10;
-  int warmup = 3;  // untimed passes over all the files
+  int warmup = 6;  // untimed calls per file before its timed ones
   bool reduced = false;  // PixelConfig::jpeg_reduced_decode
   std::string dump;
   std::vector<std::string> files;
@@ -108,19 +108,19 @@ int main(int argc, char** argv) {
   vlm::data::PixelConfig cfg;
   cfg.max_image_tokens = a.cap;
   cfg.jpeg_reduced_decode = a.reduced;
-  // Warm-up over every file first: the heap then holds buffers of each size, as in a
-  // loader that has run for a while (the first file would otherwise pay the page faults).
+  // One untimed call per file first: sizes for the report, pixels for --dump.
   std::vector<vlm::data::PixelImage> first;
   for (const std::string& file : a.files) {
     first.push_back(vlm::data::process_image_file(file, cfg));
     if (!a.dump.empty()) dump(a, file, first.back());
     first.back().pixel_values = torch::Tensor();  // keep the sizes, free the buffer
   }
-  for (int pass = 1; pass < a.warmup; ++pass)  // glibc's heap settles after a few calls
-    for (const std::string& file : a.files) vlm::data::process_image_file(file, cfg);
   for (size_t f = 0; f < a.files.size(); ++f) {
     const std::string& file = a.files[f];
     const vlm::data::PixelImage& img = first[f];
+    // Untimed calls first: after a change of image size glibc's heap takes a few calls to
+    // hold buffers that fit (until then each call page-faults its pixel_values afresh).
+    for (int i = 0; i < a.warmup; ++i) vlm::data::process_image_file(file, cfg);
     std::vector<double> s;
     const long faults0 = minor_faults();
     for (int i = 0; i < a.iters; ++i) {  // each result freed before the next call, as in

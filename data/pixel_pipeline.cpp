@@ -53,14 +53,16 @@ std::array<std::array<float, 256>, 3> normalize_lut(const PixelConfig& cfg) {
 
 namespace {
 
-// [rows, cols] float32, uninitialised. From 32 MiB up glibc maps and unmaps every block
-// (even as vlm/host_malloc.h tunes it), so an uncapped large image page-faults its whole
-// pixel_values on each call (143 MB: 35k faults, about 90 ms here). Such buffers are mapped
-// here with MADV_HUGEPAGE instead: 2 MiB pages where the kernel allows them (THP "madvise"
-// or "always"), 512x fewer faults; otherwise they behave as before.
+// [rows, cols] float32, uninitialised. A large pixel_values often comes back from glibc as
+// fresh pages: from 32 MiB glibc maps and unmaps every block (even as vlm/host_malloc.h tunes
+// it), and below that, in image_file_bench, a 26 MB buffer still faulted all its pages on
+// every call (5k faults, about 12 ms). Buffers from 16 MiB are therefore mapped here with
+// MADV_HUGEPAGE: 2 MiB pages where the kernel allows them (THP "madvise" or "always"), 512x
+// fewer faults, a predictable cost (the kernel zeroing them, about 2 ms for 19 MB here);
+// without THP they behave as before.
 torch::Tensor empty_pixels(int64_t rows, int64_t cols) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr size_t kHuge = size_t(2) << 20, kMapFrom = size_t(32) << 20;
+  constexpr size_t kHuge = size_t(2) << 20, kMapFrom = size_t(16) << 20;
   const size_t bytes = size_t(rows) * size_t(cols) * sizeof(float);
   if (bytes >= kMapFrom) {
     const size_t len = bytes + kHuge;  // room to align the start to 2 MiB

@@ -16,7 +16,7 @@ Before timing, vlmtrain's pixel_values must equal hf_pil's bit for bit (the run 
 otherwise); hf_tv's distance from them is printed for information.
 
   .venv/bin/python scripts/bench_image_hf.py [--bench build/bench/image_file_bench]
-      [--work /tmp/vlm-img-bench] [--rounds 3] [--iters 5] [--out results.json]
+      [--work /tmp/vlm-img-bench] [--rounds 3] [--iters 6] [--out results.json]
 """
 import argparse
 import json
@@ -105,15 +105,16 @@ def processors(max_pixels):
             "hf_tv": Qwen2VLImageProcessor(**QWEN2, max_pixels=max_pixels)}
 
 
-def run_vlmtrain(bench, files, cap, iters, dump=None):
-    cmd = [bench, "--cap", str(cap), "--iters", str(iters)] + (["--dump", dump] if dump else []) + files
+def run_vlmtrain(bench, files, cap, iters, dump=None, extra=()):
+    cmd = [bench, "--cap", str(cap), "--iters", str(iters)] + (["--dump", dump] if dump else []) + list(extra) + files
     out = subprocess.run(cmd, check=True, capture_output=True, text=True,
                          env=dict(os.environ, OMP_NUM_THREADS="1")).stdout
     return {r["file"]: r for r in map(json.loads, out.splitlines())}
 
 
-def time_hf(proc, path, iters):
-    proc(images=[path], return_tensors="np")  # warm-up
+def time_hf(proc, path, iters, warmup=6):
+    for _ in range(warmup):  # as many untimed calls per file as image_file_bench makes
+        proc(images=[path], return_tensors="np")
     s = []
     for _ in range(iters):
         t0 = time.perf_counter()
@@ -145,13 +146,32 @@ def check_parity(bench, files, work):
     return report
 
 
+def reduced_decode_diff(bench, files, work):
+    """PixelConfig::jpeg_reduced_decode (opt-in): same grid as HF, how far the values move."""
+    report = {}
+    for cap, max_pixels in CAPS.items():
+        run_vlmtrain(bench, files, cap, 0, dump=work, extra=["--jpeg-reduced-decode"])
+        for f in files:
+            base = os.path.join(work, f"{os.path.basename(f)}.cap{cap}")
+            full, red = np.fromfile(base + ".f32", np.float32), np.fromfile(base + ".reduced.f32", np.float32)
+            d = np.abs(full - red) if full.shape == red.shape else None
+            key = f"{os.path.basename(f)} cap {cap}"
+            report[key] = {"same_shape": d is not None, "equal": bool(d is not None and not d.any()),
+                           "max_abs": float(d.max()) if d is not None else None,
+                           "mean_abs": float(d.mean()) if d is not None else None}
+            print(f"reduced decode {key}: {report[key]}", flush=True)
+    return report
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", default=os.path.join(ROOT, "build", "bench", "image_file_bench"))
     ap.add_argument("--work", default="/tmp/vlm-img-bench")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=6)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--bench-before", default=None,
+                    help="an older image_file_bench (flags --cap --iters only), timed as vlmtrain_before")
     a = ap.parse_args()
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
@@ -163,17 +183,21 @@ def main():
                          "torchvision": torchvision.__version__, "numpy": np.__version__}}
     print(json.dumps(info), flush=True)
     info["parity"] = check_parity(a.bench, files, a.work)
+    info["reduced_decode"] = reduced_decode_diff(a.bench, files, a.work)
+    impls = ["vlmtrain", "vlmtrain_reduced", "hf_pil", "hf_tv"] + (["vlmtrain_before"] if a.bench_before else [])
     times = {}  # (file, cap, impl) -> [seconds]
-    stages = {}
+    stages, faults = {}, {}
     for r in range(a.rounds):
         for cap, max_pixels in CAPS.items():
             procs = processors(max_pixels)
-            order = ["vlmtrain", "hf_pil", "hf_tv"] if r % 2 == 0 else ["hf_tv", "hf_pil", "vlmtrain"]
-            for impl in order:
-                if impl == "vlmtrain":
-                    for f, row in run_vlmtrain(a.bench, files, cap, a.iters).items():
+            for impl in (impls if r % 2 == 0 else impls[::-1]):
+                if impl.startswith("vlmtrain"):
+                    bench = a.bench_before if impl == "vlmtrain_before" else a.bench
+                    extra = ["--jpeg-reduced-decode"] if impl == "vlmtrain_reduced" else []
+                    for f, row in run_vlmtrain(bench, files, cap, a.iters, extra=extra).items():
                         times.setdefault((f, cap, impl), []).extend(row["s"])
-                        stages.setdefault((f, cap), []).append(row["stages_ms"])
+                        stages.setdefault((f, cap, impl), []).append(row["stages_ms"])
+                        faults.setdefault((f, cap, impl), []).append(row.get("faults", -1))
                 else:
                     for f in files:
                         times.setdefault((f, cap, impl), []).extend(time_hf(procs[impl], f, a.iters))
@@ -182,21 +206,27 @@ def main():
     rows = []
     for f in files:
         for cap in CAPS:
-            ips = {impl: 1.0 / statistics.median(times[(f, cap, impl)]) for impl in ("vlmtrain", "hf_pil", "hf_tv")}
-            st = {k: statistics.median(s[k] for s in stages[(f, cap)]) for k in stages[(f, cap)][0]}
+            ips = {impl: 1.0 / statistics.median(times[(f, cap, impl)]) for impl in impls}
+            st = {impl: {k: statistics.median(s[k] for s in stages[(f, cap, impl)]) for k in stages[(f, cap, impl)][0]}
+                  for impl in impls if impl.startswith("vlmtrain")}
             rows.append({"file": os.path.basename(f), "cap": cap, "images_per_s": ips, "stages_ms": st,
+                         "faults_per_image": statistics.median(faults[(f, cap, "vlmtrain")]),
                          "vs_tv": ips["vlmtrain"] / ips["hf_tv"], "vs_pil": ips["vlmtrain"] / ips["hf_pil"],
+                         "samples": len(times[(f, cap, "vlmtrain")]),
                          "grid": info["parity"][f"{os.path.basename(f)} cap {cap}"]["grid"]})
     info["rows"] = rows
-    print("\n| file | cap | grid | vlmtrain img/s | HF default (tv) img/s | HF Pil img/s | vlmtrain / HF default | "
-          "vlmtrain / HF Pil | vlmtrain stages ms (read / decode / resize / patchify) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| file | cap | grid | vlmtrain img/s | HF default (tv) | HF Pil | vlmtrain / HF default | vlmtrain / HF Pil"
+          + (" | before img/s | before / HF default" if a.bench_before else "")
+          + " | reduced decode img/s (/ HF default) | stages ms: read / decode / resize / patchify |")
+    print("|---" * (9 + (2 if a.bench_before else 0)) + "|")
     for r in rows:
-        i, s = r["images_per_s"], r["stages_ms"]
+        i, s = r["images_per_s"], r["stages_ms"]["vlmtrain"]
+        before = (f" {i['vlmtrain_before']:.1f} | {i['vlmtrain_before'] / i['hf_tv']:.2f}x |" if a.bench_before else "")
         print(f"| {r['file']} | {r['cap'] or 'none'} | {r['grid'][1]}x{r['grid'][2]} | {i['vlmtrain']:.1f} | "
-              f"{i['hf_tv']:.1f} | {i['hf_pil']:.1f} | **{r['vs_tv']:.2f}x** | {r['vs_pil']:.2f}x | "
+              f"{i['hf_tv']:.1f} | {i['hf_pil']:.1f} | **{r['vs_tv']:.2f}x** | {r['vs_pil']:.2f}x |{before} "
+              f"{i['vlmtrain_reduced']:.1f} ({i['vlmtrain_reduced'] / i['hf_tv']:.2f}x) | "
               f"{s['read']:.1f} / {s['decode']:.1f} / {s['resize']:.1f} / {s['patchify']:.1f} |")
-    print(f"\nload: start {load0}, end {info['load_end']}")
+    print(f"\nload: start {load0}, end {info['load_end']}; samples per cell: {rows[0]['samples']}")
     if a.out:
         with open(a.out, "w") as fh:
             json.dump(info, fh, indent=1)
