@@ -9,6 +9,9 @@
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 #include "data/image.h"
 #include "vlm/check.h"
@@ -79,6 +82,20 @@ torch::Tensor empty_pixels(int64_t rows, int64_t cols) {
   return torch::empty({rows, cols}, torch::kFloat32);
 }
 
+// dst[0, n) = src[0, n) with streaming (non-temporal) stores where SSE is available and dst
+// is 16-byte aligned: pixel_values is written once and is larger than the caches.
+inline void copy_stream(float* dst, const float* src, int64_t n) {
+#if defined(__SSE2__)
+  if ((reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
+    for (; i < n; ++i) dst[i] = src[i];
+    return;
+  }
+#endif
+  std::memcpy(dst, src, size_t(n) * sizeof(float));
+}
+
 }  // namespace
 
 torch::Tensor normalize_rgb(const cv::Mat& rgb, const PixelConfig& cfg) {
@@ -126,8 +143,11 @@ torch::Tensor normalize_patchify_rgb(const cv::Mat& rgb, const PixelConfig& cfg)
           }
           for (int64_t c = 0; c < 3; ++c)
             for (int64_t t = 0; t < T; ++t)
-              std::memcpy(row + (c * T + t) * pp, block.data() + c * pp, pp * sizeof(float));
+              copy_stream(row + (c * T + t) * pp, block.data() + c * pp, pp);
         }
+#if defined(__SSE2__)
+  _mm_sfence();  // the streaming stores are visible before the tensor leaves this thread
+#endif
   return out;
 }
 
