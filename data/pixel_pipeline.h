@@ -32,8 +32,8 @@ struct PixelConfig {
   vlm::VisionPatchGeometry geometry;           // default: patch 14, merge 2, temporal 2
   vlm::PixelLimits limits;                     // min/max pixels for smart_resize
   int64_t max_image_tokens = 0;                // per-image merged-token cap (0: none)
-  // process_image_file only: decode a JPEG at 1/2, 1/4 or 1/8 of its size (libjpeg DCT
-  // scaling, the largest factor that keeps both sides at least the resize target) before the
+  // process_image_file only: decode a JPEG at 1/d of its size (libjpeg DCT scaling; d the
+  // largest of 8, 4, 2 with source side >= d x resize target on both sides) before the
   // resize. Faster on large photos, but the pixels are no longer HF's (HF decodes at full
   // size; bench/RESULTS.md section 7 gives the difference), so it is off by default.
   bool jpeg_reduced_decode = false;
