@@ -212,12 +212,15 @@ void jpeg_error_exit(j_common_ptr cinfo) {
 
 void jpeg_quiet(j_common_ptr, int) {}  // warnings (e.g. a truncated file) are not printed
 
-// Decodes a 4-component JPEG to its raw samples [h, w, 4] (Adobe-inverted CMYK, as stored)
-// into `cmyk`. Returns 0 for a JPEG with another number of components (left to OpenCV),
-// 1 when decoded, -1 on a libjpeg error (message in `error`), -2 when the header announces
-// more than kMaxImagePixels. No C++ object with a
-// destructor lives in this frame across setjmp.
-int decode_jpeg_4channel(const std::vector<uint8_t>& bytes, cv::Mat& cmyk, char* error) {
+// Decodes a JPEG with libjpeg: 4 components to their raw samples [h, w, 4] (Adobe-inverted
+// CMYK, as stored; YCCK is converted to CMYK by libjpeg), 3 components (YCbCr or RGB) to RGB
+// [h, w, 3] in one pass (what OpenCV's decoder computes, without its BGR order and our swap
+// back), into `out`. Returns 0 for another number of components (left to OpenCV), 1 when
+// decoded, -1 on a libjpeg error (message in `error`), -2 when the header announces more
+// than kMaxImagePixels. scale_denom 1 (full size), 2, 4 or 8: libjpeg's DCT scaling.
+// No C++ object with a destructor lives in this frame across setjmp.
+int decode_jpeg_libjpeg(const std::vector<uint8_t>& bytes, int scale_denom, cv::Mat& out,
+                        char* error) {
   jpeg_decompress_struct cinfo;
   JpegError err;
   cinfo.err = jpeg_std_error(&err.mgr);
@@ -231,7 +234,7 @@ int decode_jpeg_4channel(const std::vector<uint8_t>& bytes, cv::Mat& cmyk, char*
   jpeg_create_decompress(&cinfo);
   jpeg_mem_src(&cinfo, bytes.data(), static_cast<unsigned long>(bytes.size()));
   jpeg_read_header(&cinfo, TRUE);
-  if (cinfo.num_components != 4) {
+  if (cinfo.num_components != 4 && cinfo.num_components != 3) {
     jpeg_destroy_decompress(&cinfo);
     return 0;
   }
@@ -239,12 +242,19 @@ int decode_jpeg_4channel(const std::vector<uint8_t>& bytes, cv::Mat& cmyk, char*
     jpeg_destroy_decompress(&cinfo);
     return -2;
   }
-  cinfo.out_color_space = JCS_CMYK;  // YCCK is converted to CMYK by libjpeg
+  const bool cmyk = cinfo.num_components == 4;
+  cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
+  cinfo.scale_num = 1;  // DCT scaling: output ceil(size / scale_denom)
+  cinfo.scale_denom = static_cast<unsigned int>(scale_denom);
   jpeg_start_decompress(&cinfo);
-  cmyk.create(static_cast<int>(cinfo.output_height), static_cast<int>(cinfo.output_width), CV_8UC4);
+  out.create(static_cast<int>(cinfo.output_height), static_cast<int>(cinfo.output_width),
+             cmyk ? CV_8UC4 : CV_8UC3);
+  JSAMPROW rows[16];
   while (cinfo.output_scanline < cinfo.output_height) {
-    JSAMPROW row = cmyk.ptr<uint8_t>(static_cast<int>(cinfo.output_scanline));
-    jpeg_read_scanlines(&cinfo, &row, 1);
+    const int y = static_cast<int>(cinfo.output_scanline);
+    const int n = std::min<int>(16, out.rows - y);
+    for (int i = 0; i < n; ++i) rows[i] = out.ptr<uint8_t>(y + i);
+    jpeg_read_scanlines(&cinfo, rows, static_cast<JDIMENSION>(n));
   }
   jpeg_finish_decompress(&cinfo);
   jpeg_destroy_decompress(&cinfo);
@@ -272,12 +282,21 @@ cv::Mat inverted_cmyk_to_rgb(const cv::Mat& cmyk) {
 }  // namespace
 
 std::vector<uint8_t> read_file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   VLM_CHECK(in.good(), "cannot open image '", path, "' (hint: check the path and the ",
             "dataset's image_root)");
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
-                             std::istreambuf_iterator<char>());
-  VLM_CHECK(!in.bad(), "error reading image '", path, "'");
+  const std::streamoff size = in.tellg();
+  if (size < 0) {  // not seekable (a pipe): read it as a stream
+    std::ifstream stream(path, std::ios::binary);
+    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(stream)),
+                               std::istreambuf_iterator<char>());
+    VLM_CHECK(!stream.bad(), "error reading image '", path, "'");
+    return bytes;
+  }
+  std::vector<uint8_t> bytes(static_cast<size_t>(size));
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(bytes.data()), size);  // one read, not a byte iterator
+  VLM_CHECK(!in.bad() && in.gcount() == size, "error reading image '", path, "'");
   return bytes;
 }
 
@@ -325,17 +344,27 @@ cv::Mat apply_orientation(const cv::Mat& image, int orientation) {
 }
 
 cv::Mat decode_image_rgb(const std::vector<uint8_t>& bytes, const std::string& what) {
+  return decode_image_rgb(bytes, what, 1);
+}
+
+cv::Mat decode_image_rgb(const std::vector<uint8_t>& bytes, const std::string& what,
+                         int jpeg_scale_denom) {
+  VLM_CHECK(jpeg_scale_denom == 1 || jpeg_scale_denom == 2 || jpeg_scale_denom == 4 ||
+                jpeg_scale_denom == 8,
+            "decode_image_rgb: jpeg_scale_denom must be 1, 2, 4 or 8, got ", jpeg_scale_denom);
   VLM_CHECK(!bytes.empty(), "image '", what, "' is an empty file");
   if (std::optional<ImageInfo> info = parse_image_header(bytes))
     check_pixel_count(info->width, info->height, what);  // before OpenCV allocates anything
-  if (bytes.size() > 2 && bytes[0] == 0xFF && bytes[1] == 0xD8) {  // JPEG: CMYK?
-    cv::Mat cmyk;
+  if (bytes.size() > 2 && bytes[0] == 0xFF && bytes[1] == 0xD8) {  // JPEG: colour or CMYK
+    cv::Mat m;
     char error[JMSG_LENGTH_MAX] = {0};
-    const int r = decode_jpeg_4channel(bytes, cmyk, error);
-    VLM_CHECK(r != -2, "image '", what, "' (CMYK JPEG) announces more than ", kMaxImagePixels,
+    const int r = decode_jpeg_libjpeg(bytes, jpeg_scale_denom, m, error);
+    VLM_CHECK(r != -2, "image '", what, "' (JPEG) announces more than ", kMaxImagePixels,
               " pixels (hint: a decompression bomb or a corrupt header)");
-    VLM_CHECK(r >= 0, "cannot decode image '", what, "' (CMYK JPEG): ", error);
-    if (r == 1) return apply_orientation(inverted_cmyk_to_rgb(cmyk), exif_orientation(bytes));
+    VLM_CHECK(r >= 0, "cannot decode image '", what, "' (JPEG): ", error);
+    if (r == 1)
+      return apply_orientation(m.channels() == 4 ? inverted_cmyk_to_rgb(m) : m,
+                               exif_orientation(bytes));
   }
   cv::Mat raw;
   try {

@@ -48,6 +48,11 @@ int exif_orientation(const std::vector<uint8_t>& bytes);
 // Throws vlm::Error naming `what` (usually the path) on failure, and before decoding when
 // the header announces more than kMaxImagePixels.
 cv::Mat decode_image_rgb(const std::vector<uint8_t>& bytes, const std::string& what);
+// As above, with a JPEG decoded at 1 / jpeg_scale_denom of its size (2, 4 or 8; libjpeg's DCT
+// scaling, ceil of each side): much faster, but not the pixels Pillow decodes. Other formats
+// and 1-component JPEGs are decoded at full size.
+cv::Mat decode_image_rgb(const std::vector<uint8_t>& bytes, const std::string& what,
+                         int jpeg_scale_denom);
 cv::Mat decode_image_rgb(const std::string& path);
 
 // Applies EXIF orientation 1..8 to an image (returns a new or the same Mat).

@@ -1,11 +1,17 @@
 #include "data/pixel_pipeline.h"
 
-#include <opencv2/imgproc.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 #include "data/image.h"
 #include "vlm/check.h"
@@ -46,105 +52,48 @@ std::array<std::array<float, 256>, 3> normalize_lut(const PixelConfig& cfg) {
   return lut;
 }
 
-// ---- Pillow's Resample.c (ImagingResample, 8 bits per channel), transcribed.
-constexpr int kPrecisionBits = 32 - 8 - 2;  // fixed-point weights: 22 fractional bits
+}  // namespace
 
-double pil_bicubic(double x) {  // a = -0.5, support 2
-  constexpr double a = -0.5;
-  if (x < 0.0) x = -x;
-  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
-  if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
-  return 0.0;
-}
+namespace {
 
-// Weights of one axis (precompute_coeffs + normalize_coeffs_8bpc): output o reads inputs
-// [bounds[2o], bounds[2o] + bounds[2o+1]) with weights kk[o * ksize + j] (fixed point).
-struct PilCoeffs {
-  int ksize = 0;
-  std::vector<int> bounds;   // [n_out, 2]: first input, count
-  std::vector<int32_t> kk;   // [n_out, ksize]
-};
-
-PilCoeffs pil_coeffs(int n_in, int n_out) {
-  // Pillow: (double)(in1 - in0) / outSize with the box edges in float, box = (0, n_in).
-  const double scale = static_cast<double>(static_cast<float>(n_in) - 0.0f) / n_out;
-  const double filterscale = std::max(scale, 1.0);
-  const double support = 2.0 * filterscale;
-  PilCoeffs c;
-  c.ksize = static_cast<int>(std::ceil(support)) * 2 + 1;
-  c.bounds.resize(size_t(n_out) * 2);
-  c.kk.assign(size_t(n_out) * c.ksize, 0);
-  std::vector<double> k(c.ksize);
-  for (int o = 0; o < n_out; ++o) {
-    const double center = (o + 0.5) * scale, ss = 1.0 / filterscale;
-    int xmin = static_cast<int>(center - support + 0.5);
-    if (xmin < 0) xmin = 0;
-    int xmax = static_cast<int>(center + support + 0.5);
-    if (xmax > n_in) xmax = n_in;
-    xmax -= xmin;
-    double ww = 0.0;
-    for (int x = 0; x < xmax; ++x) ww += (k[x] = pil_bicubic((x + xmin - center + 0.5) * ss));
-    for (int x = 0; x < xmax; ++x) {
-      const double w = ww != 0.0 ? k[x] / ww : k[x];
-      c.kk[size_t(o) * c.ksize + x] = static_cast<int32_t>(
-          w < 0 ? -0.5 + w * (1 << kPrecisionBits) : 0.5 + w * (1 << kPrecisionBits));
-    }
-    c.bounds[2 * o] = xmin;
-    c.bounds[2 * o + 1] = xmax;
-  }
-  return c;
-}
-
-// Sums fit in int32 as in Pillow: |sum| <= 255 x sum |w| x 2^22 < 1.4e9.
-inline uint8_t pil_clip8(int32_t v) {
-  v >>= kPrecisionBits;
-  return static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
-}
-
-constexpr int32_t kHalf = 1 << (kPrecisionBits - 1);
-
-// Horizontal pass: [h, w_in, 3] -> [h, w_out, 3].
-cv::Mat pil_resample_horizontal(const cv::Mat& in, int w_out) {
-  const PilCoeffs c = pil_coeffs(in.cols, w_out);
-  cv::Mat out(in.rows, w_out, CV_8UC3);
-  for (int y = 0; y < in.rows; ++y) {
-    const uint8_t* src = in.ptr<uint8_t>(y);
-    uint8_t* dst = out.ptr<uint8_t>(y);
-    for (int o = 0; o < w_out; ++o, dst += 3) {
-      const int32_t* k = &c.kk[size_t(o) * c.ksize];
-      const uint8_t* s = src + 3 * c.bounds[2 * o];
-      int32_t r = kHalf, g = kHalf, b = kHalf;
-      for (int j = 0, n = c.bounds[2 * o + 1]; j < n; ++j, s += 3) {
-        r += s[0] * k[j];
-        g += s[1] * k[j];
-        b += s[2] * k[j];
-      }
-      dst[0] = pil_clip8(r);
-      dst[1] = pil_clip8(g);
-      dst[2] = pil_clip8(b);
+// [rows, cols] float32, uninitialised. A large pixel_values often comes back from glibc as
+// fresh pages: from 32 MiB glibc maps and unmaps every block (even as vlm/host_malloc.h tunes
+// it), and below that, in image_file_bench, a 26 MB buffer still faulted all its pages on
+// every call (5k faults, about 12 ms). Buffers from 16 MiB are therefore mapped here with
+// MADV_HUGEPAGE: 2 MiB pages where the kernel allows them (THP "madvise" or "always"), 512x
+// fewer faults, a predictable cost (the kernel zeroing them, about 2 ms for 19 MB here);
+// without THP they behave as before.
+torch::Tensor empty_pixels(int64_t rows, int64_t cols) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr size_t kHuge = size_t(2) << 20, kMapFrom = size_t(16) << 20;
+  const size_t bytes = size_t(rows) * size_t(cols) * sizeof(float);
+  if (bytes >= kMapFrom) {
+    const size_t len = bytes + kHuge;  // room to align the start to 2 MiB
+    void* base = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base != MAP_FAILED) {
+      const uintptr_t start = (reinterpret_cast<uintptr_t>(base) + kHuge - 1) & ~(kHuge - 1);
+      madvise(reinterpret_cast<void*>(start), bytes, MADV_HUGEPAGE);  // a hint: errors ignored
+      return torch::from_blob(
+          reinterpret_cast<void*>(start), {rows, cols}, [base, len](void*) { munmap(base, len); },
+          torch::TensorOptions().dtype(torch::kFloat32));
     }
   }
-  return out;
+#endif
+  return torch::empty({rows, cols}, torch::kFloat32);
 }
 
-// Vertical pass: [h_in, w, 3] -> [h_out, w, 3].
-cv::Mat pil_resample_vertical(const cv::Mat& in, int h_out) {
-  const PilCoeffs c = pil_coeffs(in.rows, h_out);
-  const int n = in.cols * 3;
-  cv::Mat out(h_out, in.cols, CV_8UC3);
-  std::vector<int32_t> acc(static_cast<size_t>(n));
-  for (int o = 0; o < h_out; ++o) {
-    std::fill(acc.begin(), acc.end(), kHalf);
-    const int32_t* k = &c.kk[size_t(o) * c.ksize];
-    for (int j = 0; j < c.bounds[2 * o + 1]; ++j) {
-      const uint8_t* s = in.ptr<uint8_t>(c.bounds[2 * o] + j);
-      const int32_t w = k[j];
-      for (int i = 0; i < n; ++i) acc[i] += s[i] * w;
-    }
-    uint8_t* dst = out.ptr<uint8_t>(o);
-    for (int i = 0; i < n; ++i) dst[i] = pil_clip8(acc[i]);
+// dst[0, n) = src[0, n) with streaming (non-temporal) stores where SSE is available and dst
+// is 16-byte aligned: pixel_values is written once and is larger than the caches.
+inline void copy_stream(float* dst, const float* src, int64_t n) {
+#if defined(__SSE2__)
+  if ((reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
+    for (; i < n; ++i) dst[i] = src[i];
+    return;
   }
-  return out;
+#endif
+  std::memcpy(dst, src, size_t(n) * sizeof(float));
 }
 
 }  // namespace
@@ -170,11 +119,13 @@ torch::Tensor normalize_patchify_rgb(const cv::Mat& rgb, const PixelConfig& cfg)
   const int64_t h = rgb.rows, w = rgb.cols;
   VLM_CHECK(h % (p * m) == 0 && w % (p * m) == 0, "normalize_patchify_rgb: expected sides ",
             "that are multiples of ", p * m, ", got ", h, "x", w);
-  const int64_t bh = h / (p * m), bw = w / (p * m), cols = 3 * T * p * p;
-  torch::Tensor out = torch::empty({bh * bw * m * m, cols}, torch::kFloat32);
+  const int64_t bh = h / (p * m), bw = w / (p * m), pp = p * p, cols = 3 * T * pp;
+  torch::Tensor out = empty_pixels(bh * bw * m * m, cols);
   float* dst = out.data_ptr<float>();
   const auto lut = normalize_lut(cfg);
-  // Row r = ((by * bw + bx) * m + my) * m + mx; column ((c * T + t) * p + py) * p + px.
+  std::vector<float> block(static_cast<size_t>(3 * pp));  // one patch, [C, p, p]
+  // Row r = ((by * bw + bx) * m + my) * m + mx; column ((c * T + t) * p + py) * p + px. Each
+  // patch is gathered into `block` once, then written as 3 x T contiguous runs of p*p.
   for (int64_t by = 0; by < bh; ++by)
     for (int64_t bx = 0; bx < bw; ++bx)
       for (int64_t my = 0; my < m; ++my)
@@ -183,25 +134,21 @@ torch::Tensor normalize_patchify_rgb(const cv::Mat& rgb, const PixelConfig& cfg)
           const int64_t y0 = (by * m + my) * p, x0 = (bx * m + mx) * p;
           for (int64_t py = 0; py < p; ++py) {
             const uint8_t* src = rgb.ptr<uint8_t>(int(y0 + py)) + 3 * x0;
-            for (int64_t c = 0; c < 3; ++c) {
-              float* d = row + (c * T * p + py) * p;
-              for (int64_t px = 0; px < p; ++px) d[px] = lut[c][src[3 * px + c]];
-              for (int64_t t = 1; t < T; ++t) std::copy(d, d + p, d + t * p * p);
+            float* b0 = block.data() + py * p;
+            for (int64_t px = 0; px < p; ++px, src += 3) {
+              b0[px] = lut[0][src[0]];
+              b0[pp + px] = lut[1][src[1]];
+              b0[2 * pp + px] = lut[2][src[2]];
             }
           }
+          for (int64_t c = 0; c < 3; ++c)
+            for (int64_t t = 0; t < T; ++t)
+              copy_stream(row + (c * T + t) * pp, block.data() + c * pp, pp);
         }
+#if defined(__SSE2__)
+  _mm_sfence();  // the streaming stores are visible before the tensor leaves this thread
+#endif
   return out;
-}
-
-cv::Mat resize_bicubic_aa(const cv::Mat& rgb, int64_t height, int64_t width) {
-  VLM_CHECK(rgb.type() == CV_8UC3, "resize_bicubic_aa: expected an 8-bit RGB image (CV_8UC3), got type ",
-            rgb.type());
-  VLM_CHECK(height > 0 && width > 0, "resize_bicubic_aa: target ", height, "x", width, " is empty");
-  // As Image.resize: an axis whose size does not change is not resampled; horizontal first.
-  cv::Mat x = rgb;
-  if (width != x.cols) x = pil_resample_horizontal(x, static_cast<int>(width));
-  if (height != x.rows) x = pil_resample_vertical(x, static_cast<int>(height));
-  return x.data == rgb.data ? rgb.clone() : x;
 }
 
 PixelImage process_image_to_size(const cv::Mat& rgb, int64_t target_height,
@@ -242,9 +189,30 @@ PixelImage process_image(const cv::Mat& rgb, const PixelConfig& cfg) {
 
 namespace vlm::data {
 
+// 1, 2, 4 or 8: the largest JPEG DCT scale whose output still covers the resize target of the
+// full-size image on both sides (1 when the bytes are not a JPEG or reduced decoding is off).
+int jpeg_decode_scale(const std::vector<uint8_t>& bytes, const PixelConfig& cfg) {
+  if (!cfg.jpeg_reduced_decode) return 1;
+  const std::optional<ImageInfo> info = parse_image_header(bytes);
+  if (!info || info->format != "jpeg" || info->width <= 0 || info->height <= 0) return 1;
+  const vlm::ImageSize s = vlm::smart_resize(info->height, info->width, cfg.effective_limits(),
+                                             cfg.geometry.factor());
+  for (int d : {8, 4, 2})  // the target is at most 1/d of the source on both sides
+    if (info->height >= s.height * d && info->width >= s.width * d) return d;
+  return 1;
+}
+
 PixelImage process_image_file(const std::string& path, const PixelConfig& cfg) {
-  const cv::Mat rgb = decode_image_rgb(path);  // its errors name the path already
+  const std::vector<uint8_t> bytes = read_file_bytes(path);
+  const int denom = jpeg_decode_scale(bytes, cfg);
+  const cv::Mat rgb = decode_image_rgb(bytes, path, denom);  // its errors name the path
   try {
+    if (denom > 1) {  // the target of the full-size image, as HF computes it
+      const ImageInfo info = *parse_image_header(bytes);
+      const vlm::ImageSize s = vlm::smart_resize(info.height, info.width, cfg.effective_limits(),
+                                                 cfg.geometry.factor());
+      return process_image_to_size(rgb, s.height, s.width, cfg);
+    }
     return process_image(rgb, cfg);
   } catch (const vlm::Error& e) {
     throw vlm::Error(vlm::str("image '", path, "' (", rgb.rows, "x", rgb.cols,

@@ -21,7 +21,9 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "data/pil_resample.h"
 #include "vlm/image_geometry.h"
 
 namespace vlm::data {
@@ -30,6 +32,11 @@ struct PixelConfig {
   vlm::VisionPatchGeometry geometry;           // default: patch 14, merge 2, temporal 2
   vlm::PixelLimits limits;                     // min/max pixels for smart_resize
   int64_t max_image_tokens = 0;                // per-image merged-token cap (0: none)
+  // process_image_file only: decode a JPEG at 1/d of its size (libjpeg DCT scaling; d the
+  // largest of 8, 4, 2 with source side >= d x resize target on both sides) before the
+  // resize. Faster on large photos, but the pixels are no longer HF's (HF decodes at full
+  // size; bench/RESULTS.md section 7 gives the difference), so it is off by default.
+  bool jpeg_reduced_decode = false;
   // Mean / std as the processor config's (double) values; used as float32, the way HF's
   // processor rounds them. Default: CLIP's (Qwen2-VL, Qwen2.5-VL).
   std::array<double, 3> mean = {0.48145466, 0.4578275, 0.40821073};
@@ -56,13 +63,7 @@ struct PixelImage {
 // Duplicates the frame T times and returns [(h/p)*(w/p), C*T*p*p] in merge-block order.
 torch::Tensor patchify(const torch::Tensor& image_hwc, const vlm::VisionPatchGeometry& g = {});
 
-// Bicubic resize of an 8-bit RGB image bit-identical to Pillow's Image.resize(BICUBIC) (the
-// resize of HF's Pillow image processor): Pillow's Resample.c transcribed, kernel a = -0.5
-// widened by the scale factor when shrinking (antialiased), weights in 22-bit fixed point,
-// a horizontal pass then a vertical pass, each rounded to 8 bits; an axis whose size does
-// not change is copied. (OpenCV's INTER_CUBIC does not antialias.)
-// rgb: CV_8UC3 [H, W] -> CV_8UC3 [height, width].
-cv::Mat resize_bicubic_aa(const cv::Mat& rgb, int64_t height, int64_t width);
+// resize_bicubic_aa (Pillow's bicubic, bit-identical): data/pil_resample.h.
 
 // rgb: CV_8UC3, RGB order. Resized with resize_bicubic_aa to target_height x target_width
 // (multiples of cfg.geometry.factor()), then normalised and patchified.
@@ -73,9 +74,16 @@ PixelImage process_image_to_size(const cv::Mat& rgb, int64_t target_height,
 PixelImage process_image(const cv::Mat& rgb, const PixelConfig& cfg = {});
 
 // Decodes the file (decode_image_rgb: EXIF orientation, alpha over white, 16-bit high byte)
-// and processes it under cfg: the same steps the training loader takes. Every error names
+// and processes it under cfg: the same steps the training loader takes (with
+// cfg.jpeg_reduced_decode, a JPEG is decoded smaller first; the target size and grid stay
+// those of the full-size image). Every error names
 // the file and its decoded size (e.g. an aspect ratio above 200, which HF refuses too).
 PixelImage process_image_file(const std::string& path, const PixelConfig& cfg = {});
+
+// The JPEG scale denominator process_image_file decodes these bytes with: 1 unless
+// cfg.jpeg_reduced_decode and the bytes are a JPEG whose resize target is at most 1/d of it
+// on both sides, then the largest such d of 8, 4, 2.
+int jpeg_decode_scale(const std::vector<uint8_t>& bytes, const PixelConfig& cfg);
 
 // Fused normalise + temporal duplication + patchify of an RGB uint8 image whose sides are
 // multiples of p*m (no resize): the same result as patchify(normalize_rgb(rgb)), one pass.
