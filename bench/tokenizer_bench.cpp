@@ -1,17 +1,24 @@
 // Tokenizer encode throughput on mixed multilingual text (one thread).
 //
-//   ./bench/tokenizer_bench TOKENIZER [MEGABYTES=4]
+//   ./bench/tokenizer_bench TOKENIZER [MEGABYTES=4] [--write-docs FILE] [--json]
 //
 // TOKENIZER: tokenizer.json / .model / model dir (e.g. the real Qwen tokenizer,
 // ../shared/reference/qwen3_tokenizer/tokenizer.json).
 // Text: the conformance corpus generator's random mixtures (English, CJK, Korean,
 // Arabic, emoji, code, URLs, whitespace and digit runs), joined into documents.
 // Prints MB/s for a cold cache (first pass), a warm cache (second pass), and decode.
+// --write-docs FILE: the documents as a JSON array of strings (the same every run: fixed
+// seeds), for a peer to encode the same text (scripts/bench_tokenizer_hf.py).
+// --json: one JSON line {"bytes", "docs", "tokens", "cold_s", "warm_s", "decode_s"} as well.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "tests/vlm/tokenizer_corpus.h"
 #include "vlm/check.h"
@@ -21,10 +28,18 @@ namespace {
 
 int run(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s TOKENIZER [MEGABYTES=4]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s TOKENIZER [MEGABYTES=4] [--write-docs FILE] [--json]\n", argv[0]);
     return 2;
   }
-  const double mb = argc > 2 ? std::atof(argv[2]) : 4.0;
+  double mb = 4.0;
+  std::string docs_file;
+  bool as_json = false;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--write-docs" && i + 1 < argc) docs_file = argv[++i];
+    else if (a == "--json") as_json = true;
+    else mb = std::atof(argv[i]);
+  }
   auto t0 = std::chrono::steady_clock::now();
   auto tok = vlm::load_tokenizer(argv[1]);
   auto t1 = std::chrono::steady_clock::now();
@@ -49,6 +64,12 @@ int run(int argc, char** argv) {
       }
     }
   }
+  if (!docs_file.empty()) {
+    std::ofstream f(docs_file, std::ios::binary);
+    VLM_CHECK(f.good(), "cannot write ", docs_file);
+    f << nlohmann::json(docs).dump();
+  }
+  nlohmann::json result = {{"bytes", bytes}, {"docs", docs.size()}};
   auto pass = [&](const char* name) {
     size_t tokens = 0;
     auto a = std::chrono::steady_clock::now();
@@ -56,6 +77,8 @@ int run(int argc, char** argv) {
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
     std::printf("%-12s %7.2f MB in %6.3f s = %6.2f MB/s, %zu tokens (%.2f bytes/token)\n", name,
                 bytes / 1e6, s, bytes / 1e6 / s, tokens, double(bytes) / tokens);
+    result["tokens"] = tokens;
+    result[std::string(name) == "encode cold" ? "cold_s" : "warm_s"] = s;
   };
   pass("encode cold");
   pass("encode warm");
@@ -66,6 +89,8 @@ int run(int argc, char** argv) {
   for (const auto& v : ids) out += tok->decode(v).size();
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
   std::printf("%-12s %7.2f MB in %6.3f s = %6.2f MB/s\n", "decode", out / 1e6, s, out / 1e6 / s);
+  result["decode_s"] = s;
+  if (as_json) std::printf("%s\n", result.dump().c_str());
   return 0;
 }
 
