@@ -6,8 +6,6 @@
 // tolerance 1e-5 of the largest |logit|, as the parity tests).
 #include <gtest/gtest.h>
 
-#include <ATen/CPUGeneratorImpl.h>
-
 #include <nlohmann/json.hpp>
 
 #include "app/checkpoint.h"
@@ -21,29 +19,6 @@
 
 using vlmtest::TempDir;
 
-namespace {
-
-// Two rows: <vision_start> 4 image pads <vision_end> + 10 text tokens (ids above the
-// synthetic tokenizer's specials); labels on the text.
-vlm::Batch eq3_batch(const vlm::VlmConfig& cfg) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(31);
-  const int64_t B = 2, L = 16;
-  vlm::Batch b;
-  b.input_ids = torch::randint(16, 300, {B, L}, gen, torch::kInt64);
-  for (int64_t i = 0; i < B; ++i) {
-    b.input_ids[i][0] = cfg.vision_start_token_id;
-    for (int64_t k = 1; k <= 4; ++k) b.input_ids[i][k] = cfg.image_token_id;
-    b.input_ids[i][5] = cfg.vision_end_token_id;
-  }
-  b.attention_mask = torch::ones({B, L}, torch::kInt64);
-  b.labels = b.input_ids.clone();
-  b.labels.narrow(1, 0, 6).fill_(-100);
-  b.image_grid_thw = torch::tensor({1, 4, 4, 1, 4, 4}, torch::kInt64).view({2, 3});
-  b.pixel_values = torch::randn({32, cfg.vision.patch_dim()}, gen);
-  return b;
-}
-
-}  // namespace
 
 TEST(ExportQwen3, TransformersLoadsTheExportToTheSameLogits) {
   VLMTEST_REQUIRE_SENTENCEPIECE();
@@ -79,7 +54,7 @@ TEST(ExportQwen3, TransformersLoadsTheExportToTheSameLogits) {
   vlm::materialize(*m, {torch::kCPU, torch::kFloat32, 0, 0.02, /*init=*/false});
   vlm::load_module_weights(*m, out);
   m->eval();
-  const vlm::Batch b = eq3_batch(cfg);
+  const vlm::Batch b = vlmtest::image_text_batch(cfg, 31, 10);
   torch::Tensor ours;
   {
     torch::NoGradGuard ng;

@@ -9,8 +9,6 @@
 // |logit| (fp32 on both sides; the vlm/ LoRA-vs-PEFT tests measure ~1e-6).
 #include <gtest/gtest.h>
 
-#include <ATen/CPUGeneratorImpl.h>
-
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -105,25 +103,7 @@ vlmtrain::LoadModelOptions le_opts(const vlmtrain::CheckpointReader& ck) {
 }
 
 // Two rows: <vision_start> 4 image tokens <vision_end> + 12 text tokens; labels on the text.
-vlm::Batch le_batch(const vlm::VlmConfig& cfg) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(77);
-  const int64_t B = 2, text = 12, L = 6 + text;
-  vlm::Batch b;
-  // Text ids above every special id of the tiny preset's tokenizer (bos/eos/pad, vision
-  // start/end, image/video pads: 1..8): a stray vision_start would change HF's M-RoPE ids.
-  b.input_ids = torch::randint(16, 300, {B, L}, gen, torch::kInt64);
-  for (int64_t i = 0; i < B; ++i) {
-    b.input_ids[i][0] = cfg.vision_start_token_id;
-    for (int64_t k = 1; k <= 4; ++k) b.input_ids[i][k] = cfg.image_token_id;
-    b.input_ids[i][5] = cfg.vision_end_token_id;
-  }
-  b.attention_mask = torch::ones({B, L}, torch::kInt64);
-  b.labels = b.input_ids.clone();
-  b.labels.narrow(1, 0, 6).fill_(-100);
-  b.image_grid_thw = torch::tensor({1, 4, 4, 1, 4, 4}, torch::kInt64).view({2, 3});
-  b.pixel_values = torch::randn({32, cfg.vision.patch_dim()}, gen);
-  return b;
-}
+vlm::Batch le_batch(const vlm::VlmConfig& cfg) { return vlmtest::image_text_batch(cfg, 77, 12); }
 
 torch::Tensor le_logits(vlm::Qwen2VL& m, const vlm::Batch& b) {
   torch::NoGradGuard ng;

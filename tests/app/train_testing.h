@@ -3,6 +3,8 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "tests/testing.h"
+#include "vlm/qwen2_vl.h"
 
 namespace vlmtest {
 
@@ -61,6 +64,27 @@ inline std::map<int64_t, double> losses_by_step(const std::string& run_dir) {
   for (const auto& j : metrics_lines(run_dir))
     if (j.contains("loss")) out[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
   return out;
+}
+
+// Two rows: <vision_start>, 4 image pads (one 4x4-patch image each), <vision_end>, then
+// `text` random ids in [16, 300) (above the synthetic tokenizer's special ids, so no stray
+// vision_start changes HF's M-RoPE ids); labels on the text; random pixels from `seed`.
+inline vlm::Batch image_text_batch(const vlm::VlmConfig& cfg, uint64_t seed, int64_t text) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const int64_t B = 2, L = 6 + text;
+  vlm::Batch b;
+  b.input_ids = torch::randint(16, 300, {B, L}, gen, torch::kInt64);
+  for (int64_t i = 0; i < B; ++i) {
+    b.input_ids[i][0] = cfg.vision_start_token_id;
+    for (int64_t k = 1; k <= 4; ++k) b.input_ids[i][k] = cfg.image_token_id;
+    b.input_ids[i][5] = cfg.vision_end_token_id;
+  }
+  b.attention_mask = torch::ones({B, L}, torch::kInt64);
+  b.labels = b.input_ids.clone();
+  b.labels.narrow(1, 0, 6).fill_(-100);
+  b.image_grid_thw = torch::tensor({1, 4, 4, 1, 4, 4}, torch::kInt64).view({2, 3});
+  b.pixel_values = torch::randn({32, cfg.vision.patch_dim()}, gen);
+  return b;
 }
 
 }  // namespace vlmtest

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/testing.h"
+#include "tests/vlm/chat_template_testing.h"
 #include "vlm/chat_template.h"
 #include "vlm/check.h"
 #include "vlm/model_family.h"
@@ -152,29 +153,12 @@ TEST(ChatTemplateQwen3Hf, IdsEqualQwen3VLProcessorApplyChatTemplate) {
       EXPECT_EQ(ours.rfind("<|im_start|>user\n", 0), 0u) << ours;
       EXPECT_EQ(ours.find("system"), std::string::npos) << ours;
     }
-    std::vector<int64_t> counts;
-    for (const auto& g : ref[k]["image_grid_thw"])
-      counts.push_back(vlm::merged_image_tokens(g[0].get<int64_t>(), g[1].get<int64_t>(), g[2].get<int64_t>()));
+    const auto counts = vlmtest::hf_image_token_counts(ref[k]);
     ASSERT_EQ(counts.size(), c.image_sizes.size());
     const auto rendered = vlm::render_chat(*tok, c.turns, counts, opt);
-    const auto hf_ids = ref[k]["input_ids"].get<std::vector<int64_t>>();
-    ASSERT_EQ(rendered.input_ids.size(), hf_ids.size()) << "\nvlmtrain: " << tok->decode(rendered.input_ids)
-                                                        << "\nHF:       " << tok->decode(hf_ids);
-    for (size_t i = 0; i < hf_ids.size(); ++i)
-      ASSERT_EQ(rendered.input_ids[i], hf_ids[i]) << "first difference at token " << i;
+    vlmtest::expect_ids_and_spans_equal_hf(*tok, rendered, ref[k]);  // ids, then image spans
+    if (::testing::Test::HasFatalFailure()) return;
     ++equal_ids;
-    const auto types = ref[k]["mm_token_type_ids"].get<std::vector<int64_t>>();
-    std::vector<std::pair<int64_t, int64_t>> hf_runs;
-    for (size_t i = 0; i < types.size(); ++i) {
-      if (types[i] != 1) continue;
-      if (i > 0 && types[i - 1] == 1) ++hf_runs.back().second;
-      else hf_runs.push_back({int64_t(i), 1});
-    }
-    ASSERT_EQ(rendered.image_spans.size(), hf_runs.size());
-    for (size_t i = 0; i < hf_runs.size(); ++i) {
-      EXPECT_EQ(rendered.image_spans[i].begin, hf_runs[i].first);
-      EXPECT_EQ(rendered.image_spans[i].length, hf_runs[i].second);
-    }
     // Labels: exactly the assistant answers, each with its "<|im_end|>\n".
     std::string answers;
     for (const auto& t : c.turns)

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/testing.h"
+#include "tests/vlm/chat_template_testing.h"
 #include "tests/vlm/tokenizer_tiny_bpe.h"
 #include "vlm/bpe_tokenizer.h"
 #include "vlm/chat_template.h"
@@ -342,30 +343,12 @@ TEST(ChatTemplateHf, IdsEqualQwen2VLProcessorApplyChatTemplate) {
     opt.add_generation_prompt = c.add_generation_prompt;
     const std::string hf_text = ref[k]["text"].get<std::string>();
     EXPECT_EQ(vlm::render_chat_text(c.turns, opt), vlm::unicode::nfc_hf(hf_text));
-    std::vector<int64_t> counts;
-    for (const auto& g : ref[k]["image_grid_thw"])
-      counts.push_back(vlm::merged_image_tokens(g[0].get<int64_t>(), g[1].get<int64_t>(), g[2].get<int64_t>()));
+    const auto counts = vlmtest::hf_image_token_counts(ref[k]);
     ASSERT_EQ(counts.size(), c.image_sizes.size());
     const auto rendered = vlm::render_chat(*tok, c.turns, counts, opt);
-    const auto hf_ids = ref[k]["input_ids"].get<std::vector<int64_t>>();
-    ASSERT_EQ(rendered.input_ids.size(), hf_ids.size()) << "\nvlmtrain: " << tok->decode(rendered.input_ids)
-                                                        << "\nHF:       " << tok->decode(hf_ids);
-    for (size_t i = 0; i < hf_ids.size(); ++i)
-      ASSERT_EQ(rendered.input_ids[i], hf_ids[i]) << "first difference at token " << i;
+    vlmtest::expect_ids_and_spans_equal_hf(*tok, rendered, ref[k]);  // ids, then image spans
+    if (::testing::Test::HasFatalFailure()) return;
     ++equal_ids;
-    // Image spans = HF's runs of mm_token_type_ids == 1.
-    const auto types = ref[k]["mm_token_type_ids"].get<std::vector<int64_t>>();
-    std::vector<std::pair<int64_t, int64_t>> hf_runs;
-    for (size_t i = 0; i < types.size(); ++i) {
-      if (types[i] != 1) continue;
-      if (i > 0 && types[i - 1] == 1) ++hf_runs.back().second;
-      else hf_runs.push_back({int64_t(i), 1});
-    }
-    ASSERT_EQ(rendered.image_spans.size(), hf_runs.size());
-    for (size_t i = 0; i < hf_runs.size(); ++i) {
-      EXPECT_EQ(rendered.image_spans[i].begin, hf_runs[i].first);
-      EXPECT_EQ(rendered.image_spans[i].length, hf_runs[i].second);
-    }
   }
   EXPECT_EQ(equal_ids, static_cast<int64_t>(all.size()));
   std::cout << "chat template: ids equal to HF Qwen2VLProcessor on " << equal_ids << " of " << all.size()
