@@ -58,7 +58,9 @@ LoadedModel load_model(const ModelSection& model, const LoadModelOptions& opts,
     vlm::VlmConfig cfg = vlm::preset(model.preset);
     use_tokenizer_special_ids(cfg, *out.tokenizer);
     out.model = vlm::Qwen2VL(cfg, meta);
-    vlm::materialize(*out.model, {opts.device, opts.dtype, opts.seed});
+    const vlm::MaterializeOptions mo{opts.device, opts.dtype, opts.seed};
+    if (opts.deferred) out.source = vlm::init_param_source(*out.model, mo);
+    else vlm::materialize(*out.model, mo);
     out.random_init = true;
     out.description = vlm::str("preset ", model.preset, " (random init, seed ", opts.seed, ")");
     return out;
@@ -74,10 +76,14 @@ LoadedModel load_model(const ModelSection& model, const LoadModelOptions& opts,
   const vlm::TiedHead tied = vlm::resolve_tied_head(cfg, ckpt);  // may untie cfg, as HF
   if (!tied.note.empty()) spdlog::info("{}", tied.note);
   out.model = vlm::Qwen2VL(cfg, meta);
-  vlm::MaterializeOptions mo{opts.device, opts.dtype, opts.seed};
-  mo.init = false;
-  vlm::materialize(*out.model, mo);
-  vlm::load_module_weights(*out.model, ckpt, tied.load);
+  if (opts.deferred) {
+    out.source = vlm::checkpoint_param_source(*out.model, ckpt, tied.load);  // checks names and shapes now
+  } else {
+    vlm::MaterializeOptions mo{opts.device, opts.dtype, opts.seed};
+    mo.init = false;
+    vlm::materialize(*out.model, mo);
+    vlm::load_module_weights(*out.model, ckpt, tied.load);
+  }
   out.description = vlm::str("HF ", model.path, " (", ckpt.files().size(), " safetensors file",
                              ckpt.files().size() == 1 ? "" : "s", ")");
   return out;

@@ -18,6 +18,7 @@
 
 #include "app/recipe.h"
 #include "vlm/config.h"
+#include "vlm/param_source.h"
 #include "vlm/qwen2_vl.h"
 #include "vlm/tokenizer.h"
 
@@ -43,6 +44,11 @@ struct LoadModelOptions {
   uint64_t seed = 0;                      // preset models: materialize() seed
   torch::Device device = torch::kCPU;
   torch::Dtype dtype = torch::kFloat32;   // parameter dtype
+  // Leave the model on the meta device and return a ParamSource instead of the weights:
+  // apply_policies(model, opts, dims, source) then materialises on each rank only what it
+  // keeps (sharding/sharded_load.h). Everything about the checkpoint is checked here all
+  // the same (files, names, shapes, tied head).
+  bool deferred = false;
 };
 
 struct LoadedModel {
@@ -50,6 +56,9 @@ struct LoadedModel {
   std::unique_ptr<vlm::Tokenizer> tokenizer;
   std::string description;  // "HF /models/x (2 safetensors files)" | "preset tiny (random init, seed 0)"
   bool random_init = false; // a preset: nothing was loaded
+  // With LoadModelOptions::deferred: the weights (model on the meta device until
+  // apply_policies materialises it); null otherwise.
+  std::unique_ptr<vlm::ParamSource> source;
 };
 
 // Builds the model of `model` (preset: random init on opts.device; path: config.json +

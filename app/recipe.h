@@ -44,12 +44,18 @@ struct ModelSection {
   std::string path;        // HF model directory (config.json + safetensors); loads weights
   std::string tokenizer;   // tokenizer.json / .model / directory; default: model.path
   std::string family;      // with preset "" and no config.json: qwen2_vl | qwen2_5_vl | qwen3_vl
+  // Training start-up: build on the meta device and let each rank allocate and read only
+  // the parameters it keeps (FSDP shards: its 1/N range, straight from the mmap'd
+  // safetensors). false: every rank loads the whole model and rank 0's copy is broadcast
+  // (the old path, twice the model's bytes per rank at start; kept for comparison).
+  bool sharded_load = true;
 
   template <class V> void fields(V& v) {
     v("preset", preset);
     v("path", path);
     v("tokenizer", tokenizer);
     v("family", family, Choice{{"", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"}});
+    v("sharded_load", sharded_load);
   }
 };
 

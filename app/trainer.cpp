@@ -162,6 +162,23 @@ std::string human_bytes(double b) {
   return fmt::format("{:.1f}{}", b, units[k]);
 }
 
+// One line on how the weights arrived on this rank (sharded loading, sharded_load.h) and what
+// start-up cost in memory, next to the rank's persistent share it must stay close to.
+void log_sharded_load(const vlm::sharding::ShardedLoadStats& st, const vlm::sharding::MemoryReport& m,
+                      int64_t rss_before_model, vlm::sharding::ParallelDims& dims, bool random_init) {
+  if (!dims.is_main()) return;
+  const vlm::sharding::DeviceMemory dev = dims.device_context().memory();
+  spdlog::info("weights: {} on rank 0: {} units sharded, {} whole, {} elements filled, {} read | persistent "
+               "share {} | host RSS {} before the model, {} now, peak {}{}",
+               random_init ? "initialised" : "read", st.sharded_units, st.whole_units, st.elements_filled,
+               human_bytes(static_cast<double>(st.bytes_read)), human_bytes(m.persistent()),
+               human_bytes(static_cast<double>(rss_before_model)), human_bytes(static_cast<double>(current_rss_bytes())),
+               human_bytes(static_cast<double>(peak_rss_bytes())),
+               dims.device().is_cuda() ? vlm::str(" | device allocated ", human_bytes(static_cast<double>(dev.allocated)),
+                                                  ", peak ", human_bytes(static_cast<double>(dev.peak_allocated)))
+                                       : std::string());
+}
+
 int64_t total_steps(const Recipe& r, int64_t steps_per_epoch) {
   if (r.schedule.steps > 0) return r.schedule.steps;
   return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(r.schedule.epochs * static_cast<double>(steps_per_epoch))));
@@ -206,8 +223,10 @@ TrainSummary run_training(const Recipe& recipe) {
 
     // ---------------------------------------------------------------- tokenizer + model
     const torch::Dtype param_dtype = recipe_dtype(recipe.precision.param_dtype);
-    LoadedModel lm = load_model(recipe.model, {static_cast<uint64_t>(recipe.run.seed), dims.device(), param_dtype},
-                                recipe.source);
+    const int64_t rss_before_model = current_rss_bytes();
+    LoadModelOptions load_opts{static_cast<uint64_t>(recipe.run.seed), dims.device(), param_dtype};
+    load_opts.deferred = recipe.model.sharded_load;  // built on meta; apply_policies materialises this rank's share
+    LoadedModel lm = load_model(recipe.model, load_opts, recipe.source);
     vlm::Qwen2VL model = lm.model;
     const std::unique_ptr<vlm::Tokenizer>& tok = lm.tokenizer;
     const vlm::VlmConfig cfg = model->cfg;
@@ -216,7 +235,9 @@ TrainSummary run_training(const Recipe& recipe) {
     if (main) spdlog::info("model: {} | {}", vlm::family_name(cfg.family), model_source);
 
     // ---------------------------------------------------------------- policies
-    auto sm = vlm::sharding::apply_policies(*model, sharding_options(recipe), dims);
+    auto sm = vlm::sharding::apply_policies(*model, sharding_options(recipe), dims, lm.source.get());
+    lm.source.reset();  // unmaps the checkpoint
+    log_sharded_load(sm->load_stats(), sm->memory(), rss_before_model, dims, lm.random_init);
     if (main) {
       const vlm::sharding::MemoryReport m0 = sm->memory();
       const vlm::sharding::ParamCounts pc = vlm::sharding::count_params(sm->unit_table());

@@ -32,6 +32,14 @@ void DeviceContext::bind_thread() const {
   if (device_.is_cuda()) c10::cuda::set_device(device_.index());
 }
 
+DeviceMemory DeviceContext::memory() const {
+  if (!device_.is_cuda()) return {};
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
+  const auto& all = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+  const auto& reserved = stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+  return {all.current, all.peak, reserved.current};
+}
+
 torch::Tensor DeviceContext::to_device(const torch::Tensor& host) {
   if (!host.defined() || !cuda_ || host.device() == device_) return host;
   VLM_CHECK(host.is_cpu(), "device context: to_device expects a host tensor, got one on ", host.device().str());

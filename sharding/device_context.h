@@ -23,6 +23,13 @@
 
 namespace vlm::sharding {
 
+// Device memory of a rank, from the CUDA caching allocator (zeros on CPU).
+struct DeviceMemory {
+  int64_t allocated = 0;       // bytes in tensors now
+  int64_t peak_allocated = 0;  // their peak since the process started
+  int64_t reserved = 0;        // bytes the allocator holds from the driver now
+};
+
 class DeviceContext {
  public:
   explicit DeviceContext(torch::Device device);
@@ -41,6 +48,8 @@ class DeviceContext {
   // image_grid_thw, which stays on the host: the vision tower reads it there to plan its
   // attention (cu_seqlens, windows), so keeping it avoids a device -> host sync.
   vlm::Batch to_device(const vlm::Batch& host);
+
+  DeviceMemory memory() const;
 
   // Bytes copied host -> device so far, and how many copies.
   int64_t copied_bytes() const { return copied_bytes_; }

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "sharding/ready_hook.h"
+#include "sharding/sharded_load.h"
 #include "vlm/check.h"
 
 namespace vlm::sharding {
@@ -108,13 +109,20 @@ FsdpEngine::FsdpEngine(Comm& comm, const std::vector<UnitPlan>& units,
     u->shard_ = (u->numel_ + n - 1) / n;
     u->lo_ = std::min(r * u->shard_, u->numel_);
     u->hi_ = std::min((r + 1) * u->shard_, u->numel_);
-    // Flat buffer [N*S]; the parameters become views of it.
-    u->full_ = torch::zeros({n * u->shard_}, p0.options().requires_grad(false));
-    for (size_t k = 0; k < u->params_.size(); ++k) {
-      torch::Tensor p = u->params_[k].param;
-      torch::Tensor view = u->full_.narrow(0, u->offsets_[k], p.numel()).view(p.sizes());
-      view.copy_(p.detach());
-      p.set_data(view);
+    if (params_are_flat_slices(plan.params, n * u->shard_)) {
+      // Sharded loading (sharded_load.h) already laid the parameters out in a flat buffer
+      // with this rank's range filled: adopt it.
+      u->full_ = torch::empty({0}, p0.options().requires_grad(false));
+      u->full_.set_(p0.storage(), 0, {n * u->shard_}, {1});
+    } else {
+      // Flat buffer [N*S]; the parameters become views of it.
+      u->full_ = torch::zeros({n * u->shard_}, p0.options().requires_grad(false));
+      for (size_t k = 0; k < u->params_.size(); ++k) {
+        torch::Tensor p = u->params_[k].param;
+        torch::Tensor view = u->full_.narrow(0, u->offsets_[k], p.numel()).view(p.sizes());
+        view.copy_(p.detach());
+        p.set_data(view);
+      }
     }
     u->local_ = u->full_.narrow(0, r * u->shard_, u->shard_).clone();  // [S]
     if (u->trainable_) u->grad_ = torch::zeros({u->shard_}, p0.options().dtype(torch::kFloat32));

@@ -6,6 +6,7 @@
 #include "sharding/activation_checkpoint.h"
 #include "sharding/fsdp.h"
 #include "sharding/lora.h"
+#include "sharding/sharded_load.h"
 #include "vlm/check.h"
 
 namespace vlm::sharding {
@@ -153,7 +154,7 @@ void ShardedModel::load_state(const StateReader& read, int64_t optimizer_steps) 
 }
 
 std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl& model, const ShardingOptions& opts,
-                                             ParallelDims& dims) {
+                                             ParallelDims& dims, vlm::ParamSource* source) {
   std::unique_ptr<ShardedModel> sm(new ShardedModel());
   Comm& comm = dims.comm();
   sm->rank_ = comm.rank();
@@ -162,6 +163,11 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl& model, const Shar
   attach_lora(model, opts);
   // 1. Policy table.
   sm->units_ = resolve_units(model, opts);
+  if (source != nullptr) {  // 1b. sharded loading: real memory for what this rank keeps
+    sm->load_stats_ = materialize_units(model, sm->units_, sm->rank_, sm->world_, dims.device(), opts.param_dtype,
+                                        *source);
+    sm->units_ = resolve_units(model, opts);  // the new parameter handles
+  }
   for (const auto& u : sm->units_)
     if (!u.adapter_of.empty()) sm->stores_frozen_ = false;
   for (const auto& u : sm->units_)
@@ -175,11 +181,14 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl& model, const Shar
     }
   // 2. Freeze.
   apply_freeze(sm->units_);
-  // 3. Same starting point on every rank.
-  std::vector<torch::Tensor> all;
-  for (const auto& u : sm->units_)
-    for (const auto& p : u.params) all.push_back(p.param.detach());
-  broadcast_from_rank0(comm, all, "broadcast parameters from rank 0");
+  // 3. Same starting point on every rank (sharded loading: by construction, every rank read
+  //    its ranges from the same source).
+  if (source == nullptr) {
+    std::vector<torch::Tensor> all;
+    for (const auto& u : sm->units_)
+      for (const auto& p : u.params) all.push_back(p.param.detach());
+    broadcast_from_rank0(comm, all, "broadcast parameters from rank 0");
+  }
   // 4. FSDP units (flat buffers, local shards, gradient hooks).
   std::vector<std::pair<std::string, std::string>> call_order;
   for (const auto& u : model.units())

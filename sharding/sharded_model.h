@@ -15,8 +15,11 @@
 // Order in which the techniques are applied (each step a free function below):
 //   0. attach_lora        adapters on the Linear modules of the lora rules (lora.h)
 //   1. resolve_units      policy table + optimizer groups -> unit table (policy.h)
+//   1b. materialize_units with a ParamSource (model built on meta): each rank allocates and
+//                         reads only what it keeps (sharded_load.h)
 //   2. apply_freeze       frozen units: requires_grad = false (no grads, no state, no traffic)
-//   3. broadcast          every parameter from rank 0 (frozen ones included)
+//   3. broadcast          every parameter from rank 0 (frozen ones included); skipped with a
+//                         ParamSource (every rank read the same values)
 //   4. FsdpEngine         fsdp full_shard / shard_grad_op units and frozen full_shard units:
 //                         flat parameters, 1/N shard per rank (fsdp.h)
 //   5. DdpReducer         gradient buckets over the trainable replicated / ZeRO-1 units
@@ -48,6 +51,8 @@
 #include "sharding/optimizer.h"
 #include "sharding/parallel_dims.h"
 #include "sharding/policy.h"
+#include "sharding/sharded_load.h"
+#include "vlm/param_source.h"
 #include "vlm/qwen2_vl.h"
 
 namespace vlm::sharding {
@@ -118,9 +123,12 @@ class ShardedModel {
   void reset_gather_peak();
   FsdpEngine* fsdp() { return fsdp_.get(); }  // null when no unit is FSDP-sharded
   ~ShardedModel();
+  // What sharded loading did on this rank (zeros when the model came materialised).
+  const ShardedLoadStats& load_stats() const { return load_stats_; }
 
  private:
-  friend std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl&, const ShardingOptions&, ParallelDims&);
+  friend std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl&, const ShardingOptions&, ParallelDims&,
+                                                      vlm::ParamSource*);
   ShardedModel() = default;
   std::vector<UnitPlan> units_;
   std::shared_ptr<PolicyRunner> runner_;
@@ -130,11 +138,15 @@ class ShardedModel {
   std::vector<std::string> notes_;
   int64_t rank_ = 0, world_ = 1;
   bool stores_frozen_ = true;
+  ShardedLoadStats load_stats_;
 };
 
-// Collective (every rank calls it with the same options). The model must already hold
-// its parameters (materialised or loaded) on dims.device(), in opts.param_dtype (checked).
+// Collective (every rank calls it with the same options). Without a source, the model must
+// already hold its parameters (materialised or loaded) on dims.device(), in
+// opts.param_dtype (checked), and rank 0's values are broadcast. With a source, the model
+// is built on the meta device (in opts.param_dtype) and every rank materialises only what
+// it keeps from the source (step 1b); the source must outlive this call only.
 std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl& model, const ShardingOptions& opts,
-                                             ParallelDims& dims);
+                                             ParallelDims& dims, vlm::ParamSource* source = nullptr);
 
 }  // namespace vlm::sharding

@@ -220,6 +220,11 @@ torch::Tensor HfCheckpoint::get(const std::string& canonical) const {
   return files_[e.file].get(e.stored_name);
 }
 
+torch::Tensor HfCheckpoint::get_range(const std::string& canonical, int64_t lo, int64_t hi) const {
+  const Entry& e = entry(canonical);
+  return files_[e.file].get_range(e.stored_name, lo, hi);
+}
+
 // ---------------------------------------------------------------- loading
 
 NamedTensors module_state(const torch::nn::Module& module) {
@@ -229,18 +234,14 @@ NamedTensors module_state(const torch::nn::Module& module) {
   return out;
 }
 
-LoadReport load_module_weights(torch::nn::Module& module, const HfCheckpoint& ckpt, const LoadOptions& opts) {
-  LoadReport report;
-  struct Todo {
-    std::string name;
-    torch::Tensor dst;
-  };
-  std::vector<Todo> todo;
+LoadPlan plan_module_load(const torch::nn::Module& module, const HfCheckpoint& ckpt, const LoadOptions& opts,
+                          bool allow_meta) {
+  LoadPlan plan;
+  LoadReport& report = plan.report;
   std::set<TieKey> seen;
   std::set<std::string> module_names;
   std::vector<std::string> missing, bad_shape, meta;
 
-  // Plan and check everything first, so a failed load leaves the module untouched.
   const size_t n_params = module.named_parameters(true).size();
   NamedTensors state = module_state(module);
   for (size_t i = 0; i < state.size(); ++i) {
@@ -268,10 +269,11 @@ LoadReport load_module_weights(torch::nn::Module& module, const HfCheckpoint& ck
                               shape_str(dst.sizes()), " (", ckpt.file_of(name), ")"));
       continue;
     }
-    todo.push_back({name, dst});
+    plan.todo.push_back({state[i].first, name, dst, is_param});
   }
-  VLM_CHECK(meta.empty(), "load_module_weights: ", meta.size(), " tensors of the module are on the meta device: ",
-            name_list(meta), " (hint: materialise the module on a real device first; LibTorch cannot "
+  VLM_CHECK(allow_meta || meta.empty(), "load_module_weights: ", meta.size(),
+            " tensors of the module are on the meta device: ", name_list(meta),
+            " (hint: materialise the module on a real device first; LibTorch cannot "
             "swap a meta tensor's storage in place)");
   VLM_CHECK(missing.empty(), ckpt.path(), ": ", missing.size(), " tensors of the module are missing from the checkpoint: ",
             name_list(missing), " (hint: wrong checkpoint for this model config, or a partial download)");
@@ -288,13 +290,19 @@ LoadReport load_module_weights(torch::nn::Module& module, const HfCheckpoint& ck
   VLM_CHECK(report.unexpected.empty() || opts.allow_unexpected, ckpt.path(), ": ", report.unexpected.size(),
             " checkpoint tensors have no parameter or buffer in the module: ", name_list(report.unexpected),
             " (hint: wrong model config, or pass allow_unexpected to ignore them)");
+  return plan;
+}
 
+LoadReport load_module_weights(torch::nn::Module& module, const HfCheckpoint& ckpt, const LoadOptions& opts) {
+  // Plan and check everything first, so a failed load leaves the module untouched.
+  LoadPlan plan = plan_module_load(module, ckpt, opts, /*allow_meta=*/false);
+  LoadReport report = std::move(plan.report);
   torch::NoGradGuard no_grad;
-  for (auto& [name, dst] : todo) {
-    torch::Tensor src = ckpt.get(name);
-    if (src.scalar_type() != dst.scalar_type()) ++report.converted;
-    report.bytes_read += ckpt.info(name).nbytes();
-    dst.copy_(src);
+  for (auto& e : plan.todo) {
+    torch::Tensor src = ckpt.get(e.name);
+    if (src.scalar_type() != e.dst.scalar_type()) ++report.converted;
+    report.bytes_read += ckpt.info(e.name).nbytes();
+    e.dst.copy_(src);
     ++report.loaded;
   }
   return report;

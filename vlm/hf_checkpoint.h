@@ -64,6 +64,8 @@ class HfCheckpoint {
   const std::string& file_of(const std::string& canonical) const;
   // The tensor on CPU in its stored dtype (zero-copy view into the mapping when aligned).
   torch::Tensor get(const std::string& canonical) const;
+  // Flat elements [lo, hi) of it, stored dtype, on CPU (SafetensorsFile::get_range).
+  torch::Tensor get_range(const std::string& canonical, int64_t lo, int64_t hi) const;
   // The opened files, one per shard.
   const std::vector<SafetensorsFile>& files() const { return files_; }
   // "metadata.total_size" of the index when present (not checked against the files: hub
@@ -127,6 +129,22 @@ LoadReport load_module_weights(torch::nn::Module& module, const HfCheckpoint& ck
                                const LoadOptions& opts = {});
 LoadReport load_module_weights(torch::nn::Module& module, const std::string& dir_or_file,
                                const LoadOptions& opts = {});
+
+// load_module_weights' first half: every module tensor mapped onto its checkpoint tensor,
+// with all its checks (missing, shapes, unexpected; meta tensors unless allow_meta), and
+// nothing read. `report` holds tied_skipped, buffers_kept and unexpected.
+struct LoadPlanEntry {
+  std::string own;    // the module's name for it (without prefix)
+  std::string name;   // the checkpoint tensor it is read from (canonical)
+  torch::Tensor dst;  // the module's tensor
+  bool is_param = true;
+};
+struct LoadPlan {
+  std::vector<LoadPlanEntry> todo;
+  LoadReport report;
+};
+LoadPlan plan_module_load(const torch::nn::Module& module, const HfCheckpoint& ckpt, const LoadOptions& opts,
+                          bool allow_meta);
 
 // The module's parameters then buffers, by recursive name, in registration order
 // (tied parameters appear under each of their names; save_hf_checkpoint drops repeats).

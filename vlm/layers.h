@@ -61,6 +61,7 @@ class LinearImpl : public LayerBase {
   LoraOptions lora_options;  // the adapter's r, alpha, rslora, dropout, init (valid with lora_A)
   double lora_scaling = 0;   // lora_options.scaling(): alpha / r (alpha / sqrt(r) with rslora)
   double lora_dropout = 0;   // lora_options.dropout: on the adapter's input (training only)
+  uint64_t lora_seed = 0;    // the seed add_lora drew A from (lora_init_value)
 
  protected:
   void rebind() override;

@@ -57,24 +57,34 @@ void add_lora(LinearImpl& linear, const LoraOptions& o, uint64_t seed, const std
   const auto opts = w.options();
   auto a = std::make_shared<LinearImpl>(in, o.r, /*bias=*/false, opts);
   auto b = std::make_shared<LinearImpl>(o.r, out, /*bias=*/false, opts);
-  if (!w.is_meta()) {
-    torch::NoGradGuard no_grad;
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(lora_seed(seed, name + ".lora_A.weight"));
-    torch::Tensor av = torch::empty({o.r, in}, torch::kFloat32);
-    if (o.init == LoraInit::gaussian) {
-      av.normal_(0.0, 1.0 / static_cast<double>(o.r), gen);
-    } else {
-      const double bound = 1.0 / std::sqrt(static_cast<double>(in));
-      av.uniform_(-bound, bound, gen);
-    }
-    a->replace_parameter("weight", av.to(w.options()));
-    b->replace_parameter("weight", torch::zeros({out, o.r}, w.options()));
-  }
   linear.lora_A = linear.register_module("lora_A", a);
   linear.lora_B = linear.register_module("lora_B", b);
   linear.lora_options = o;
   linear.lora_scaling = o.scaling();
   linear.lora_dropout = o.dropout;
+  linear.lora_seed = seed;
+  if (!w.is_meta()) {
+    torch::NoGradGuard no_grad;
+    a->replace_parameter("weight", lora_init_value(linear, "lora_A.weight", name).to(opts));
+    b->replace_parameter("weight", lora_init_value(linear, "lora_B.weight", name).to(opts));
+  }
+}
+
+torch::Tensor lora_init_value(const LinearImpl& linear, const std::string& which, const std::string& name) {
+  VLM_CHECK(linear.lora_A, "lora: ", name, " has no adapter");
+  const LoraOptions& o = linear.lora_options;
+  const int64_t out = linear.weight.size(0), in = linear.weight.size(1);
+  if (which == "lora_B.weight") return torch::zeros({out, o.r}, torch::kFloat32);
+  VLM_CHECK(which == "lora_A.weight", "lora: ", name, ": no adapter parameter '", which, "'");
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(lora_seed(linear.lora_seed, name + ".lora_A.weight"));
+  torch::Tensor av = torch::empty({o.r, in}, torch::kFloat32);
+  if (o.init == LoraInit::gaussian) {
+    av.normal_(0.0, 1.0 / static_cast<double>(o.r), gen);
+  } else {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+    av.uniform_(-bound, bound, gen);
+  }
+  return av;
 }
 
 bool has_lora(const LinearImpl& linear) { return static_cast<bool>(linear.lora_A); }

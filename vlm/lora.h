@@ -39,6 +39,10 @@ LoraInit parse_lora_init(const std::string& s);  // throws vlm::Error listing th
 // full path, used for the seed of A and in errors.
 void add_lora(LinearImpl& linear, const LoraOptions& o, uint64_t seed, const std::string& name);
 bool has_lora(const LinearImpl& linear);
+// The initial value of `linear`'s adapter parameter "lora_A.weight" or "lora_B.weight" (fp32,
+// CPU): what add_lora gives it (a meta base gets meta adapters; this materialises them).
+// `name` is the module's full path, as passed to add_lora.
+torch::Tensor lora_init_value(const LinearImpl& linear, const std::string& which, const std::string& name);
 // W += scaling * B A (computed in fp32, stored in W's dtype); removes the adapters.
 void merge_lora(LinearImpl& linear);
 

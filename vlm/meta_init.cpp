@@ -33,22 +33,29 @@ void materialize_layer(LayerBase& layer, const std::string& prefix, const Materi
       // Meta: allocate only. Real: keep the values, move to the target device/dtype.
       value = p.is_meta() ? torch::empty(p.sizes(), topts) : p.detach().to(topts);
     } else {
-      switch (layer.init_rule(item.key())) {
-        case ParamInit::zeros: value = torch::zeros(p.sizes(), topts); break;
-        case ParamInit::ones: value = torch::ones(p.sizes(), topts); break;
-        case ParamInit::normal: {
-          // Drawn on CPU in fp32 so every device/dtype gets the same values.
-          auto gen = at::make_generator<at::CPUGeneratorImpl>(name_seed(o.seed, full));
-          value = torch::empty(p.sizes(), torch::kFloat32).normal_(0.0, o.init_std, gen).to(topts);
-          break;
-        }
-      }
+      value = initial_value(layer, item.key(), full, o);
     }
     layer.replace_parameter(item.key(), value);
   }
 }
 
 }  // namespace
+
+torch::Tensor initial_value(LayerBase& layer, const std::string& key, const std::string& full,
+                            const MaterializeOptions& o) {
+  const auto topts = torch::TensorOptions().device(o.device).dtype(o.dtype);
+  const auto params = layer.named_parameters(/*recurse=*/false);
+  const torch::Tensor* p = params.find(key);
+  VLM_CHECK(p != nullptr, "initial_value: ", full, " is not a parameter of its layer");
+  switch (layer.init_rule(key)) {
+    case ParamInit::zeros: return torch::zeros(p->sizes(), topts);
+    case ParamInit::ones: return torch::ones(p->sizes(), topts);
+    case ParamInit::normal: break;
+  }
+  // Drawn on CPU in fp32 so every device/dtype gets the same values.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(name_seed(o.seed, full));
+  return torch::empty(p->sizes(), torch::kFloat32).normal_(0.0, o.init_std, gen).to(topts);
+}
 
 void materialize(torch::nn::Module& root, const MaterializeOptions& opts) {
   torch::NoGradGuard no_grad;

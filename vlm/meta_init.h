@@ -11,6 +11,8 @@
 
 namespace vlm {
 
+class LayerBase;  // vlm/layers.h
+
 struct MaterializeOptions {
   torch::Device device = torch::kCPU;
   torch::Dtype dtype = torch::kFloat32;
@@ -26,6 +28,11 @@ struct MaterializeOptions {
 // meta parameters are only allocated and real ones keep their values (moved/cast).
 // Throws for a meta parameter not owned by a LayerBase.
 void materialize(torch::nn::Module& root, const MaterializeOptions& opts);
+
+// The value materialize() with opts.init gives parameter `key` of `layer`, whose full name
+// is `full` (the seed's input): on opts.device in opts.dtype.
+torch::Tensor initial_value(LayerBase& layer, const std::string& key, const std::string& full,
+                            const MaterializeOptions& opts);
 
 // True if any parameter under `root` lives on the meta device.
 bool has_meta_parameters(const torch::nn::Module& root);

@@ -327,6 +327,23 @@ torch::Tensor SafetensorsFile::get(const std::string& name, torch::ScalarType dt
   return t.scalar_type() == dtype ? t : t.to(dtype);
 }
 
+torch::Tensor SafetensorsFile::get_range(const std::string& name, int64_t lo, int64_t hi) const {
+  const StTensorInfo& t = info(name);
+  VLM_CHECK(0 <= lo && lo <= hi && hi <= t.numel(), source(), ": tensor \"", name, "\": element range [", lo, ", ",
+            hi, ") is outside its ", t.numel(), " elements");
+  auto opts = torch::TensorOptions().dtype(t.dtype).device(torch::kCPU);
+  if (lo == hi) return torch::empty({0}, opts);
+  const size_t es = st_dtype_size(t.dtype);
+  uint8_t* p = state_->base() + state_->header.data_offset + t.begin + static_cast<uint64_t>(lo) * es;
+  if (reinterpret_cast<uintptr_t>(p) % es == 0) {
+    std::shared_ptr<State> keep = state_;
+    return torch::from_blob(p, {hi - lo}, [keep](void*) {}, opts);
+  }
+  torch::Tensor out = torch::empty({hi - lo}, opts);
+  std::memcpy(out.data_ptr(), p, static_cast<size_t>(hi - lo) * es);
+  return out;
+}
+
 bool SafetensorsFile::owns_pointer(const void* ptr) const {
   auto p = reinterpret_cast<uintptr_t>(ptr);
   auto b = reinterpret_cast<uintptr_t>(state_->base());

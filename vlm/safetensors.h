@@ -87,6 +87,10 @@ class SafetensorsFile {
   torch::Tensor get(const std::string& name) const;
   // Same, converted to `dtype` (a copy unless dtype matches the stored one).
   torch::Tensor get(const std::string& name, torch::ScalarType dtype) const;
+  // Flat elements [lo, hi) of the tensor (row-major), stored dtype, on CPU: [hi - lo]. Only
+  // those bytes are touched (a zero-copy view when aligned, else a copy of the range alone).
+  // Throws vlm::Error naming the file when the range is outside [0, numel].
+  torch::Tensor get_range(const std::string& name, int64_t lo, int64_t hi) const;
 
   // Zero-copy introspection: whether `ptr` lies inside this file's mapped bytes.
   bool owns_pointer(const void* ptr) const;

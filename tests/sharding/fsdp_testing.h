@@ -20,7 +20,9 @@
 #include "sharding/parallel_dims.h"
 #include "sharding/sharded_model.h"
 #include "vlm/check.h"
+#include "vlm/hf_checkpoint.h"
 #include "vlm/meta_init.h"
+#include "vlm/param_source.h"
 #include "vlm/qwen2_vl.h"
 #include "tests/dist_testing.h"
 
@@ -34,10 +36,14 @@ constexpr int kSamples = 6;
 constexpr int kSteps = 5;
 constexpr double kLr = 1e-4, kMergerLr = 2e-4, kWd = 0.1, kClip = 1.0;
 
-inline vlm::Qwen2VL make_model(torch::Dtype dtype = torch::kFloat32, bool tied = true) {
+// The tiny model on the meta device in `dtype` (sharded loading materialises it).
+inline vlm::Qwen2VL make_meta_model(torch::Dtype dtype = torch::kFloat32, bool tied = true) {
   auto cfg = vlm::preset("tiny");
   cfg.tie_word_embeddings = tied;
-  vlm::Qwen2VL m(cfg, torch::TensorOptions().device(torch::kMeta));
+  return vlm::Qwen2VL(cfg, torch::TensorOptions().device(torch::kMeta).dtype(dtype));
+}
+inline vlm::Qwen2VL make_model(torch::Dtype dtype = torch::kFloat32, bool tied = true) {
+  vlm::Qwen2VL m = make_meta_model(dtype, tied);
   vlm::materialize(*m, {torch::kCPU, dtype, 7});
   return m;
 }
@@ -117,6 +123,10 @@ struct Config {
   int begin = 0, end = kSteps;  // steps [begin, end)
   std::string save_dir, load_dir;  // checkpoint state after the run / before it
   bool text_only_rank1 = false;    // rank 1's samples have no image
+  // How the weights arrive: "" materialised on every rank (rank 1 perturbed) and broadcast
+  // by apply_policies; "init" sharded loading of make_model's random init; a path: sharded
+  // loading from that HF checkpoint (sharded_load.h).
+  std::string load;
   std::string tag() const {
     return vlm::str(frozen_vision ? "frozen-vision" : "all-fsdp", " ", strategy, ckpt ? " +ckpt" : "",
                     " accum ", accum, dtype == torch::kBFloat16 ? " bf16" : "",
@@ -131,6 +141,7 @@ struct RunResult {
   std::vector<std::pair<std::string, torch::Tensor>> params;  // after the last step
   CommStats step1;              // traffic of step 1 (from the token count to zero_grad)
   MemoryReport memory;          // after the last step
+  ShardedLoadStats load;        // what sharded loading did on this rank
   double seconds = 0;
 };
 
@@ -238,18 +249,28 @@ inline StateReader slice_reader(const std::string& dir) {
 inline RunResult sharded_run(ParallelDims& dims, const Config& c) {
   const auto t0 = std::chrono::steady_clock::now();
   const int n = dims.world_size(), rank = dims.rank();
-  auto model = make_model(c.dtype, c.tied);
-  if (rank != 0) {  // start the ranks apart: apply_policies' broadcast must make them equal
-    torch::NoGradGuard g;
-    for (auto& p : model->parameters()) p.add_(0.5);
+  vlm::Qwen2VL model{nullptr};
+  std::unique_ptr<vlm::ParamSource> source;
+  if (c.load.empty()) {
+    model = make_model(c.dtype, c.tied);
+    if (rank != 0) {  // start the ranks apart: apply_policies' broadcast must make them equal
+      torch::NoGradGuard g;
+      for (auto& p : model->parameters()) p.add_(0.5);
+    }
+  } else {
+    model = make_meta_model(c.dtype, c.tied);
+    source = c.load == "init" ? vlm::init_param_source(*model, {torch::kCPU, c.dtype, 7})
+                              : vlm::checkpoint_param_source(*model, vlm::HfCheckpoint::open(c.load));
   }
-  auto sm = apply_policies(*model, options(c), dims);
+  auto sm = apply_policies(*model, options(c), dims, source.get());
+  source.reset();
   EXPECT_TRUE(sm->notes().empty()) << sm->notes().front();
   const auto initial = snapshot(*sm, *model);
   if (!c.load_dir.empty()) sm->load_state(slice_reader(c.load_dir), c.begin);
   sm->reset_gather_peak();  // the snapshot gathered everything
   Comm& comm = dims.comm();
   RunResult r;
+  r.load = sm->load_stats();
   for (int step = c.begin; step < c.end; ++step) {
     std::vector<std::vector<Sample>> micro(c.accum);
     int64_t local_tokens = 0;

@@ -1,0 +1,88 @@
+// materialize_units (see sharded_load.h).
+#include "sharding/sharded_load.h"
+
+#include <algorithm>
+
+#include "vlm/check.h"
+
+namespace vlm::sharding {
+namespace {
+
+// A tensor of `sizes` (contiguous) over `storage` from element `offset`: shares the memory
+// without being an autograd view of the flat buffer (what Tensor::set_data gives FSDP's
+// parameters; an autograd view would make in-place optimizer updates of a leaf an error).
+torch::Tensor slice_of(const torch::Tensor& flat, int64_t offset, torch::IntArrayRef sizes) {
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * sizes[d + 1];
+  torch::Tensor t = torch::empty({0}, flat.options());
+  t.set_(flat.storage(), flat.storage_offset() + offset, sizes, strides);
+  return t;
+}
+
+}  // namespace
+
+bool shards_params(Sharding s) {
+  return s == Sharding::kFullShard || s == Sharding::kShardGradOp || s == Sharding::kFrozenSharded;
+}
+
+ShardedLoadStats materialize_units(torch::nn::Module& model, const std::vector<UnitPlan>& units, int64_t rank,
+                                   int64_t world, torch::Device device, torch::Dtype dtype,
+                                   vlm::ParamSource& source) {
+  torch::NoGradGuard no_grad;
+  vlm::ParamReplacer replacer(model);
+  const auto topts = torch::TensorOptions().device(device).dtype(dtype);
+  const uint64_t read_before = source.bytes_read();
+  ShardedLoadStats st;
+  for (const auto& u : units) {
+    for (const auto& p : u.params)
+      VLM_CHECK(p.param.is_meta(), "sharded load: parameter ", p.name, " of unit ", u.path, " is already on ",
+                p.param.device(), " (hint: sharded loading starts from a model built on the meta device)");
+    if (!shards_params(u.sharding)) {  // every rank keeps the whole unit
+      for (const auto& p : u.params) {
+        torch::Tensor v = torch::empty(p.param.sizes(), topts);
+        source.fill(p.name, 0, v.numel(), v.view({-1}));
+        st.elements_filled += v.numel();
+        replacer.replace(p.name, v);
+      }
+      ++st.whole_units;
+      continue;
+    }
+    int64_t numel = 0;
+    for (const auto& p : u.params) numel += p.param.numel();
+    const int64_t shard = (numel + world - 1) / world;
+    const int64_t lo = std::min(rank * shard, numel), hi = std::min((rank + 1) * shard, numel);
+    torch::Tensor flat = torch::empty({world * shard}, topts);  // [N*S]: only [lo, hi) is ever written
+    int64_t off = 0;
+    for (const auto& p : u.params) {
+      const int64_t n = p.param.numel();
+      const int64_t a = std::max(lo, off), b = std::min(hi, off + n);
+      if (a < b) {
+        source.fill(p.name, a - off, b - off, flat.narrow(0, a, b - a));
+        st.elements_filled += b - a;
+      }
+      replacer.replace(p.name, slice_of(flat, off, p.param.sizes()));
+      off += n;
+    }
+    if (hi == numel && world * shard > numel) flat.narrow(0, numel, world * shard - numel).zero_();  // padding
+    ++st.sharded_units;
+  }
+  st.bytes_read = source.bytes_read() - read_before;
+  return st;
+}
+
+bool params_are_flat_slices(const std::vector<UnitParam>& params, int64_t flat_numel) {
+  if (params.empty() || params.front().param.is_meta()) return false;
+  const torch::Tensor& p0 = params.front().param;
+  const c10::StorageImpl* storage = p0.storage().unsafeGetStorageImpl();
+  if (p0.storage().nbytes() != static_cast<size_t>(flat_numel) * p0.element_size()) return false;
+  int64_t off = 0;
+  for (const auto& p : params) {
+    const torch::Tensor& t = p.param;
+    if (t.storage().unsafeGetStorageImpl() != storage || t.storage_offset() != off || !t.is_contiguous())
+      return false;
+    off += t.numel();
+  }
+  return off <= flat_numel;
+}
+
+}  // namespace vlm::sharding

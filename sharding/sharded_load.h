@@ -1,0 +1,50 @@
+// Sharded loading: a model built on the meta device gets real memory unit by unit, each
+// rank allocating and reading only what it keeps (torchtitan's "build on meta, shard, then
+// materialise"). No rank holds the whole model and nothing is broadcast: every rank reads
+// its own ranges from the same source (mmap'd safetensors, or the seeded random init), so
+// all ranks agree by construction.
+//
+//   auto units = resolve_units(model, opts);          // on the meta model
+//   materialize_units(model, units, rank, world, device, dtype, source);
+//   units = resolve_units(model, opts);               // handles of the real parameters
+//   FsdpEngine(...)                                   // adopts the flat buffers below
+//
+// A sharded unit (full_shard, shard_grad_op, frozen_sharded) gets one flat buffer of
+// [N*S] elements (S = ceil(numel / N), the FSDP engine's layout, fsdp.h) whose parameters
+// are its consecutive slices; only this rank's range [r*S, (r+1)*S) is written (the
+// padding past numel is zeroed); the rest is never touched, so on the CPU it takes no
+// memory and the engine releases the buffer at once. Any other unit gets each parameter
+// whole (every rank keeps all of it).
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "sharding/policy.h"
+#include "vlm/param_source.h"
+
+namespace vlm::sharding {
+
+struct ShardedLoadStats {
+  int64_t sharded_units = 0;      // units given a flat buffer with this rank's range filled
+  int64_t whole_units = 0;        // units materialised whole
+  int64_t elements_filled = 0;    // parameter elements written from the source on this rank
+  uint64_t bytes_read = 0;        // source (checkpoint) bytes read by this rank
+};
+
+// Whether `s` keeps only a shard of the parameters between uses (FsdpEngine's units).
+bool shards_params(Sharding s);
+
+// Materialises every parameter of `units` (all on the meta device; resolved on `model`) on
+// `device` in `dtype`, filling from `source` as described above. Parameters become new
+// tensors: resolve the units again afterwards. Throws vlm::Error (from the source) naming
+// the parameter and the file; the model is left partly materialised then (start-up fails).
+ShardedLoadStats materialize_units(torch::nn::Module& model, const std::vector<UnitPlan>& units, int64_t rank,
+                                   int64_t world, torch::Device device, torch::Dtype dtype, vlm::ParamSource& source);
+
+// Whether `params` are consecutive slices of one storage of exactly `flat_numel` elements
+// starting at offset 0 (materialize_units' flat buffer), in order.
+bool params_are_flat_slices(const std::vector<UnitParam>& params, int64_t flat_numel);
+
+}  // namespace vlm::sharding
