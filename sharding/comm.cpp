@@ -3,6 +3,7 @@
 #include <sstream>
 #include <thread>
 
+#include "sharding/comm_watchdog.h"
 #include "sharding/shm_channel.h"
 #include "vlm/check.h"
 
@@ -143,7 +144,7 @@ Comm::Comm(c10::intrusive_ptr<c10d::Backend> group, int rank, int world_size,
   set_shm(nullptr, "");
 }
 
-Comm::~Comm() = default;
+Comm::~Comm() { watchdog_.reset(); }
 
 void Comm::set_shm(std::shared_ptr<ShmChannel> channel, std::string note) {
   shm_ = std::move(channel);
@@ -207,6 +208,10 @@ std::string hint_for(const std::string& reason) {
 }  // namespace
 
 void Comm::fail(uint64_t seq, const std::string& head, const std::string& reason) {
+  throw Error(failure_report(seq, head, reason));
+}
+
+std::string Comm::failure_report(uint64_t seq, const std::string& head, const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     with_entry(flight_, flight_start_, seq, [&](FlightEntry& e, auto t0) {
@@ -217,12 +222,20 @@ void Comm::fail(uint64_t seq, const std::string& head, const std::string& reason
   std::string other;
   if (other_ != nullptr && world_ > 1)
     other = str("\n  last ops on this rank's ", other_->plane(), " plane, oldest first:\n", other_->flight_record());
-  throw Error(str("comm: ", head, " failed on rank ", rank_, " of ", world_, " (", plane_, " plane, ",
-                  shm_ ? "shared memory" : backend_name(backend_),
-                  ", timeout ", timeout_.count() / 1000.0, " s): ", reason,
-                  "\n  hint: ", hint_for(reason),
-                  "\n  last ops on this rank (", plane_, " plane), oldest first:\n",
-                  flight_record(), other, peer_report(seq)));
+  return str("comm: ", head, " failed on rank ", rank_, " of ", world_, " (", plane_, " plane, ",
+             shm_ ? "shared memory" : backend_name(backend_), ", timeout ", timeout_.count() / 1000.0, " s): ", reason,
+             "\n  hint: ", hint_for(reason), "\n  last ops on this rank (", plane_, " plane), oldest first:\n",
+             flight_record(), other, peer_report(seq));
+}
+
+void Comm::start_watchdog(std::function<void(const std::string&)> on_timeout, std::chrono::milliseconds poll) {
+  VLM_CHECK(watchdog_ == nullptr, "comm: the ", plane_, " plane's watchdog is already running");
+  watchdog_ = std::make_unique<CommWatchdog>(
+      timeout_, poll,
+      [this](uint64_t seq, const std::string& head, const std::string& reason) {
+        return failure_report(seq, head, reason);
+      },
+      std::move(on_timeout));
 }
 
 std::string Comm::peer_report(uint64_t failed_seq) {
@@ -314,6 +327,7 @@ Work Comm::launch(uint64_t seq, const std::function<WorkList()>& issue,
   } catch (const std::exception& e) {
     fail(seq, w.head_, e.what());
   }
+  if (watchdog_) watchdog_->track(seq, w.head_, w.works_);
   w.epilogue_ = std::move(epilogue);
   return w;
 }

@@ -60,6 +60,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -111,6 +112,7 @@ struct FlightEntry {
 };
 
 class Comm;
+class CommWatchdog;  // comm_watchdog.h
 
 // Handle of an issued collective. wait() blocks, applies the fallback's epilogue (copy
 // back, cast, slice, divide) and throws vlm::Error on failure or timeout. Waiting twice is
@@ -202,11 +204,21 @@ class Comm {
   // The last ops (oldest first), one per line.
   std::string flight_record() const;
 
+  // Starts the watchdog (comm_watchdog.h) over every later op issued to the process group:
+  // an op not completed within the timeout, or completed with an error, ends in
+  // `on_timeout(report)`, the report being what a failed wait() would throw. Needed where
+  // wait() does not block the host until the op is done (NCCL); ParallelDims starts it there.
+  void start_watchdog(std::function<void(const std::string&)> on_timeout,
+                      std::chrono::milliseconds poll = std::chrono::milliseconds(100));
+  bool watchdog_running() const { return watchdog_ != nullptr; }
+
  private:
   friend class Work;
   uint64_t enter(OpKind op, const std::string& what, const std::string& ctx);
   void complete(uint64_t seq);
   [[noreturn]] void fail(uint64_t seq, const std::string& head, const std::string& reason);
+  // fail()'s message (marks the op failed in the flight recorder, collects the peers' reports).
+  std::string failure_report(uint64_t seq, const std::string& head, const std::string& reason);
   void count(OpKind op, double logical, double wire);
   // Publishes this rank's last op to the store and collects the others' (best effort).
   std::string peer_report(uint64_t failed_seq);
@@ -237,6 +249,7 @@ class Comm {
   std::deque<std::chrono::steady_clock::time_point> flight_start_;
   size_t flight_capacity_;
   uint64_t next_seq_ = 0;
+  std::unique_ptr<CommWatchdog> watchdog_;  // last: stopped first on destruction
 };
 
 }  // namespace vlm::sharding

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
@@ -364,6 +365,7 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
     p.control_ = std::make_shared<Comm>(c10::intrusive_ptr<c10d::Backend>(), 0, 1, Backend::kNone, opts.timeout);
     p.control_->set_plane("control", p.comm_.get());
     p.comm_->set_plane("data", p.control_.get());
+  if (p.backend_ == Backend::kNccl) p.start_watchdog();
     return p;
   }
 
@@ -394,7 +396,9 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
   if (cuda && opts.backend != "gloo") {
 #ifdef USE_C10D_NCCL
     auto o = c10d::ProcessGroupNCCL::Options::create();
-    o->timeout = opts.timeout;
+    // Our watchdog (start_watchdog below) reports a stuck op at opts.timeout with the comm
+    // layer's report; NCCL's own watchdog, a minute later, is the backstop.
+    o->timeout = opts.timeout + std::chrono::seconds(60);
     p.group_ = wrap(str(who, ": NCCL process group"), "check NCCL_DEBUG=INFO output", [&] {
       return c10::intrusive_ptr<c10d::Backend>(
           c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.world_size, o));
@@ -440,14 +444,35 @@ ParallelDims ParallelDims::from_environment(const ParallelOptions& opts) {
   return init(detect_dist_env(process_env()), opts);
 }
 
-bool ParallelDims::write_error_file(const std::string& message) const {
-  if (env_.error_file.empty()) return false;
-  nlohmann::json j = {{"message", message},
-                      {"timestamp", static_cast<int64_t>(std::time(nullptr))}};
-  std::ofstream f(env_.error_file, std::ios::trunc);
+namespace {
+bool write_error_json(const std::string& path, const std::string& message) {
+  if (path.empty()) return false;
+  nlohmann::json j = {{"message", message}, {"timestamp", static_cast<int64_t>(std::time(nullptr))}};
+  std::ofstream f(path, std::ios::trunc);
   if (!f) return false;
   f << j.dump() << "\n";
   return static_cast<bool>(f);
+}
+}  // namespace
+
+bool ParallelDims::write_error_file(const std::string& message) const {
+  return write_error_json(env_.error_file, message);
+}
+
+void ParallelDims::start_watchdog() {
+  if (!distributed() || comm_->watchdog_running()) return;
+  // Runs on the watchdog's thread while the main thread may be blocked in the driver: no
+  // exception can reach main, so the process ends here.
+  comm_->start_watchdog([error_file = env_.error_file, group = group_, rank = env_.rank](const std::string& report) {
+    std::fprintf(stderr, "vlmtrain: error (rank %d): %s\n", rank, report.c_str());
+    std::fflush(stderr);
+    write_error_json(error_file, report);
+    try {
+      if (group) group->abort();  // NCCL: frees the communicators; kernels waiting on peers return
+    } catch (...) {
+    }
+    std::_Exit(1);
+  });
 }
 
 }  // namespace vlm::sharding

@@ -144,6 +144,11 @@ class ParallelDims {
   // TORCHELASTIC_ERROR_FILE is set; returns whether a file was written.
   bool write_error_file(const std::string& message) const;
 
+  // Starts the data plane's watchdog (comm_watchdog.h) with the standard ending: the report
+  // on stderr and in the error file, the process group aborted, exit code 1. init() starts
+  // it on NCCL (whose wait() leaves the host running); a no-op at world 1 or when running.
+  void start_watchdog();
+
  private:
   ParallelDims() = default;
   DistEnv env_;
