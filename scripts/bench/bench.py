@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -466,7 +467,11 @@ def main():
         del commands[:]
         body = []
         t0 = time.time()
-        fn(body) if fn.__code__.co_argcount == 1 else fn(ctx, body)
+        try:
+            fn(body) if fn.__code__.co_argcount == 1 else fn(ctx, body)
+        except Exception:  # a broken section must not cost the others' results
+            log(f"{name}: {traceback.format_exc()}")
+            body.append(f"\n**Section {name} stopped with an error:**\n\n```\n{traceback.format_exc()[-2000:]}```\n")
         body.append(f"_(section run at {time.strftime('%H:%M UTC', time.gmtime())} in {time.time() - t0:.0f} s, "
                     f"load average then {' '.join(f'{x:.2f}' for x in os.getloadavg())})_\n")
         open(os.path.join(OUT, name + ".md"), "w").write("\n".join(body) + "\n")
