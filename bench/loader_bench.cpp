@@ -10,10 +10,12 @@
 // data.num_workers to the thread count to measure. Timed from the first step's request to
 // the step that reaches --samples samples (whole steps; the dataset index is built before
 // the clock starts and epochs wrap). Reported: samples/s, images/s, image tokens and text
-// tokens per sample, and the process CPU seconds per sample (workers + the consumer's
-// collate). With one worker the consumer mostly waits, so samples/s is one worker
-// thread's rate ("wait %" says how much of the time the consumer waited).
+// tokens per sample, and CPU seconds per sample: the process's, the consumer thread's
+// (collate; CLOCK_THREAD_CPUTIME_ID) and the rest, the worker threads'. On a shared machine
+// wall-clock rates depend on the load; samples per worker CPU second is what one worker
+// thread sustains on a core of its own (OMP_NUM_THREADS=1: no intra-op pool adds CPU).
 #include <sys/resource.h>
+#include <time.h>
 
 #include <chrono>
 #include <cstdio>
@@ -30,6 +32,12 @@
 #include "vlm/tokenizer.h"
 
 namespace {
+
+double thread_cpu_seconds() {  // the calling thread's CPU time
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
 
 double cpu_seconds() {
   rusage r{};
@@ -73,7 +81,7 @@ int main(int argc, char** argv) {
     vlm::data::SamplerCursor cursor;
     int64_t samples = 0, images = 0, steps = 0, tokens = 0, image_tokens = 0, dropped = 0;
     double wait = 0;
-    const double c0 = cpu_seconds();
+    const double c0 = cpu_seconds(), m0 = thread_cpu_seconds();
     const auto t0 = std::chrono::steady_clock::now();
     while (samples < target) {
       vlmtrain::StepData s = data.next(cursor);
@@ -93,6 +101,9 @@ int main(int argc, char** argv) {
     }
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double cpu = cpu_seconds() - c0;
+    const double consumer_cpu = thread_cpu_seconds() - m0;  // this thread: waiting + collate
+    const double worker_cpu = cpu - consumer_cpu;           // the loader's worker threads
+    const double n = double(std::max<int64_t>(1, samples));
     nlohmann::json j = {{"recipe", recipe_path},
                         {"workers", recipe.data.num_workers},
                         {"dataset", data.dataset().summary()},
@@ -105,17 +116,23 @@ int main(int argc, char** argv) {
                         {"images_per_s", double(images) / wall},
                         {"tokens_per_sample", double(tokens) / double(std::max<int64_t>(1, samples))},
                         {"image_tokens_per_image", double(image_tokens) / double(std::max<int64_t>(1, images))},
-                        {"cpu_s_per_sample", cpu / double(std::max<int64_t>(1, samples))},
+                        {"cpu_s_per_sample", cpu / n},
+                        {"worker_cpu_s_per_sample", worker_cpu / n},
+                        {"consumer_cpu_s_per_sample", consumer_cpu / n},
+                        // what one worker thread sustains on a core of its own
+                        {"samples_per_worker_cpu_s", worker_cpu > 0 ? n / worker_cpu : 0.0},
+                        {"images_per_worker_cpu_s", worker_cpu > 0 ? double(images) / worker_cpu : 0.0},
                         {"cores_busy", cpu / wall},
                         {"consumer_wait_pct", 100.0 * wait / wall}};
     if (json) {
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::printf("%lld workers: %.1f samples/s, %.1f images/s (%.0f tokens/sample, %.0f image tokens/image), "
-                  "%.1f ms CPU/sample, consumer waited %.0f%%\n",
+                  "%.1f ms CPU/sample (workers %.1f), consumer waited %.0f%%\n",
                   static_cast<long long>(recipe.data.num_workers), double(samples) / wall, double(images) / wall,
                   j["tokens_per_sample"].get<double>(), j["image_tokens_per_image"].get<double>(),
-                  1e3 * j["cpu_s_per_sample"].get<double>(), j["consumer_wait_pct"].get<double>());
+                  1e3 * j["cpu_s_per_sample"].get<double>(), 1e3 * j["worker_cpu_s_per_sample"].get<double>(),
+                  j["consumer_wait_pct"].get<double>());
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "loader_bench: %s\n", e.what());
