@@ -41,6 +41,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BUILD = os.environ.get("BUILD_DIR", os.path.join(ROOT, "build"))
 OUT = os.environ.get("BENCH_OUT", os.path.join(BUILD, "bench-out"))
 QUICK = os.environ.get("BENCH_QUICK", "") not in ("", "0")
+# BENCH_RENDER_ONLY=1: run nothing; render bench/RESULTS.md again from BENCH_OUT's section files
+# and JSON of the last run (after a change to the report's text or to bench/notes/).
+RENDER_ONLY = os.environ.get("BENCH_RENDER_ONLY", "") not in ("", "0")
 REPEATS = int(os.environ.get("BENCH_REPEATS", "3" if QUICK else "5"))
 STEPS = int(os.environ.get("BENCH_STEPS", "3"))
 SKIP = set(filter(None, os.environ.get("BENCH_SKIP", "").split(","))) | ({"matrix"} if QUICK else set())
@@ -396,7 +399,7 @@ def summary(md):
         for tag, label in (("nockpt", "off"), ("ckpt", "on")):
             r = j["summary"][tag]["ratio_vlmtrain_over_hf"]
             rows.append(f"| 1(a) step, world 1, 2 threads, act. ckpt {label} | vlmtrain / HF transformers + AdamW | "
-                        f"**{r:.2f}x** step time | <= 0.8x | {hf_sections.met(r)} | 6 |")
+                        f"**{r:.2f}x** step time | <= 0.8x | {hf_sections.met_world1(r, j['info'])} | 6 |")
     j = load("hf_dist")
     if j:
         for tag, s in j["summary"].items():
@@ -430,8 +433,9 @@ def summary(md):
         for mode, name in (("ddp", "DDP"), ("full_shard", "FSDP full_shard")):
             a, b = j[f"{mode} w2"], j[f"{mode} w2, Gloo TCP"]
             if a["step_s"] and b["step_s"]:
-                rows.append(f"| 5 shared-memory channel vs torch 2.11 Gloo TCP, {name} world 2 | step time; exposed "
-                            f"comm s/step | **{a['step_s'] / b['step_s']:.2f}x**; {a['comm_wait_s_per_step']:.3f} vs "
+                rows.append(f"| 5 vlmtrain {name} world 2: its shared-memory channel / 2.11's Gloo TCP | step time "
+                            f"(CPU s/rank); exposed comm s/step | **{a['step_s'] / b['step_s']:.2f}x** "
+                            f"({a['cpu_s_per_rank'] / b['cpu_s_per_rank']:.2f}x); {a['comm_wait_s_per_step']:.3f} vs "
                             f"{b['comm_wait_s_per_step']:.3f} | | | 1 |")
     if rows:
         md.append("## Summary: issue #30, vlmtrain next to what users would run instead\n")
@@ -460,19 +464,33 @@ def main():
           "GPU part (qwen2-vl-2b on CUDA vs HF transformers): scripts/gpu/run_bench.sh on a CUDA machine, not "
           "this script. " + os.environ.get("BENCH_NOTE", "") + "\n"]
     ctx = types.SimpleNamespace(root=ROOT, build=BUILD, out=OUT, py=TORCH_PY, quick=QUICK, log=log,
-                                cmd=commands.append)
+                                cmd=commands.append, render_only=RENDER_ONLY)
+    if RENDER_ONLY:  # the header of the run that produced the results, and a line saying so
+        run_info = json.load(open(os.path.join(OUT, "run_info.json")))
+        md[1:3] = run_info["header"]
+        ctx.quick = run_info["quick"]
+        md.insert(3, f"Rendered again at {h['date']} from that run's results (`BENCH_RENDER_ONLY=1`: report text and "
+                     "bench/notes/ changed, no measurement re-run).\n")
+    else:
+        json.dump({"header": md[1:3], "quick": QUICK}, open(os.path.join(OUT, "run_info.json"), "w"))
 
     # Each section writes BENCH_OUT/<name>.md and <name>.cmds; the report joins them in order.
     def section(name, fn):
         del commands[:]
         body = []
         t0 = time.time()
+        path = os.path.join(OUT, name + ".md")
+        if RENDER_ONLY and fn.__code__.co_argcount == 1:  # sections 1-5: their section file as it is
+            return
+        footer = [l for l in open(path).read().splitlines() if l.startswith("_(section run at")][-1:] \
+            if RENDER_ONLY else []
         try:
             fn(body) if fn.__code__.co_argcount == 1 else fn(ctx, body)
         except Exception:  # a broken section must not cost the others' results
             log(f"{name}: {traceback.format_exc()}")
             body.append(f"\n**Section {name} stopped with an error:**\n\n```\n{traceback.format_exc()[-2000:]}```\n")
-        body.append(f"_(section run at {time.strftime('%H:%M UTC', time.gmtime())} in {time.time() - t0:.0f} s, "
+        body.append(footer[0] + "\n" if footer else
+                    f"_(section run at {time.strftime('%H:%M UTC', time.gmtime())} in {time.time() - t0:.0f} s, "
                     f"load average then {' '.join(f'{x:.2f}' for x in os.getloadavg())})_\n")
         open(os.path.join(OUT, name + ".md"), "w").write("\n".join(body) + "\n")
         open(os.path.join(OUT, name + ".cmds"), "w").write("\n".join(commands) + "\n")
@@ -484,7 +502,7 @@ def main():
     fns = {"ratios": ratios, "matrix": matrix_and_comm, "train": train_section, "data": data_section}
     ran = []
     for name, fn, _ in SECTIONS:
-        if name not in SKIP:
+        if name not in SKIP and not (RENDER_ONLY and not os.path.exists(os.path.join(OUT, name + ".md"))):
             section(name, fn or fns[name])
             ran.append(name)
     sections, all_cmds = [], []
@@ -498,15 +516,18 @@ def main():
                             "as it was.)_\n\n" + open(path).read())
             all_cmds += open(os.path.join(OUT, name + ".cmds")).read().splitlines()
         elif any(k in previous for k in heads):
-            sections.append("\n".join(previous[k].replace("\n", "\n\n_(Not re-run this time: this section's text "
-                                                          "is kept from the bench/RESULTS.md this run replaced.)_\n",
-                                                          1) for k in heads if k in previous))
+            note = "\n\n_(Not re-run this time: this section's text is kept from the bench/RESULTS.md this run replaced.)_\n"
+            sections.append("\n".join(previous[k] if "_(Not re-run this time" in previous[k]
+                                      else previous[k].replace("\n", note, 1) for k in heads if k in previous))
         else:
             sections.append(f"## {heads[0]}. ({name}): not run yet\n")
     summary(md)
     md += sections
     h2 = header()
-    md.append(f"Load average at the end: {h2['load']} ({h2['date']}).\n")
+    end = f"Load average at the end: {h2['load']} ({h2['date']}).\n"
+    if RENDER_ONLY:  # the run's own line
+        end = next((l + "\n" for l in open(dest).read().splitlines() if l.startswith("Load average at the end")), end)
+    md.append(end)
     md.append("## Commands\n")
     md.append("```")
     md.append("scripts/bench.sh [--quick]   # builds, then runs everything below (each once per repeat)")
