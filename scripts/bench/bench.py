@@ -442,7 +442,10 @@ def summary(md):
         md.append("| row | ratio | measured | target | | section |")
         md.append("|---|---|---|---|---|---|")
         md += rows
-        md.append("")
+        md.append("\nFrom the results in BENCH_OUT (sections not re-run keep their text below but are not in this "
+                  "table); the load each ran under is at the end of its section. Speed ratios are wall time, "
+                  "measured interleaved; a ratio taken while the load exceeded the cores is marked where that "
+                  "invalidates it.\n")
 
 
 def main():

@@ -93,7 +93,7 @@ def met_world1(ratio, info):
     load = overloaded(info["loadavg_start"])
     if load is None:
         return met(ratio)
-    return f"not valid: load {load:.1f} on {os.cpu_count()} cores (notes below; quiet run: missed)"
+    return f"not valid: load {load:.1f} on {os.cpu_count()} cores (section 6 notes)"
 
 
 # ---------------------------------------------------------------- 6
