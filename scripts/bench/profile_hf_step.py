@@ -57,7 +57,7 @@ def report(path):
         m = re.match(r"\s*(\d+)\s+(\S+)\s+\[[.kug]\]\s+(.*)", line)
         if m:
             rows.append((int(m.group(1)), m.group(2), m.group(3).strip()))
-    return rows
+    return sorted(rows, reverse=True)  # most samples first
 
 
 def profile_vlmtrain(a, work):
