@@ -8,15 +8,22 @@ runs under /usr/bin/python3). Sections:
   3. comm bytes       measured per step and rank vs the ring formulas (from section 1)
   4. trainer          `vlmtrain train` end to end (synthetic OCR data, data pipeline in)
   5. data, tokenizer  image_bench (images/s per core), tokenizer_bench (MB/s)
+  6-10. issue #30     vlmtrain next to what users would run instead (hf_sections.py): training
+                      step vs HF transformers at world 1 (6) and world 2 with torch DDP / FSDP2
+                      (9), image preprocessing (7) and tokenizer (8) vs HF, loader per thread (10)
 
 Speed is reported as ratios measured within one run; absolute numbers are for this
 machine and moment only (see the header of RESULTS.md for its load).
 
-Environment knobs: BENCH_REPEATS (rounds of section 2, default 3), BENCH_STEPS (measured
-steps per run, default 3), BENCH_SKIP (comma list of sections to skip: matrix, ratios,
-train, data; a skipped section keeps its result from an earlier run into the same
-BENCH_OUT), BENCH_OUT (folder for raw JSON lines, logs and section files, default
+Environment knobs: BENCH_QUICK=1 (scripts/bench.sh --quick: skips the step matrix, fewer
+rounds elsewhere; ~30 min on the shared 2-core machine instead of ~50), BENCH_REPEATS (rounds
+of section 1, default 5, quick 3), BENCH_STEPS (measured steps per run, default 3), BENCH_SKIP
+(comma list of sections to skip: ratios, matrix, train, data, hf_step, image_hf, tokenizer_hf,
+hf_dist, loader), BENCH_OUT (folder for raw JSON, logs and section files, default
 build/bench-out), BENCH_NOTE (a sentence added to the report's header).
+
+No section is ever dropped: a section skipped (or not run yet) keeps its text from an earlier
+run into the same BENCH_OUT, else from the bench/RESULTS.md being replaced, marked as such.
 """
 import json
 import os
@@ -27,14 +34,22 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
+import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.environ.get("BUILD_DIR", os.path.join(ROOT, "build"))
 OUT = os.environ.get("BENCH_OUT", os.path.join(BUILD, "bench-out"))
-REPEATS = int(os.environ.get("BENCH_REPEATS", "3"))
+QUICK = os.environ.get("BENCH_QUICK", "") not in ("", "0")
+# BENCH_RENDER_ONLY=1: run nothing; render bench/RESULTS.md again from BENCH_OUT's section files
+# and JSON of the last run (after a change to the report's text or to bench/notes/).
+RENDER_ONLY = os.environ.get("BENCH_RENDER_ONLY", "") not in ("", "0")
+REPEATS = int(os.environ.get("BENCH_REPEATS", "3" if QUICK else "5"))
 STEPS = int(os.environ.get("BENCH_STEPS", "3"))
-SKIP = set(filter(None, os.environ.get("BENCH_SKIP", "").split(",")))
-TORCH_PY = os.environ.get("TORCH_PYTHON", "/usr/bin/python3")
+SKIP = set(filter(None, os.environ.get("BENCH_SKIP", "").split(","))) | ({"matrix"} if QUICK else set())
+TORCH_PY = os.environ.get("TORCH_PYTHON", os.path.join(ROOT, ".venv", "bin", "python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_sections  # noqa: E402  (sections 6-10)
 
 # Per-rank batch of every step_bench / PyTorch run (same shapes on both sides).
 SHAPES = {"tiny": ["--samples", "2", "--text", "64", "--image-tokens", "32"],
@@ -251,6 +266,10 @@ def ratios(md):
         has_wait = res[name] and all("comm_wait_s_per_step" in j for j in res[name])  # not the PyTorch runs
         wait = f"{med(name, 'comm_wait_s_per_step'):.3f}" if has_wait else "-"
         md.append(f"| {name} | {med(name, 'step_s'):.3f} | {med(name, 'cpu_s_per_rank'):.3f} | {wait} | {runs} |")
+    json.dump({name: {"step_s": med(name, "step_s"), "cpu_s_per_rank": med(name, "cpu_s_per_rank"),
+                      "comm_wait_s_per_step": med(name, "comm_wait_s_per_step") if name != "pytorch ddp w2" else None,
+                      "runs": len(res[name])} for name, _ in configs},
+              open(os.path.join(OUT, "ratios.json"), "w"), indent=1)
     pt = res["pytorch ddp w2"][:1]
     cp = res["ddp w2"][:1]
     if pt and cp:
@@ -345,32 +364,136 @@ def header():
             "load": " ".join(f"{x:.2f}" for x in os.getloadavg()), "kernel": platform.release(), "rev": rev}
 
 
+# Report order: (file name, function, the "## N." headings its file holds).
+SECTIONS = [("ratios", None, ["1"]), ("matrix", None, ["2", "3"]), ("train", None, ["4"]), ("data", None, ["5"]),
+            ("hf_step", hf_sections.hf_step, ["6"]), ("image_hf", hf_sections.image_hf, ["7"]),
+            ("tokenizer_hf", hf_sections.tokenizer_hf, ["8"]), ("hf_dist", hf_sections.hf_dist, ["9"]),
+            ("loader", hf_sections.loader, ["10"])]
+
+
+def previous_sections(path):
+    """'## N.' heading number -> that section's text in the report being replaced (up to the next
+    '## ' heading; the old report's own '## Commands' and 'Load average at the end' lines dropped)."""
+    if not os.path.exists(path):
+        return {}
+    out, cur = {}, None
+    for line in open(path).read().splitlines():
+        m = re.match(r"## (\d+)\. ", line)
+        if line.startswith("## "):
+            cur = m.group(1) if m else None
+            if cur:
+                out[cur] = []
+        if cur and not line.startswith("Load average at the end"):
+            out[cur].append(line)
+    return {k: "\n".join(v).rstrip() + "\n" for k, v in out.items()}
+
+
+def summary(md):
+    """The issue #30 rows, from the JSON of the sections present in BENCH_OUT."""
+    def load(name):
+        path = os.path.join(OUT, name + ".json")
+        return json.load(open(path)) if os.path.exists(path) else None
+    rows = []
+    j = load("hf_step")
+    if j:
+        for tag, label in (("nockpt", "off"), ("ckpt", "on")):
+            r = j["summary"][tag]["ratio_vlmtrain_over_hf"]
+            rows.append(f"| 1(a) step, world 1, 2 threads, act. ckpt {label} | vlmtrain / HF transformers + AdamW | "
+                        f"**{r:.2f}x** step time | <= 0.8x | {hf_sections.met_world1(r, j['info'])} | 6 |")
+    j = load("hf_dist")
+    if j:
+        for tag, s in j["summary"].items():
+            mode, ck = tag.split("-")
+            r = s["ratio_vlmtrain_over_hf"]
+            what = "all-DDP / torch DDP" if mode == "ddp" else "FSDP full_shard / torch FSDP2 fully_shard"
+            rows.append(f"| 1({'b' if mode == 'ddp' else 'c'}) step, world 2 (Gloo), act. ckpt "
+                        f"{'on' if ck == 'ckpt' else 'off'} | vlmtrain {what} | **{r:.2f}x** step time | <= 0.8x | "
+                        f"{hf_sections.met(r)} | 9 |")
+    j = load("image_hf")
+    if j:
+        v = [r["vs_tv"] for r in j["rows"]]
+        rows.append(f"| 2 image preprocessing, per core | vlmtrain / HF Qwen2VLImageProcessor (default) | "
+                    f"**{min(v):.2f}x-{max(v):.2f}x** images/s | >= 3x | met in {sum(x >= 3 for x in v)} of {len(v)} "
+                    "files x caps | 7 |")
+    j = load("tokenizer_hf")
+    if j:
+        r = j["summary"]["ratio_warm"]
+        rows.append(f"| 3 tokenizer encode, one thread | vlmtrain / HF tokenizers | **{r:.2f}x** MB/s | >= 1x | "
+                    f"{'met' if r >= 1 else 'missed'} | 8 |")
+    j = load("loader")
+    if j:
+        for r in j:
+            if r["workers"] == 1:
+                need = hf_sections.h100_samples_per_s(r["tokens_per_sample"], r["image_tokens_per_image"])
+                rows.append(f"| 4 loader, {r['set']} | samples/s per worker thread vs one H100's demand (stated "
+                            f"basis) | **{r['samples_per_worker_cpu_s']:.0f}** vs {need:.0f} | | "
+                            f"{need / r['samples_per_worker_cpu_s']:.2f} threads per H100 | 10 |")
+    j = load("ratios")
+    if j and j.get("ddp w2", {}).get("step_s"):
+        for mode, name in (("ddp", "DDP"), ("full_shard", "FSDP full_shard")):
+            a, b = j[f"{mode} w2"], j[f"{mode} w2, Gloo TCP"]
+            if a["step_s"] and b["step_s"]:
+                rows.append(f"| 5 vlmtrain {name} world 2: its shared-memory channel / 2.11's Gloo TCP | step time "
+                            f"(CPU s/rank); exposed comm s/step | **{a['step_s'] / b['step_s']:.2f}x** "
+                            f"({a['cpu_s_per_rank'] / b['cpu_s_per_rank']:.2f}x); {a['comm_wait_s_per_step']:.3f} vs "
+                            f"{b['comm_wait_s_per_step']:.3f} | | | 1 |")
+    if rows:
+        md.append("## Summary: issue #30, vlmtrain next to what users would run instead\n")
+        md.append("| row | ratio | measured | target | | section |")
+        md.append("|---|---|---|---|---|---|")
+        md += rows
+        md.append("\nFrom the results in BENCH_OUT (sections not re-run keep their text below but are not in this "
+                  "table); the load each ran under is at the end of its section. Speed ratios are wall time, "
+                  "measured interleaved; a ratio taken while the load exceeded the cores is marked where that "
+                  "invalidates it.\n")
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     global raw
     raw = open(os.path.join(OUT, "results.jsonl"), "a")
     h = header()
-    log(f"start: {h}")
+    log(f"start: {h} (quick: {QUICK}, skip: {sorted(SKIP)})")
+    dest = os.environ.get("BENCH_RESULTS", os.path.join(ROOT, "bench", "RESULTS.md"))
+    previous = previous_sections(dest)
     md = ["# vlmtrain benchmark results (CPU)\n",
-          f"Report assembled {h['date']} at commit {h['rev']} by `scripts/bench.sh`; each section gives the "
-          "time it ran (sections skipped with BENCH_SKIP keep their result from an earlier run).\n",
+          f"Report assembled {h['date']} at commit {h['rev']} by `scripts/bench.sh{' --quick' if QUICK else ''}`; "
+          "each section gives the time it ran; a section not run this time says so and where its text comes from.\n",
           f"**Machine: a shared {h['nproc']}-core machine** ({h['cpu']}, Linux {h['kernel']}), load "
           f"average {h['load']} when this report was assembled; each section gives the load while it ran "
           "(other engineers may build and test on the same cores). Absolute times are therefore noisy; "
-          "read the ratios of section 1, measured interleaved in one run, and the byte counts of section "
+          "read the ratios, measured interleaved in one run, and the byte counts of section "
           "3, which do not depend on load.\n",
           "GPU part (qwen2-vl-2b on CUDA vs HF transformers): scripts/gpu/run_bench.sh on a CUDA machine, not "
           "this script. " + os.environ.get("BENCH_NOTE", "") + "\n"]
-    # Each section writes BENCH_OUT/<name>.md and <name>.cmds; the report joins the files
-    # present, so a section skipped now keeps its result from an earlier run into the
-    # same BENCH_OUT (the report says which sections ran when).
+    ctx = types.SimpleNamespace(root=ROOT, build=BUILD, out=OUT, py=TORCH_PY, quick=QUICK, log=log,
+                                cmd=commands.append, render_only=RENDER_ONLY)
+    if RENDER_ONLY:  # the header of the run that produced the results, and a line saying so
+        run_info = json.load(open(os.path.join(OUT, "run_info.json")))
+        md[1:3] = run_info["header"]
+        ctx.quick = run_info["quick"]
+        md.insert(3, f"Rendered again at {h['date']} from that run's results (`BENCH_RENDER_ONLY=1`: report text and "
+                     "bench/notes/ changed, no measurement re-run).\n")
+    else:
+        json.dump({"header": md[1:3], "quick": QUICK}, open(os.path.join(OUT, "run_info.json"), "w"))
+
+    # Each section writes BENCH_OUT/<name>.md and <name>.cmds; the report joins them in order.
     def section(name, fn):
-        if name in SKIP:
-            return
         del commands[:]
         body = []
-        fn(body)
-        body.append(f"_(section run at {time.strftime('%H:%M UTC', time.gmtime())}, "
+        t0 = time.time()
+        path = os.path.join(OUT, name + ".md")
+        if RENDER_ONLY and fn.__code__.co_argcount == 1:  # sections 1-5: their section file as it is
+            return
+        footer = [l for l in open(path).read().splitlines() if l.startswith("_(section run at")][-1:] \
+            if RENDER_ONLY else []
+        try:
+            fn(body) if fn.__code__.co_argcount == 1 else fn(ctx, body)
+        except Exception:  # a broken section must not cost the others' results
+            log(f"{name}: {traceback.format_exc()}")
+            body.append(f"\n**Section {name} stopped with an error:**\n\n```\n{traceback.format_exc()[-2000:]}```\n")
+        body.append(footer[0] + "\n" if footer else
+                    f"_(section run at {time.strftime('%H:%M UTC', time.gmtime())} in {time.time() - t0:.0f} s, "
                     f"load average then {' '.join(f'{x:.2f}' for x in os.getloadavg())})_\n")
         open(os.path.join(OUT, name + ".md"), "w").write("\n".join(body) + "\n")
         open(os.path.join(OUT, name + ".cmds"), "w").write("\n".join(commands) + "\n")
@@ -379,21 +502,38 @@ def main():
         rows = matrix(body)
         comm_section(body, rows)
 
-    section("ratios", ratios)
-    section("matrix", matrix_and_comm)
-    section("train", train_section)
-    section("data", data_section)
-    all_cmds = []
-    for name in ("ratios", "matrix", "train", "data"):
+    fns = {"ratios": ratios, "matrix": matrix_and_comm, "train": train_section, "data": data_section}
+    ran = []
+    for name, fn, _ in SECTIONS:
+        if name not in SKIP and not (RENDER_ONLY and not os.path.exists(os.path.join(OUT, name + ".md"))):
+            section(name, fn or fns[name])
+            ran.append(name)
+    sections, all_cmds = [], []
+    for name, _, heads in SECTIONS:
         path = os.path.join(OUT, name + ".md")
-        if os.path.exists(path):
-            md.append(open(path).read())
+        if name in ran:
+            sections.append(open(path).read())
             all_cmds += open(os.path.join(OUT, name + ".cmds")).read().splitlines()
+        elif os.path.exists(path):
+            sections.append(f"_(Not re-run this time: section file {os.path.relpath(path, ROOT)} of an earlier run, "
+                            "as it was.)_\n\n" + open(path).read())
+            all_cmds += open(os.path.join(OUT, name + ".cmds")).read().splitlines()
+        elif any(k in previous for k in heads):
+            note = "\n\n_(Not re-run this time: this section's text is kept from the bench/RESULTS.md this run replaced.)_\n"
+            sections.append("\n".join(previous[k] if "_(Not re-run this time" in previous[k]
+                                      else previous[k].replace("\n", note, 1) for k in heads if k in previous))
+        else:
+            sections.append(f"## {heads[0]}. ({name}): not run yet\n")
+    summary(md)
+    md += sections
     h2 = header()
-    md.append(f"Load average at the end: {h2['load']} ({h2['date']}).\n")
+    end = f"Load average at the end: {h2['load']} ({h2['date']}).\n"
+    if RENDER_ONLY:  # the run's own line
+        end = next((l + "\n" for l in open(dest).read().splitlines() if l.startswith("Load average at the end")), end)
+    md.append(end)
     md.append("## Commands\n")
     md.append("```")
-    md.append("scripts/bench.sh      # builds, then runs everything below (each once per repeat)")
+    md.append("scripts/bench.sh [--quick]   # builds, then runs everything below (each once per repeat)")
     seen = set()
     for c in all_cmds:
         c = c.replace(ROOT + "/", "")
@@ -402,7 +542,6 @@ def main():
             md.append(c)
     md.append("```")
     text = "\n".join(md) + "\n"
-    dest = os.environ.get("BENCH_RESULTS", os.path.join(ROOT, "bench", "RESULTS.md"))
     with open(dest, "w") as f:
         f.write(text)
     print(text)
