@@ -24,7 +24,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+UNITS = {"B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}  # the trainer's human_bytes
 
 
 def write_model(out, layers, vision_depth, tokenizer_dir):
@@ -104,8 +104,7 @@ r = 16
 
 
 def parse_bytes(text):
-    value, unit = text.split()
-    return float(value) * UNITS[unit]
+    return float(text[:-1]) * UNITS[text[-1]]
 
 
 def run_once(vlmtrain, work, model, data, world, scenario, sharded):
@@ -121,8 +120,8 @@ def run_once(vlmtrain, work, model, data, world, scenario, sharded):
     log = p.stdout + p.stderr
     if p.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({p.returncode}):\n{log[-4000:]}")
-    m = re.search(r"weights: .*persistent share ([\d.]+ \w+) \| host RSS ([\d.]+ \w+) before the model, "
-                  r"([\d.]+ \w+) now, peak ([\d.]+ \w+)", log)
+    num = r"([\d.]+[BKMGT])"
+    m = re.search(rf"weights: .*persistent share {num} \| host RSS {num} before the model, {num} now, peak {num}", log)
     if not m:
         sys.exit(f"no 'weights:' line in the log of {' '.join(cmd)}:\n{log[-4000:]}")
     share, before, now, peak = (parse_bytes(x) for x in m.groups())

@@ -45,6 +45,7 @@ ShardedLoadStats materialize_units(torch::nn::Module& model, const std::vector<U
         replacer.replace(p.name, v);
       }
       ++st.whole_units;
+      source.drop_resident_pages();
       continue;
     }
     int64_t numel = 0;
@@ -65,6 +66,7 @@ ShardedLoadStats materialize_units(torch::nn::Module& model, const std::vector<U
     }
     if (hi == numel && world * shard > numel) flat.narrow(0, numel, world * shard - numel).zero_();  // padding
     ++st.sharded_units;
+    source.drop_resident_pages();  // the checkpoint pages read for this unit leave the RSS
   }
   st.bytes_read = source.bytes_read() - read_before;
   return st;

@@ -80,6 +80,9 @@ class CheckpointSource : public ParamSource {
     out.copy_(src);
   }
   std::string describe() const override { return str("HF ", ckpt_.path()); }
+  void drop_resident_pages() override {
+    for (const auto& f : ckpt_.files()) f.drop_resident_pages();
+  }
 
  private:
   ModuleIndex modules_;

@@ -30,6 +30,9 @@ class ParamSource {
   virtual void fill(const std::string& name, int64_t lo, int64_t hi, torch::Tensor out) = 0;
   // "HF /models/x" or "random init (seed 3)", for the log.
   virtual std::string describe() const = 0;
+  // Gives back memory the source holds for what fill() read (the checkpoint's mapped pages
+  // in this process's RSS); later fills read again. Called after each unit.
+  virtual void drop_resident_pages() {}
   // Checkpoint bytes copied by fill() so far (0 for random init).
   uint64_t bytes_read() const { return bytes_read_; }
 

@@ -344,6 +344,10 @@ torch::Tensor SafetensorsFile::get_range(const std::string& name, int64_t lo, in
   return out;
 }
 
+void SafetensorsFile::drop_resident_pages() const {
+  if (state_->map != nullptr) madvise(state_->map, state_->map_size, MADV_DONTNEED);
+}
+
 bool SafetensorsFile::owns_pointer(const void* ptr) const {
   auto p = reinterpret_cast<uintptr_t>(ptr);
   auto b = reinterpret_cast<uintptr_t>(state_->base());

@@ -92,6 +92,12 @@ class SafetensorsFile {
   // Throws vlm::Error naming the file when the range is outside [0, numel].
   torch::Tensor get_range(const std::string& name, int64_t lo, int64_t hi) const;
 
+  // Drops the mapped pages this process has touched (madvise MADV_DONTNEED on the private
+  // read-only mapping): they leave its RSS and are read again from the page cache if used.
+  // Only for readers that copy what they read (no view returned by get() may be in use
+  // when its pages must stay; views stay valid, their data is re-read). No-op in memory.
+  void drop_resident_pages() const;
+
   // Zero-copy introspection: whether `ptr` lies inside this file's mapped bytes.
   bool owns_pointer(const void* ptr) const;
   // Total bytes of the mapped image (file size).
