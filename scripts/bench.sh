@@ -4,7 +4,7 @@
 # Not part of CI. Takes ~30-60 minutes on a quiet 2-core machine.
 #
 #   scripts/bench.sh                          everything
-#   BENCH_SKIP=matrix,train scripts/bench.sh  skip sections (matrix, ratios, train, data)
+#   BENCH_SKIP=matrix,train scripts/bench.sh  skip sections (matrix, ratios, train, data, packing)
 #   BENCH_REPEATS=5 BENCH_STEPS=5 scripts/bench.sh
 #
 # Speed is reported as ratios measured within one run (configurations interleaved,
@@ -22,7 +22,7 @@ echo "bench: load average at start: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) c
 if [[ ! -f "$BUILD_DIR/build.ninja" && ! -f "$BUILD_DIR/Makefile" ]]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo} >/dev/null
 fi
-nice -n 5 cmake --build "$BUILD_DIR" -j "$JOBS" --target vlmtrain step_bench image_bench tokenizer_bench optimizer_bench loss_memory_bench lora_bench
+nice -n 5 cmake --build "$BUILD_DIR" -j "$JOBS" --target vlmtrain step_bench image_bench tokenizer_bench optimizer_bench loss_memory_bench lora_bench packing_bench
 
 "$TORCH_PYTHON" -c 'import torch' 2>/dev/null || {
   echo "bench: $TORCH_PYTHON has no torch (run scripts/install-deps.sh)" >&2; exit 1; }

@@ -14,7 +14,7 @@ machine and moment only (see the header of RESULTS.md for its load).
 
 Environment knobs: BENCH_REPEATS (rounds of section 2, default 3), BENCH_STEPS (measured
 steps per run, default 3), BENCH_SKIP (comma list of sections to skip: matrix, ratios,
-train, data; a skipped section keeps its result from an earlier run into the same
+train, data, packing; a skipped section keeps its result from an earlier run into the same
 BENCH_OUT), BENCH_OUT (folder for raw JSON lines, logs and section files, default
 build/bench-out), BENCH_NOTE (a sentence added to the report's header).
 """
@@ -331,6 +331,29 @@ def data_section(md):
     md.append("```\n")
 
 
+def packing_section(md):
+    md.append("## 9. Padding-free packing (bench/packing_bench, docs/packing.md)\n")
+    md.append("tiny preset, fp32, 2 threads, 16 samples per step with lengths log-uniform over 20..2000 "
+              "tokens, batch.max_tokens 4096, padded and packed rows on the same samples, interleaved "
+              "step by step; tokens/s counts real tokens only.\n")
+    md.append("| image share | padded tokens/s | padding | packed tokens/s | padding | packed / padded |")
+    md.append("|---|---|---|---|---|---|")
+    exe = os.path.join(BUILD, "bench", "packing_bench")
+    for share in ("0", "0.15", "0.4"):
+        cmd = [exe, "--json", "--steps", str(max(STEPS, 4)), "--warmup", "1", "--image-share", share]
+        commands.append(" ".join(cmd))
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+        lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+        if p.returncode != 0 or not lines:
+            md.append(f"| {share} | failed ({p.returncode}): {p.stderr[-200:]} | | | | |")
+            continue
+        j = json.loads(lines[-1])
+        a, b = j["padded"], j["packed"]
+        md.append(f"| {share} | {a['tokens_per_s']:.0f} | {100 * a['padding_fraction']:.1f}% | "
+                  f"{b['tokens_per_s']:.0f} | {100 * b['padding_fraction']:.1f}% | {j['speedup']:.2f}x |")
+    md.append("")
+
+
 def header():
     cpu = "unknown"
     try:
@@ -383,8 +406,9 @@ def main():
     section("matrix", matrix_and_comm)
     section("train", train_section)
     section("data", data_section)
+    section("packing", packing_section)
     all_cmds = []
-    for name in ("ratios", "matrix", "train", "data"):
+    for name in ("ratios", "matrix", "train", "data", "packing"):
         path = os.path.join(OUT, name + ".md")
         if os.path.exists(path):
             md.append(open(path).read())

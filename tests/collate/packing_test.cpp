@@ -6,6 +6,7 @@
 // presets, in fp32 within 1e-5 relative.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <iostream>
 #include <map>
 #include <random>
@@ -187,6 +188,13 @@ TEST(PackedStepPlan, NoPaddingSameCountsAndEverySampleOnce) {
         EXPECT_EQ(plan_padding(mb).padding, 0);
       }
     }
+    // Balance (greedy least-loaded bound): ranks' packed costs differ by at most one sample's.
+    int64_t most = 0, least = INT64_MAX, biggest = 0;
+    for (const auto& rp : packed.ranks) most = std::max(most, rp.cost), least = std::min(least, rp.cost);
+    for (const auto& rp : packed.ranks)
+      for (const auto& mb : rp.micro_batches)
+        for (const auto& s : mb.samples) biggest = std::max(biggest, sample_cost(s));
+    EXPECT_LE(most - least, biggest);
     EXPECT_EQ(seen.size(), samples.size());
     for (const auto& [idx, n] : seen) EXPECT_EQ(n, 1) << "sample " << idx;
     EXPECT_LE(packed.micro_batches, padded.micro_batches);
