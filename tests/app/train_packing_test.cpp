@@ -2,8 +2,8 @@
 // set trains on packed rows, and its step losses equal those of the padded run over the
 // same samples per step (same sampler, same rank assignment; only the grouping into
 // micro-batches differs, and the loss is normalised by the step's supervised tokens either
-// way). metrics.jsonl reports the padding fraction: 0 packed (one rank: no filler), the
-// padded rows' share otherwise.
+// way), also with activation checkpointing on the decoder layers. metrics.jsonl reports the
+// padding fraction: 0 packed (one rank: no filler), the padded rows' share otherwise.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,13 +14,15 @@
 
 namespace train_packing_test {
 
-std::vector<nlohmann::json> train_run(const std::string& run_dir, const std::string& data_dir, bool packing) {
+std::vector<nlohmann::json> train_run(const std::string& run_dir, const std::string& data_dir, bool packing,
+                                      const std::vector<std::string>& extra = {}) {
   std::vector<std::string> args = vlmtest::tiny_train_args(run_dir, data_dir, 4, 0);
   // Four samples per step in micro-batches of at most 160 tokens: several micro-batches per
   // step, grouped differently with and without packing.
   args.insert(args.end(), {"--set", "batch.samples_per_rank=4", "--set", "batch.max_tokens=160", "--set",
                            std::string("batch.packing=") + (packing ? "true" : "false"), "--set",
                            "checkpoint.save_final=false"});
+  args.insert(args.end(), extra.begin(), extra.end());
   auto r = vlmtest::run(args, std::chrono::seconds(240));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find(packing ? "packing on" : "packing off"), std::string::npos) << r.output;
@@ -33,6 +35,10 @@ TEST(TrainPacking, LossesEqualThePaddedRun) {
   vlmtest::make_synth_data(synth, 16, 5);
   const auto padded = train_run(dir / "padded", synth, false);
   const auto packed = train_run(dir / "packed", synth, true);
+  // Activation checkpointing reruns each layer in backward, packed segments included.
+  const auto packed_ckpt =
+      train_run(dir / "packed_ckpt", synth, true, {"--set", "activation_checkpointing.match=model.layers.*"});
+  ASSERT_EQ(packed_ckpt.size(), 4u);
   ASSERT_EQ(padded.size(), 4u);
   ASSERT_EQ(packed.size(), 4u);
   double worst = 0;
@@ -43,6 +49,7 @@ TEST(TrainPacking, LossesEqualThePaddedRun) {
     worst = std::max(worst, rel);
     EXPECT_LE(rel, k == 0 ? 1e-5 : 1e-4) << "padded " << a << ", packed " << b;
     EXPECT_EQ(padded[k].at("supervised_tokens"), packed[k].at("supervised_tokens"));
+    EXPECT_NEAR(packed_ckpt[k].at("loss").get<double>(), b, 1e-6 * std::abs(b)) << "with activation checkpointing";
     EXPECT_EQ(packed[k].at("padding_fraction").get<double>(), 0.0);
     EXPECT_GE(padded[k].at("padding_fraction").get<double>(), 0.0);
     std::cout << "step " << k + 1 << ": loss padded " << a << " packed " << b << " (rel " << rel
