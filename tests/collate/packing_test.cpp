@@ -2,8 +2,8 @@
 // cu_seqlens, first-token labels masked, positions restarting per sample), the step plan
 // with batch.packing (no padding, sum of lengths under max_tokens, same micro-batch count on
 // every rank), and the model on packed rows: loss and every parameter gradient equal to the
-// padded build of the same samples, for the tiny Qwen2-VL and tiny Qwen3-VL (DeepStack)
-// presets, in fp32 within 1e-5 relative.
+// padded build of the same samples, for the tiny Qwen2-VL, Qwen2.5-VL (window attention) and
+// Qwen3-VL (DeepStack) presets, in fp32 within 1e-5 relative.
 #include <gtest/gtest.h>
 
 #include <climits>
@@ -209,6 +209,8 @@ TEST(PackedStepPlan, NoPaddingSameCountsAndEverySampleOnce) {
 TEST(PackedModel, LossAndEveryGradientEqualPaddedTiny) { expect_packed_equals_padded("tiny", 5); }
 
 TEST(PackedModel, LossAndEveryGradientEqualPaddedQwen3DeepStack) { expect_packed_equals_padded("tiny-qwen3", 6); }
+
+TEST(PackedModel, LossAndEveryGradientEqualPaddedQwen25Windows) { expect_packed_equals_padded("tiny-qwen2.5", 7); }
 
 // Whole steps: the padded plan's micro-batches and the packed plan's (other groupings of
 // the same samples) give the same summed loss and gradients, fillers included.
