@@ -29,6 +29,7 @@ void dump_micro_batches(const std::string& dir, int64_t step, int rank,
     vlm::NamedTensors t = {{"input_ids", b.input_ids}, {"labels", b.labels}};
     if (b.attention_mask.defined()) t.emplace_back("attention_mask", b.attention_mask.to(torch::kInt64));
     if (b.position_ids.defined()) t.emplace_back("position_ids", b.position_ids);
+    if (b.text_cu_seqlens.defined()) t.emplace_back("text_cu_seqlens", b.text_cu_seqlens);
     if (b.pixel_values.defined() && b.pixel_values.size(0) > 0) {
       t.emplace_back("pixel_values", b.pixel_values);
       t.emplace_back("image_grid_thw", b.image_grid_thw);

@@ -4,7 +4,8 @@
 //   DIR/step-<N>.rank-<R>.mb-<K>.safetensors
 // holding the tensors the model receives (input_ids, attention_mask, labels [B, L] int64;
 // position_ids [3, B, L] int64; pixel_values [P, C*T*p*p] (1176 Qwen2, 1536 Qwen3) and
-// image_grid_thw [N, 3] when the micro-batch has images) and metadata {step, rank,
+// image_grid_thw [N, 3] when the micro-batch has images; text_cu_seqlens [S+1] int64 for a
+// packed row, batch.packing) and metadata {step, rank,
 // micro_batch, micro_batches, filler, supervised_tokens}. Users replay a step in another
 // framework with it; the HF training parity test (tests/app/train_hf_parity_dist_test.cpp)
 // feeds them to transformers.

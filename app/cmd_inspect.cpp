@@ -8,7 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "app/commands.h"
+#include "app/collate_options.h"
 #include "app/data_options.h"
+#include "app/padding_estimate.h"
 #include "app/progress.h"
 #include "data/data_stats.h"
 #include "data/dataset.h"
@@ -35,8 +37,45 @@ struct ImageArgs {
 
 struct DataArgs {
   RecipeArgs recipe;
+  long long world_size = 1;  // for the padding estimate (the step plan balances ranks)
   bool json = false;
 };
+
+std::string fmt_percent(double f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * f);
+  return buf;
+}
+
+// The padding estimate of one split: JSON and a text line. counts: per record.
+void padding_report(const Recipe& recipe, const vlm::data::PixelConfig& pixels, const vlm::data::Dataset& ds,
+                    const std::vector<vlm::data::TextTokenCounts>& counts, int64_t world, nlohmann::json* j,
+                    std::string* text) {
+  std::vector<vlm::collate::SampleCost> costs(ds.records.size());
+  for (size_t i = 0; i < ds.records.size(); ++i) {
+    costs[i].index = static_cast<int64_t>(i);
+    costs[i].text_tokens = counts[i].text_tokens;
+    for (const auto& im : ds.records[i].images) costs[i].images.push_back({im.height, im.width});
+  }
+  const PaddingEstimate e = estimate_padding(costs, recipe, collate_budgets(recipe, pixels), world);
+  (*j)["padding"] = {{"world_size", world},
+                     {"steps", e.steps},
+                     {"packing", recipe.batch.packing},
+                     {"padded_fraction", e.padded.fraction()},
+                     {"padded_tokens", e.padded.tokens},
+                     {"padded_micro_batches", e.micro_batches_padded},
+                     {"packed_fraction", e.packed.fraction()},
+                     {"packed_tokens", e.packed.tokens},
+                     {"packed_micro_batches", e.micro_batches_packed}};
+  *text += vlm::str("  padding (step plans of one epoch, ", e.steps, " steps, world size ", world,
+                    ", batch.max_tokens ", recipe.batch.max_tokens, "):\n",
+                    "    padded rows (batch.packing = false): ", fmt_percent(e.padded.fraction()),
+                    " of ", e.padded.tokens, " micro-batch tokens, ", e.micro_batches_padded,
+                    " micro-batches per rank in the epoch\n",
+                    "    packed rows (batch.packing = true):  ", fmt_percent(e.packed.fraction()),
+                    " of ", e.packed.tokens, " micro-batch tokens, ", e.micro_batches_packed,
+                    " micro-batches per rank in the epoch\n");
+}
 
 // The processor of --preset / --model (HF directory: config.json + preprocessor_config.json),
 // else Qwen2-VL's defaults.
@@ -178,7 +217,9 @@ int inspect_data(const DataArgs& a) {
     j["bad_records"] = std::move(bad);
     if (tok) j["token_counts_cached"] = cs.cached;
     splits[name] = std::move(j);
-    text += vlm::data::format_stats(name, st, sopt) + ftext;
+    std::string ptext;
+    if (tok) padding_report(recipe, pixels, ds, counts, a.world_size, &splits[name], &ptext);
+    text += vlm::data::format_stats(name, st, sopt) + ptext + ftext;
   }
   if (as_json) {
     nlohmann::json out = {{"recipe", recipe.source},
@@ -205,7 +246,7 @@ int inspect_data(const DataArgs& a) {
 }  // namespace
 
 CommandRun declare_inspect(CLI::App& app) {
-  app.description(R"(usage: vlmtrain inspect data RECIPE [--set KEY=VALUE]... [--json]
+  app.description(R"(usage: vlmtrain inspect data RECIPE [--set KEY=VALUE]... [--world-size N] [--json]
        vlmtrain inspect image FILE [--preset NAME | --model DIR] [--min-pixels N]
                               [--max-pixels N | --max-image-tokens N]
                               [--pixels OUT.safetensors] [--json]
@@ -220,14 +261,16 @@ Run `vlmtrain inspect data --help` or `vlmtrain inspect image --help` for the op
 
   CLI::App* data = app.add_subcommand("data", "");
   auto d = std::make_shared<DataArgs>();
-  data->description(R"(usage: vlmtrain inspect data RECIPE [--set KEY=VALUE]... [--json]
+  data->description(R"(usage: vlmtrain inspect data RECIPE [--set KEY=VALUE]... [--world-size N] [--json]
 
 Scans data.train and data.eval as training sees them (image sizes from the index beside
 each JSONL, no decoding; the index and the text token counts are cached there) and prints
 per split: lines, records, bad records by reason, image width/height and image-token
 histograms (before and after data.max_image_tokens), text tokens, supervised tokens and
 sequence lengths (text + capped image tokens), and how many samples exceed
-data.max_seq_len. Token statistics need model.tokenizer (or model.path). Histograms use
+data.max_seq_len, and the padding fraction (padding tokens / tokens in micro-batches) of
+one epoch's step plans with padded rows and with padding-free packing (batch.packing).
+Token statistics need model.tokenizer (or model.path). Histograms use
 power-of-two buckets: value v counts under the smallest power of two >= v.
 Per file it prints the container (jsonl or json array) and the record format recognised
 (or forced by data.format / a dataset_info.json entry), usable and refused records; then
@@ -235,11 +278,15 @@ every refused record with its location (file:line, or file:record N in a JSON ar
 reason (the first 50 in the text output).
 )");
   add_recipe(*data, d->recipe);
+  add_value(*data, "--world-size", d->world_size, "N",
+            "ranks for the padding estimate (default 1): the step plans are\n"
+            "those of a run on N ranks");
   add_flag(*data, "--json", d->json,
            "one JSON object: {\"tokenizer\", \"max_image_tokens\", \"max_seq_len\",\n"
            "\"splits\": {\"train\": {...}, \"eval\": {...}}}; each split also has\n"
            "\"sources\": [{\"entry\", \"path\", \"container\", \"format\", \"records\",\n"
-           "\"bad\"}] and \"bad_records\": [{\"location\", \"reason\", \"detail\"}]");
+           "\"bad\"}] and \"bad_records\": [{\"location\", \"reason\", \"detail\"}]; with a\n"
+           "tokenizer \"padding\": {\"padded_fraction\", \"packed_fraction\", ...}");
   data->callback([which, d] { *which = [d] { return inspect_data(*d); }; });
 
   CLI::App* image = app.add_subcommand("image", "");

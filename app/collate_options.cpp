@@ -11,6 +11,7 @@ vlm::collate::Budgets collate_budgets(const Recipe& recipe, const vlm::data::Pix
   b.max_tokens = recipe.batch.max_tokens;
   b.batch_image_tokens = recipe.batch.max_image_tokens;
   b.max_micro_batches = recipe.batch.max_micro_batches;
+  b.packing = recipe.batch.packing;
   return b;
 }
 

@@ -142,15 +142,20 @@ struct DataSection {
 
 struct BatchSection {
   int64_t samples_per_rank = 8;       // samples each rank consumes per optimizer step
-  int64_t max_tokens = 4096;          // per micro-batch: padded length x rows (text + image)
+  int64_t max_tokens = 4096;          // per micro-batch: padded length x rows (text + image);
+                                      // with packing: the sum of the samples' lengths
   int64_t max_image_tokens = 4096;    // per micro-batch: merged image tokens
   int64_t max_micro_batches = 64;     // per step and rank; more needed is an error
+  // Padding-free packing (docs/packing.md): whole samples back to back in one row per
+  // micro-batch, no padding; each sample keeps its own positions and attends only to itself.
+  bool packing = false;
 
   template <class V> void fields(V& v) {
     v("samples_per_rank", samples_per_rank, Range{1, 1e6});
     v("max_tokens", max_tokens, Range{16, 1e9});
     v("max_image_tokens", max_image_tokens, Range{1, 1e9});
     v("max_micro_batches", max_micro_batches, Range{1, 1e6});
+    v("packing", packing);
   }
 };
 

@@ -155,7 +155,8 @@ StepData TrainData::next(const vlm::data::SamplerCursor& cursor) {
     }
     out.samples += static_cast<int64_t>(samples.size());
     for (const auto& s : samples) out.images += static_cast<int64_t>(s.grid_thw.size());
-    out.micro_batches.push_back(vlm::collate::build_micro_batch(samples, cfg_, pad_id_));
+    out.micro_batches.push_back(recipe_.batch.packing ? vlm::collate::build_packed_micro_batch(samples, cfg_)
+                                                      : vlm::collate::build_micro_batch(samples, cfg_, pad_id_));
   }
   return out;
 }

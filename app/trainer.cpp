@@ -253,9 +253,10 @@ TrainSummary run_training(const Recipe& recipe) {
     TrainData data(recipe, *tok, cfg, rank, world, [&] { comm.barrier("dataset index caches"); }, warn);
     const int64_t steps_total = total_steps(recipe, data.steps_per_epoch());
     if (main)
-      spdlog::info("data: {} | {} steps per epoch of {} samples ({} per rank) | {} steps", data.dataset().summary(),
-                   data.steps_per_epoch(), recipe.batch.samples_per_rank * world, recipe.batch.samples_per_rank,
-                   steps_total);
+      spdlog::info("data: {} | {} steps per epoch of {} samples ({} per rank) | {} steps | packing {}",
+                   data.dataset().summary(), data.steps_per_epoch(), recipe.batch.samples_per_rank * world,
+                   recipe.batch.samples_per_rank, steps_total,
+                   recipe.batch.packing ? "on (padding-free rows)" : "off (padded rows)");
     vlm::sharding::check_fingerprint(
         comm, vlm::sharding::Fingerprint::standard(recipe_hash(recipe), vlm::to_hf_json(cfg).dump(),
                                                    vlm::sharding::unit_table_text(sm->unit_table()),
@@ -339,6 +340,7 @@ TrainSummary run_training(const Recipe& recipe) {
     int64_t last_saved = st.step;
     double window_seconds = 0, window_wait = 0, window_flops = 0;
     int64_t window_steps = 0, window_tokens = 0, window_images = 0, window_samples = 0;
+    vlm::collate::PaddingCount window_padding;  // all ranks: micro-batch tokens, padding among them
     bar.restart(st.step);
     const std::string dump_dir = batch_dump_dir();  // VLMTRAIN_DUMP_BATCHES (debugging, parity tests)
     // A step's micro-batches on the host (collate's) and on the device (the model's input).
@@ -379,6 +381,7 @@ TrainSummary run_training(const Recipe& recipe) {
       // host copies of the micro-batches.
       torch::Tensor loss_acc = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(dims.device()));
       int64_t llm_tokens = 0, patches = 0;
+      vlm::collate::PaddingCount padding;  // this rank's micro-batch tokens and padding (host)
       const size_t k_last = sd.micro_batches.size() - 1;
       for (size_t k = 0; k < sd.micro_batches.size(); ++k) {
         const auto& mb = sd.micro_batches[k];
@@ -389,6 +392,7 @@ TrainSummary run_training(const Recipe& recipe) {
         (loss * scale).backward();
         sm->finish_backward(ctx + ", backward");
         loss_acc += loss.detach().to(torch::kFloat64);
+        padding += vlm::collate::padding_count(mb);
         if (!mb.filler) {
           llm_tokens += mb.batch.attention_mask.sum().item<int64_t>();  // host tensor
           if (mb.batch.pixel_values.defined()) patches += mb.batch.pixel_values.size(0);
@@ -406,7 +410,8 @@ TrainSummary run_training(const Recipe& recipe) {
       const double step_flops = flop_model.flops(llm_tokens, patches);
       torch::Tensor stats = torch::tensor({loss_acc.item<double>(), static_cast<double>(sd.samples),
                                            static_cast<double>(sd.images), static_cast<double>(llm_tokens),
-                                           step_flops, static_cast<double>(sd.dropped), g_signal.load() != 0 ? 1.0 : 0.0},
+                                           step_flops, static_cast<double>(sd.dropped), g_signal.load() != 0 ? 1.0 : 0.0,
+                                           static_cast<double>(padding.tokens), static_cast<double>(padding.padding)},
                                           torch::kFloat64);
       comm.all_reduce(stats, ReduceOp::kSum, ctx + ", step statistics");
       auto s = stats.accessor<double, 1>();
@@ -451,6 +456,7 @@ TrainSummary run_training(const Recipe& recipe) {
       window_tokens += static_cast<int64_t>(s[3]);
       window_images += static_cast<int64_t>(s[2]);
       window_samples += static_cast<int64_t>(s[1]);
+      window_padding += {static_cast<int64_t>(s[7]), static_cast<int64_t>(s[8])};
       if (st.step % recipe.log.every == 0 || st.step == steps_total) {
         const double mfu = peak > 0 ? window_flops / (window_seconds * peak * world) : 0;
         const vlm::sharding::MemoryReport mem = sm->memory();  // this rank's bytes (rank 0 logs)
@@ -476,19 +482,22 @@ TrainSummary run_training(const Recipe& recipe) {
                             {"mem_optim_bytes", mem.optim_bytes},
                             {"mem_gathered_peak_bytes", mem.gathered_peak_bytes},
                             {"dropped_samples", static_cast<int64_t>(s[5])},
+                            {"padding_fraction", window_padding.fraction()},
                             {"world_size", world},
                             {"elapsed_s", st.train_seconds}};
         bar.clear();
         if (main)
           spdlog::info("step {:>5}/{} | ep {:.2f} | loss {:.4f} | gnorm {:.3f} | lr {:.2e} | tok/s {:.0f} | img/s {:.1f} "
-                       "| smp/s {:.1f} | mfu {:.2f}% | mem {} | data {:.0f}% | eta {}{}",
+                       "| smp/s {:.1f} | pad {:.1f}% | mfu {:.2f}% | mem {} | data {:.0f}% | eta {}{}",
                        st.step, steps_total, epoch, loss, gnorm, lr, window_tokens / window_seconds,
-                       window_images / window_seconds, window_samples / window_seconds, 100 * mfu,
+                       window_images / window_seconds, window_samples / window_seconds,
+                       100 * window_padding.fraction(), 100 * mfu,
                        human_bytes(static_cast<double>(peak_rss_bytes())), 100.0 * window_wait / window_seconds,
                        human_seconds(bar.eta_seconds(st.step)), bad ? " | SKIPPED" : "");
         metrics.write(j);
         window_seconds = window_wait = window_flops = 0;
         window_steps = window_tokens = window_images = window_samples = 0;
+        window_padding = {};
       }
       bar.update(st.step);
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "collate/step_plan.h"
 #include "vlm/config.h"
 #include "vlm/qwen2_vl.h"
 #include "vlm/sample.h"
@@ -32,6 +33,19 @@ struct MicroBatch {
 // the sample on a length mismatch between input_ids and labels.
 MicroBatch build_micro_batch(const std::vector<TokenizedSample>& samples, const VlmConfig& cfg,
                              int64_t pad_token_id);
+
+// Padding-free packing (batch.packing): the samples back to back in ONE row [1, sum of
+// lengths], no padding. batch.text_cu_seqlens [S+1] marks the samples (each attends only
+// inside itself), position_ids [3, 1, L] restart at every sample (get_rope_index of the
+// sample alone), and the label of each sample's first token is -100 so that no next-token
+// target crosses a boundary (the unpadded build never counts it either: supervised_tokens
+// and the loss equal build_micro_batch's). Images, pixel values and the vision cu_seqlens
+// are those of build_micro_batch. Same checks and errors as build_micro_batch.
+MicroBatch build_packed_micro_batch(const std::vector<TokenizedSample>& samples, const VlmConfig& cfg);
+
+// Tokens in the micro-batch (rows x length, padding included) and the padding among them
+// (a filler's one token is padding).
+PaddingCount padding_count(const MicroBatch& mb);
 
 // A filler micro-batch: one row of one pad token, no supervised token, no image (the model
 // runs its dummy image), so every unit and collective still runs on this rank.

@@ -30,6 +30,18 @@ int64_t tokens_at_cap(const std::vector<ImageSize>& images, const PixelLimits& p
 
 int64_t sample_cost(const PlannedSample& s) { return s.seq_len + s.image_tokens; }
 
+PaddingCount plan_padding(const MicroBatchPlan& mb) {
+  if (mb.filler()) return {1, 1};
+  return {mb.padded_tokens(), mb.padded_tokens() - mb.tokens};
+}
+
+PaddingCount plan_padding(const StepPlan& plan) {
+  PaddingCount c;
+  for (const auto& rp : plan.ranks)
+    for (const auto& mb : rp.micro_batches) c += plan_padding(mb);
+  return c;
+}
+
 bool fit_sample(const SampleCost& sample, const Budgets& b, PlannedSample* out, std::string* reason) {
   out->index = sample.index;
   out->images.clear();
@@ -135,13 +147,16 @@ StepPlan plan_step(const std::vector<SampleCost>& samples, int world_size, const
       for (auto& mb : mbs) {
         int64_t len = std::max(mb.padded_len, s.seq_len);
         int64_t rows = static_cast<int64_t>(mb.samples.size()) + 1;
-        if (len * rows <= b.max_tokens && mb.image_tokens + s.image_tokens <= b.batch_image_tokens) {
+        const int64_t tokens = b.packing ? mb.tokens + s.seq_len : len * rows;
+        if (tokens <= b.max_tokens && mb.image_tokens + s.image_tokens <= b.batch_image_tokens) {
           target = &mb;
           break;
         }
       }
       if (target == nullptr) target = &mbs.emplace_back();
+      target->packed = b.packing;
       target->padded_len = std::max(target->padded_len, s.seq_len);
+      target->tokens += s.seq_len;
       target->image_tokens += s.image_tokens;
       target->samples.push_back(s);
     }

@@ -30,9 +30,11 @@ struct Budgets {
   int64_t factor = 28;                // resize factor = patch x merge of the model (Qwen3-VL: 32)
   int64_t max_image_tokens = 1024;    // per image, merged tokens (data.max_image_tokens)
   int64_t max_seq_len = 2048;         // per sample, text + image tokens (data.max_seq_len)
-  int64_t max_tokens = 4096;          // per micro-batch: padded length x rows (batch.max_tokens)
+  int64_t max_tokens = 4096;          // per micro-batch: padded length x rows, or with packing
+                                      // the sum of lengths (batch.max_tokens)
   int64_t batch_image_tokens = 4096;  // per micro-batch, merged image tokens (batch.max_image_tokens)
   int64_t max_micro_batches = 64;     // per rank and step; needing more is an error
+  bool packing = false;               // padding-free packing: one row per micro-batch (batch.packing)
 };
 
 struct PlannedImage {
@@ -52,9 +54,27 @@ struct PlannedSample {
 struct MicroBatchPlan {
   std::vector<PlannedSample> samples; // empty = filler (fully masked, dummy image)
   int64_t padded_len = 0;             // longest seq_len in the micro-batch
+  int64_t tokens = 0;                 // sum of seq_len (the real tokens)
   int64_t image_tokens = 0;
+  bool packed = false;                // one row of `tokens` tokens, no padding
   bool filler() const { return samples.empty(); }
-  int64_t padded_tokens() const { return padded_len * static_cast<int64_t>(samples.size()); }
+  // Tokens the LLM runs on: rows x padded_len, or `tokens` when packed.
+  int64_t padded_tokens() const {
+    return packed ? tokens : padded_len * static_cast<int64_t>(samples.size());
+  }
+};
+
+// Tokens in micro-batches and the padding among them (a filler counts one padding token:
+// the one pad token it runs on).
+struct PaddingCount {
+  int64_t tokens = 0;
+  int64_t padding = 0;
+  double fraction() const { return tokens > 0 ? static_cast<double>(padding) / static_cast<double>(tokens) : 0.0; }
+  PaddingCount& operator+=(const PaddingCount& o) {
+    tokens += o.tokens;
+    padding += o.padding;
+    return *this;
+  }
 };
 
 struct RankPlan {
@@ -75,6 +95,10 @@ struct StepPlan {
   int64_t truncated_samples = 0;
 };
 
+// Padding of a planned micro-batch / of every rank's micro-batches of a step.
+PaddingCount plan_padding(const MicroBatchPlan& mb);
+PaddingCount plan_padding(const StepPlan& plan);
+
 // Cost of a planned sample in the balancing model.
 int64_t sample_cost(const PlannedSample& s);
 
@@ -87,8 +111,10 @@ bool fit_sample(const SampleCost& sample, const Budgets& budgets, PlannedSample*
 
 // Plans one step: fits every sample, assigns samples to ranks by longest-processing-time
 // first on cost (ties: lower index first, then lower rank), packs each rank's samples
-// into micro-batches (first fit, longest first), and pads every rank with fillers to the
-// same micro-batch count. Deterministic: identical inputs give identical plans everywhere.
+// into micro-batches (first fit, longest first; a micro-batch holds rows x longest <=
+// max_tokens, or with budgets.packing a sum of lengths <= max_tokens), and pads every rank
+// with fillers to the same micro-batch count. Deterministic: identical inputs give
+// identical plans everywhere.
 StepPlan plan_step(const std::vector<SampleCost>& samples, int world_size, const Budgets& budgets);
 
 }  // namespace vlm::collate

@@ -9,7 +9,7 @@
 #   scripts/bench.sh --quick    no step matrix (sections 2-3 kept from the report it replaces),
 #                               fewer rounds elsewhere: ~30-35 minutes
 #   BENCH_SKIP=matrix,train scripts/bench.sh   skip sections (ratios, matrix, train, data,
-#                               hf_step, image_hf, tokenizer_hf, hf_dist, loader); a skipped
+#                               hf_step, image_hf, tokenizer_hf, hf_dist, loader, packing); a skipped
 #                               section keeps its earlier text, marked as such
 #   BENCH_REPEATS=5 BENCH_STEPS=5 scripts/bench.sh
 #
@@ -31,7 +31,7 @@ if [[ ! -f "$BUILD_DIR/build.ninja" && ! -f "$BUILD_DIR/Makefile" ]]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo} >/dev/null
 fi
 nice -n 5 cmake --build "$BUILD_DIR" -j "$JOBS" --target vlmtrain step_bench image_bench image_file_bench \
-  tokenizer_bench loader_bench optimizer_bench loss_memory_bench lora_bench
+  tokenizer_bench loader_bench optimizer_bench loss_memory_bench lora_bench packing_bench
 
 "$TORCH_PYTHON" -c 'import torch' 2>/dev/null || {
   echo "bench: $TORCH_PYTHON has no torch (run scripts/install-deps.sh)" >&2; exit 1; }

@@ -4,7 +4,7 @@ transformers) for tests/vlm/rope_index_test.cpp.
 
     .venv/bin/python scripts/rope_index_reference.py --cases cases.json --out out.jsonl
 
---cases  a JSON list of {"family": "qwen2_vl" | "qwen2_5_vl", "input_ids": [[...]],
+--cases  a JSON list of {"family": "qwen2_vl" | "qwen2_5_vl" | "qwen3_vl", "input_ids": [[...]],
          "attention_mask": [[...]], "image_grid_thw": [[t, h, w], ...]} (ids use the
          default special ids: <|image_pad|> 151655, <|vision_start|> 151652).
 --out    one JSON object per case: {"position_ids": [3][B][L], "rope_deltas": [B]}.
@@ -27,7 +27,8 @@ def main():
     args = ap.parse_args()
     try:
         import transformers
-        from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLModel, Qwen2VLConfig, Qwen2VLModel)
+        from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLModel, Qwen2VLConfig, Qwen2VLModel,
+                                  Qwen3VLConfig, Qwen3VLModel)
     except ImportError as e:
         sys.exit(f"rope_index_reference: cannot import transformers with {sys.executable} ({e})")
     text = dict(vocab_size=256, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
@@ -39,6 +40,14 @@ def main():
         "qwen2_5_vl": Qwen2_5_VLModel(Qwen2_5_VLConfig(**text, vision_config=dict(
             depth=1, hidden_size=32, out_hidden_size=32, intermediate_size=32, num_heads=2,
             fullatt_block_indexes=[0]))),
+        "qwen3_vl": Qwen3VLModel(Qwen3VLConfig(
+            text_config=dict(vocab_size=256, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                             num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                              "mrope_section": [2, 3, 3], "mrope_interleaved": True}),
+            vision_config=dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2,
+                               out_hidden_size=32, num_position_embeddings=16,
+                               deepstack_visual_indexes=[]))),
     }
     with open(args.cases) as f:
         cases = json.load(f)

@@ -68,7 +68,7 @@ vlm::Batch DeviceContext::to_device(const vlm::Batch& host) {
   b.position_ids = to_device(host.position_ids);
   b.pixel_values = to_device(host.pixel_values);
   b.loss_rows = to_device(host.loss_rows);
-  return b;  // image_grid_thw stays on the host: the vision tower plans its attention from it
+  return b;  // image_grid_thw and text_cu_seqlens stay on the host: attention is planned from them
 }
 
 }  // namespace vlm::sharding

@@ -1,5 +1,6 @@
 #include "vlm/attention.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "vlm/check.h"
@@ -21,11 +22,35 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
       causal, scale, /*enable_gqa=*/h != hkv);
 }
 
+namespace {
+
+// One flash-attention varlen call over the whole packed row (CUDA, bf16/fp16): the kernel
+// reads the segment boundaries itself, GQA included. q: [S, H, D], k/v: [S, Hkv, D] -> [S, H, D]
+torch::Tensor flash_varlen(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                           const std::vector<int64_t>& cu, double scale, bool causal) {
+  int64_t max_len = 0;
+  for (size_t i = 0; i + 1 < cu.size(); ++i) max_len = std::max(max_len, cu[i + 1] - cu[i]);
+  std::vector<int32_t> cu32(cu.begin(), cu.end());
+  auto cu_dev = torch::tensor(cu32, torch::kInt32).to(q.device(), /*non_blocking=*/true);
+  auto out = at::_flash_attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), cu_dev, cu_dev,
+                                          max_len, max_len, /*dropout_p=*/0.0, causal,
+                                          /*return_debug_mask=*/false, scale);
+  return std::get<0>(out);
+}
+
+bool flash_varlen_applies(const torch::Tensor& q) {
+  const auto dt = q.scalar_type();
+  return q.is_cuda() && (dt == torch::kBFloat16 || dt == torch::kHalf) && q.size(2) % 8 == 0 && q.size(2) <= 256;
+}
+
+}  // namespace
+
 torch::Tensor varlen_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                               const std::vector<int64_t>& cu, double scale) {
+                               const std::vector<int64_t>& cu, double scale, bool causal) {
   const int64_t s = q.size(0);
   VLM_CHECK(cu.size() >= 2 && cu.front() == 0 && cu.back() == s, "cu_seqlens must run from 0 to ",
             s, " (the packed length), got ", cu.size(), " entries ending at ", cu.empty() ? -1 : cu.back());
+  if (causal && flash_varlen_applies(q)) return flash_varlen(q, k, v, cu, scale, causal);  // the LLM only
   std::vector<torch::Tensor> outs;
   size_t i = 0;
   while (i + 1 < cu.size()) {
@@ -38,7 +63,7 @@ torch::Tensor varlen_attention(const torch::Tensor& q, const torch::Tensor& k, c
       auto take = [&](const torch::Tensor& x) {  // [n*len, H, D] -> [n, H, len, D]
         return x.narrow(0, cu[i], n * len).reshape({n, len, x.size(1), x.size(2)}).transpose(1, 2);
       };
-      auto o = attention(take(q), take(k), take(v), torch::Tensor(), scale);  // [n, H, len, D]
+      auto o = attention(take(q), take(k), take(v), torch::Tensor(), scale, causal);  // [n, H, len, D]
       outs.push_back(o.transpose(1, 2).reshape({n * len, q.size(1), q.size(2)}));
     }
     i = j;
@@ -86,8 +111,12 @@ TextAttentionImpl::TextAttentionImpl(const TextConfig& cfg, const torch::TensorO
 
 torch::Tensor TextAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                          const torch::Tensor& sin, const torch::Tensor& mask,
-                                         LayerKv* cache) {
+                                         LayerKv* cache, const std::vector<int64_t>* cu_seqlens) {
   const int64_t b = x.size(0), l = x.size(1);
+  VLM_CHECK(cu_seqlens == nullptr || (b == 1 && !mask.defined() && cache == nullptr),
+            "packed attention (text cu_seqlens) needs one row [1, L], no mask and no KV cache; got B = ", b,
+            mask.defined() ? ", a mask" : "", cache != nullptr ? ", a cache" : "",
+            " (hint: a packed batch is for training forwards only)");
   auto q = q_proj(x).view({b, l, num_heads, head_dim});     // [B, L, H, D]
   auto k = k_proj(x).view({b, l, num_kv_heads, head_dim});  // [B, L, Hkv, D]
   if (q_norm) {
@@ -108,8 +137,14 @@ torch::Tensor TextAttentionImpl::forward(const torch::Tensor& x, const torch::Te
     cache->k = k;
     cache->v = v;
   }
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  if (cu_seqlens != nullptr) {  // packed row: causal inside each sample, [1, H, L, D] <-> [L, H, D]
+    auto packed = [](const torch::Tensor& t) { return t.squeeze(0).transpose(0, 1); };
+    auto o = varlen_attention(packed(q), packed(k), packed(v), *cu_seqlens, scale, /*causal=*/true);
+    return o_proj(o.reshape({1, l, num_heads * head_dim}));
+  }
   // No mask: causal attention of right-padded rows (training; see LanguageModelImpl).
-  auto o = attention(q, k, v, mask, 1.0 / std::sqrt(static_cast<double>(head_dim)), !mask.defined());
+  auto o = attention(q, k, v, mask, scale, !mask.defined());
   return o_proj(o.transpose(1, 2).reshape({b, l, num_heads * head_dim}));
 }
 

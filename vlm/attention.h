@@ -24,12 +24,14 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
                         const torch::Tensor& mask, double scale, bool causal = false);
 
 // Block-diagonal attention over a packed sequence: segment i is rows
-// [cu_seqlens[i], cu_seqlens[i+1]); tokens attend only inside their segment. Consecutive
-// segments of equal length run as one batched call, so no [S, S] mask is ever built (an
-// image of 16k patches would need 16k^2 scores per head with a dense mask).
-// q/k/v: [S, H, D] -> [S, H, D]
+// [cu_seqlens[i], cu_seqlens[i+1]); tokens attend only inside their segment (causal: and
+// only to earlier tokens of it, the LLM's padding-free packing). Consecutive segments of
+// equal length run as one batched call, so no [S, S] mask is ever built (an image of 16k
+// patches would need 16k^2 scores per head with a dense mask). On CUDA in bf16/fp16 the
+// causal row is one flash-attention varlen call (at::_flash_attention_forward) instead.
+// q: [S, H, D], k/v: [S, Hkv, D] (GQA) -> [S, H, D]
 torch::Tensor varlen_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                               const std::vector<int64_t>& cu_seqlens, double scale);
+                               const std::vector<int64_t>& cu_seqlens, double scale, bool causal = false);
 
 // `visual.blocks.N.attn`: qkv (rows [q all heads, k, v]) and proj, both with bias.
 class VisionAttentionImpl : public torch::nn::Module {
@@ -56,9 +58,11 @@ class TextAttentionImpl : public torch::nn::Module {
   TextAttentionImpl(const TextConfig& cfg, const torch::TensorOptions& opts);
   // x: [B, L, d]; cos/sin: [B, L, D] (activation dtype); mask: bool [B, 1, L, T];
   // cache: when given, the new keys/values are appended to it and attention runs over all.
-  // -> [B, L, d]
+  // cu_seqlens (packed row, B == 1, no mask, no cache): causal attention inside each
+  // segment [cu[i], cu[i+1]) only. -> [B, L, d]
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& mask, LayerKv* cache);
+                        const torch::Tensor& mask, LayerKv* cache,
+                        const std::vector<int64_t>* cu_seqlens = nullptr);
   int64_t num_heads, num_kv_heads, head_dim;
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   Norm q_norm{nullptr}, k_norm{nullptr};  // null without qk_norm

@@ -14,8 +14,8 @@ DecoderLayerImpl::DecoderLayerImpl(const TextConfig& cfg, const torch::TensorOpt
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                         const torch::Tensor& sin, const torch::Tensor& mask,
-                                        LayerKv* cache) {
-  auto h = x + self_attn(input_layernorm(x), cos, sin, mask, cache);
+                                        LayerKv* cache, const std::vector<int64_t>* cu_seqlens) {
+  auto h = x + self_attn(input_layernorm(x), cos, sin, mask, cache, cu_seqlens);
   return h + mlp(post_attention_layernorm(h));
 }
 

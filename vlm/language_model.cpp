@@ -1,5 +1,7 @@
 #include "vlm/language_model.h"
 
+#include <memory>
+
 #include "vlm/check.h"
 #include "vlm/rotary.h"
 
@@ -36,8 +38,11 @@ torch::Tensor LanguageModelImpl::embed(const torch::Tensor& input_ids, UnitRunne
 torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torch::Tensor& position_ids,
                                          const torch::Tensor& attention_mask, KvCache* cache,
                                          UnitRunner& runner, const std::string& prefix,
-                                         const DeepStackInputs* deepstack) {
+                                         const DeepStackInputs* deepstack,
+                                         const std::vector<int64_t>* text_cu_seqlens) {
   const int64_t b = embeds.size(0), l = embeds.size(1);
+  VLM_CHECK(text_cu_seqlens == nullptr || (b == 1 && !attention_mask.defined() && cache == nullptr),
+            "text_cu_seqlens: a packed row is [1, L] with no attention_mask and no cache, got B = ", b);
   const int64_t past = cache ? cache->length() : 0;
   VLM_CHECK(position_ids.dim() == 3 && position_ids.size(0) == 3 && position_ids.size(1) == b &&
                 position_ids.size(2) == l,
@@ -53,13 +58,17 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torc
                           cfg.mrope_section, embeds.scalar_type(), cfg.mrope_interleaved);  // [B, L, D]
   // Undefined: causal attention without a mask tensor (flash attention on CUDA).
   auto mask = attention_mask.defined() ? causal_padding_mask(attention_mask.to(embeds.device()), l) : torch::Tensor();
+  // Owned copy: activation checkpointing reruns the layer in backward, after the caller's
+  // vector is gone.
+  std::shared_ptr<const std::vector<int64_t>> cu;
+  if (text_cu_seqlens != nullptr) cu = std::make_shared<const std::vector<int64_t>>(*text_cu_seqlens);
   auto h = embeds;
   for (size_t i = 0; i < layers.size(); ++i) {
     DecoderLayer& layer = layers[i];
     LayerKv* kv = cache ? &cache->layers[i] : nullptr;
     h = runner.run(prefix + ".layers." + std::to_string(i), *layer, h,
-                   [layer, cos = cs.cos, sin = cs.sin, mask, kv](const torch::Tensor& x) mutable {
-                     return layer(x, cos, sin, mask, kv);
+                   [layer, cos = cs.cos, sin = cs.sin, mask, kv, cu](const torch::Tensor& x) mutable {
+                     return layer(x, cos, sin, mask, kv, cu.get());
                    });
     if (deepstack != nullptr && i < deepstack->embeds.size()) {
       // h[mask] += embeds[i], as HF's _deepstack_process (adding exact zeros elsewhere).

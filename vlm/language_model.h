@@ -45,10 +45,12 @@ class LanguageModelImpl : public torch::nn::Module {
   // padding, if any, is at the end: right padding); cache: optional, extended in place
   // -> final-normed hidden states [B, L, d]
   // (units "<prefix>.layers.N", "<prefix>.norm"). deepstack: optional (Qwen3-VL), added
-  // between the layer units.
+  // between the layer units. text_cu_seqlens: optional [S + 1] (0 .. L) for a packed row
+  // (B == 1, no mask, no cache): each sample attends causally inside itself only.
   torch::Tensor forward(const torch::Tensor& embeds, const torch::Tensor& position_ids,
                         const torch::Tensor& attention_mask, KvCache* cache, UnitRunner& runner,
-                        const std::string& prefix = "model", const DeepStackInputs* deepstack = nullptr);
+                        const std::string& prefix = "model", const DeepStackInputs* deepstack = nullptr,
+                        const std::vector<int64_t>* text_cu_seqlens = nullptr);
   TextConfig cfg;
   Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers_list{nullptr};  // registered as "layers"

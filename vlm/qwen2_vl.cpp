@@ -115,11 +115,21 @@ ForwardOutput Qwen2VLImpl::forward(const Batch& batch, bool return_logits) {
   const int64_t b = embeds.size(0), l = embeds.size(1), d = embeds.size(2);
   auto mask = batch.attention_mask.defined() ? batch.attention_mask
                                              : torch::ones({b, l}, ids.options().dtype(torch::kInt64));
+  // Packed row (padding-free packing): per-sample causal attention from the host's cu_seqlens.
+  std::vector<int64_t> text_cu;
+  if (batch.text_cu_seqlens.defined()) {
+    auto c = batch.text_cu_seqlens.to(torch::kCPU, torch::kInt64).contiguous();
+    text_cu.assign(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  }
+  const bool packed = !text_cu.empty();
   auto pos = batch.position_ids;
-  if (!pos.defined()) pos = get_rope_index(ids, batch.image_grid_thw, mask, cfg).position_ids;
+  if (!pos.defined())
+    pos = packed ? packed_position_ids(ids, batch.image_grid_thw, text_cu, cfg)
+                 : get_rope_index(ids, batch.image_grid_thw, mask, cfg).position_ids;
   // Right-padded rows (training): causal attention without a mask tensor.
-  auto hidden = model->forward(embeds, pos, batch.right_padded ? torch::Tensor() : mask, nullptr, *runner_,
-                               "model", deepstack.embeds.empty() ? nullptr : &deepstack);  // [B, L, d]
+  auto hidden = model->forward(embeds, pos, batch.right_padded || packed ? torch::Tensor() : mask, nullptr,
+                               *runner_, "model", deepstack.embeds.empty() ? nullptr : &deepstack,
+                               packed ? &text_cu : nullptr);  // [B, L, d]
 
   ForwardOutput out;
   const bool want_loss = batch.labels.defined();

@@ -34,6 +34,11 @@ struct Batch {
                                  // labels[b, t+1] is supervised; undefined = derived from labels
   bool right_padded = false;     // padding (if any) only at row ends: the LLM attends causally
                                  // without a mask tensor (flash attention on CUDA)
+  // Padding-free packing (collate's batch.packing): B == 1 and the row holds S whole samples
+  // back to back; sample i is tokens [c[i], c[i+1]) and attends (causally) only inside
+  // itself. position_ids restart per sample; labels of each sample's first token are -100,
+  // so no next-token target crosses a boundary. Kept on the host; undefined = not packed.
+  torch::Tensor text_cu_seqlens; // [S + 1] int64: 0, ..., L
 };
 
 // loss_rows of labels [B, L] (host): the flat indices of labels[:, 1:] != -100.

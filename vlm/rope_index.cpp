@@ -76,4 +76,37 @@ RopeIndex get_rope_index(const torch::Tensor& input_ids, const torch::Tensor& im
   return {pos.to(input_ids.device()), deltas.to(input_ids.device())};
 }
 
+torch::Tensor packed_position_ids(const torch::Tensor& input_ids, const torch::Tensor& image_grid_thw,
+                                  const std::vector<int64_t>& cu, const VlmConfig& cfg) {
+  VLM_CHECK(input_ids.dim() == 2 && input_ids.size(0) == 1, "packed input_ids: expected [1, L], got ",
+            input_ids.sizes());
+  const int64_t l = input_ids.size(1);
+  VLM_CHECK(cu.size() >= 2 && cu.front() == 0 && cu.back() == l, "text cu_seqlens must run from 0 to ", l,
+            " (the packed length), got ", cu.size(), " entries ending at ", cu.empty() ? -1 : cu.back());
+  auto ids = input_ids.to(torch::kCPU, torch::kInt64).contiguous();
+  torch::Tensor grid = image_grid_thw.defined() ? image_grid_thw.to(torch::kCPU, torch::kInt64).contiguous()
+                                                : torch::zeros({0, 3}, torch::kInt64);
+  const int64_t unit = cfg.vision.spatial_merge_size * cfg.vision.spatial_merge_size;
+  std::vector<torch::Tensor> parts;
+  int64_t row = 0;  // next image_grid_thw row
+  for (size_t i = 0; i + 1 < cu.size(); ++i) {
+    const int64_t len = cu[i + 1] - cu[i];
+    VLM_CHECK(len > 0, "text cu_seqlens: segment ", i, " is empty (entries must increase)");
+    auto seg = ids.narrow(1, cu[i], len);
+    // This segment's images: grid rows whose tokens add up to its image pads.
+    const int64_t pads = (seg == cfg.image_token_id).sum().item<int64_t>();
+    int64_t first = row, taken = 0;
+    while (taken < pads && row < grid.size(0)) {
+      taken += grid[row][0].item<int64_t>() * grid[row][1].item<int64_t>() * grid[row][2].item<int64_t>() / unit;
+      ++row;
+    }
+    VLM_CHECK(taken == pads, "packed segment ", i, " has ", pads, " image tokens but the remaining image grids give ",
+              taken, " (hint: image_grid_thw must list every segment's images in order)");
+    auto g = row > first ? grid.narrow(0, first, row - first) : torch::Tensor();
+    parts.push_back(get_rope_index(seg, g, torch::Tensor(), cfg).position_ids);  // [3, 1, len]
+  }
+  VLM_CHECK(row == grid.size(0), "image_grid_thw has ", grid.size(0), " rows but the packed segments use ", row);
+  return torch::cat(parts, 2).to(input_ids.device());
+}
+
 }  // namespace vlm

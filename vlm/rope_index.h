@@ -10,6 +10,8 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <vector>
+
 #include "vlm/config.h"
 
 namespace vlm {
@@ -27,5 +29,12 @@ struct RopeIndex {
 // else (typed in the text, one too many), is an error naming the sequence and position.
 RopeIndex get_rope_index(const torch::Tensor& input_ids, const torch::Tensor& image_grid_thw,
                          const torch::Tensor& attention_mask, const VlmConfig& cfg);
+
+// Position ids of a packed row (padding-free packing): segment i = tokens [cu[i], cu[i+1])
+// is one whole sample, and gets exactly get_rope_index of that sample alone (restarting at
+// 0). image_grid_thw holds the images of all segments in order; each segment takes as many
+// rows as its image blocks. input_ids: [1, L]; cu: [S + 1] (0 .. L) -> [3, 1, L] int64
+torch::Tensor packed_position_ids(const torch::Tensor& input_ids, const torch::Tensor& image_grid_thw,
+                                  const std::vector<int64_t>& cu, const VlmConfig& cfg);
 
 }  // namespace vlm

@@ -11,6 +11,7 @@ runs under /usr/bin/python3). Sections:
   6-10. issue #30     vlmtrain next to what users would run instead (hf_sections.py): training
                       step vs HF transformers at world 1 (6) and world 2 with torch DDP / FSDP2
                       (9), image preprocessing (7) and tokenizer (8) vs HF, loader per thread (10)
+  11. packing         packing_bench: tokens/s and padding, padded vs packed rows (docs/packing.md)
 
 Speed is reported as ratios measured within one run; absolute numbers are for this
 machine and moment only (see the header of RESULTS.md for its load).
@@ -19,7 +20,7 @@ Environment knobs: BENCH_QUICK=1 (scripts/bench.sh --quick: skips the step matri
 rounds elsewhere; ~30 min on the shared 2-core machine instead of ~50), BENCH_REPEATS (rounds
 of section 1, default 5, quick 3), BENCH_STEPS (measured steps per run, default 3), BENCH_SKIP
 (comma list of sections to skip: ratios, matrix, train, data, hf_step, image_hf, tokenizer_hf,
-hf_dist, loader), BENCH_OUT (folder for raw JSON, logs and section files, default
+hf_dist, loader, packing), BENCH_OUT (folder for raw JSON, logs and section files, default
 build/bench-out), BENCH_NOTE (a sentence added to the report's header).
 
 No section is ever dropped: a section skipped (or not run yet) keeps its text from an earlier
@@ -350,6 +351,29 @@ def data_section(md):
     md.append("```\n")
 
 
+def packing_section(md):
+    md.append("## 11. Padding-free packing (bench/packing_bench, docs/packing.md)\n")
+    md.append("tiny preset, fp32, 2 threads, 16 samples per step with lengths log-uniform over 20..2000 "
+              "tokens, batch.max_tokens 4096, padded and packed rows on the same samples, interleaved "
+              "step by step; tokens/s counts real tokens only.\n")
+    md.append("| image share | padded tokens/s | padding | packed tokens/s | padding | packed / padded |")
+    md.append("|---|---|---|---|---|---|")
+    exe = os.path.join(BUILD, "bench", "packing_bench")
+    for share in ("0", "0.15", "0.4"):
+        cmd = [exe, "--json", "--steps", str(max(STEPS, 4)), "--warmup", "1", "--image-share", share]
+        commands.append(" ".join(cmd))
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+        lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+        if p.returncode != 0 or not lines:
+            md.append(f"| {share} | failed ({p.returncode}): {p.stderr[-200:]} | | | | |")
+            continue
+        j = json.loads(lines[-1])
+        a, b = j["padded"], j["packed"]
+        md.append(f"| {share} | {a['tokens_per_s']:.0f} | {100 * a['padding_fraction']:.1f}% | "
+                  f"{b['tokens_per_s']:.0f} | {100 * b['padding_fraction']:.1f}% | {j['speedup']:.2f}x |")
+    md.append("")
+
+
 def header():
     cpu = "unknown"
     try:
@@ -368,7 +392,7 @@ def header():
 SECTIONS = [("ratios", None, ["1"]), ("matrix", None, ["2", "3"]), ("train", None, ["4"]), ("data", None, ["5"]),
             ("hf_step", hf_sections.hf_step, ["6"]), ("image_hf", hf_sections.image_hf, ["7"]),
             ("tokenizer_hf", hf_sections.tokenizer_hf, ["8"]), ("hf_dist", hf_sections.hf_dist, ["9"]),
-            ("loader", hf_sections.loader, ["10"])]
+            ("loader", hf_sections.loader, ["10"]), ("packing", None, ["11"])]
 
 
 def previous_sections(path):
@@ -502,7 +526,8 @@ def main():
         rows = matrix(body)
         comm_section(body, rows)
 
-    fns = {"ratios": ratios, "matrix": matrix_and_comm, "train": train_section, "data": data_section}
+    fns = {"ratios": ratios, "matrix": matrix_and_comm, "train": train_section, "data": data_section,
+           "packing": packing_section}
     ran = []
     for name, fn, _ in SECTIONS:
         if name not in SKIP and not (RENDER_ONLY and not os.path.exists(os.path.join(OUT, name + ".md"))):

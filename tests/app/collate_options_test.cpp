@@ -19,6 +19,11 @@ TEST(CollateOptions, RecipeBudgetsDriveTheStepPlan) {
   EXPECT_EQ(b.batch_image_tokens, 300);
   EXPECT_EQ(b.max_seq_len, 400);
   EXPECT_EQ(b.max_micro_batches, 7);
+  EXPECT_FALSE(b.packing);  // batch.packing defaults to false
+  EXPECT_TRUE(vlmtrain::collate_budgets(vlmtrain::load_recipe(vlmtest::source_dir() + "/recipes/ocr_tiny.toml",
+                                                              {"batch.packing=true"}),
+                                        vlmtrain::pixel_config(r, vlm::preset("tiny")))
+                  .packing);
   EXPECT_EQ(b.pixels.min_pixels, 1568);
   EXPECT_EQ(r.data.max_pixels, 0);            // unset: the model's (Qwen2-VL's hub value)
   EXPECT_EQ(b.pixels.max_pixels, 12845056);

@@ -3,7 +3,9 @@
 // gradient all-reduce per micro-batch on adversarial steps (one rank gets only text-only
 // samples, another only multi-image samples, one far fewer tokens, a dataset size not
 // divisible by the world size). Every rank must finish every step, end with identical
-// parameters, and the step loss must equal one process on the whole global batch.
+// parameters, and the step loss must equal one process on the whole global batch. With
+// padding-free packing (issue #27) the same matrix runs on packed rows, and its reference is
+// still the padded one-process batch.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -25,10 +27,10 @@ namespace {
 constexpr int64_t kPadId = 0;
 constexpr int kHangSteps = 3;
 
-// The global samples of step `step`. One (world 2) or two (world 4) multi-image samples
+// The global samples of step `step`. One (world 2, 3) or two (world 4) multi-image samples
 // whose cost exceeds what longest-processing-time-first gives the other ranks, so those
 // ranks get only text; many short text-only samples (more than one micro-batch's worth on
-// a text rank, so the image ranks get fillers); one tiny sample. 27 or 43 samples: not
+// a text rank, so the image ranks get fillers); one tiny sample. 27, 40 or 43 samples: not
 // divisible by the world size.
 std::vector<vlm::TokenizedSample> step_samples(const vlm::VlmConfig& cfg, int step, int world) {
   std::mt19937_64 rng(100 + step);
@@ -36,7 +38,7 @@ std::vector<vlm::TokenizedSample> step_samples(const vlm::VlmConfig& cfg, int st
   int64_t idx = step * 1000;
   out.push_back(vlmtest::synthetic_sample(cfg, rng, idx++, 20, {{1, 8, 8}, {1, 8, 8}, {1, 8, 8}}, 6));
   if (world == 4) out.push_back(vlmtest::synthetic_sample(cfg, rng, idx++, 18, {{1, 8, 8}, {1, 8, 4}}, 5));
-  for (int i = 0; i < (world == 2 ? 25 : 40); ++i)
+  for (int i = 0; i < (world == 2 ? 25 : world == 3 ? 38 : 40); ++i)
     out.push_back(vlmtest::synthetic_sample(cfg, rng, idx++, 4 + i % 2, {}, 1));
   out.push_back(vlmtest::synthetic_sample(cfg, rng, idx++, 2, {}, 1));
   return out;
@@ -52,6 +54,8 @@ TEST(NoHangDist, DISABLED_Worker) {
   const int rank = dims.rank(), world = dims.world_size();
 
   const char* preset = std::getenv("VLMTEST_NO_HANG_PRESET");  // set by run_world
+  const char* packing_env = std::getenv("VLMTEST_NO_HANG_PACKING");
+  const bool packing = packing_env != nullptr && std::string(packing_env) == "1";
   auto cfg = vlm::preset(preset != nullptr && *preset != '\0' ? preset : "tiny");
   vlm::Qwen2VL model(cfg);
   vlm::MaterializeOptions mopts;
@@ -62,6 +66,7 @@ TEST(NoHangDist, DISABLED_Worker) {
   const int64_t patch = cfg.vision.patch_size, merge = cfg.vision.spatial_merge_size;
   Budgets b = vlmtest::synthetic_budgets(patch * merge);
   b.max_tokens = 80;  // the 74-token multi-image sample fills a micro-batch alone
+  b.packing = packing;
   for (int step = 0; step < kHangSteps; ++step) {
     auto samples = step_samples(cfg, step, world);
     std::map<int64_t, const vlm::TokenizedSample*> by_index;
@@ -98,7 +103,7 @@ TEST(NoHangDist, DISABLED_Worker) {
       }
       std::vector<vlm::TokenizedSample> rows_of;
       for (const auto& ps : mbp.samples) rows_of.push_back(*by_index.at(ps.index));
-      mbs.push_back(build_micro_batch(rows_of, cfg, kPadId));
+      mbs.push_back(packing ? build_packed_micro_batch(rows_of, cfg) : build_micro_batch(rows_of, cfg, kPadId));
     }
     auto tokens = torch::zeros({1}, torch::kDouble);
     for (const auto& mb : mbs) tokens[0] += static_cast<double>(mb.supervised_tokens);
@@ -161,17 +166,24 @@ TEST(NoHangDist, DISABLED_Worker) {
 
 namespace {
 
-void run_world(int world, const std::string& preset = "tiny") {
+void run_world(int world, const std::string& preset = "tiny", bool packing = false) {
   vlmtest::DistRun run;
   run.world_size = world;
   run.worker_test = "NoHangDist.DISABLED_Worker";
   run.timeout = std::chrono::seconds(120);
-  run.extra_env = [preset](int) { return std::vector<std::string>{"VLMTEST_NO_HANG_PRESET=" + preset}; };
+  run.extra_env = [preset, packing](int) {
+    return std::vector<std::string>{"VLMTEST_NO_HANG_PRESET=" + preset,
+                                    std::string("VLMTEST_NO_HANG_PACKING=") + (packing ? "1" : "0")};
+  };
   EXPECT_TRUE(vlmtest::all_ok(vlmtest::run_workers(run)));
 }
 
 TEST(NoHangDist, TwoRanks) { run_world(2); }
 TEST(NoHangDist, FourRanks) { run_world(4); }
 TEST(NoHangDist, TwoRanksQwen3) { run_world(2, "tiny-qwen3"); }
+TEST(NoHangDist, TwoRanksPacked) { run_world(2, "tiny", true); }
+TEST(NoHangDist, ThreeRanksPacked) { run_world(3, "tiny", true); }
+TEST(NoHangDist, FourRanksPacked) { run_world(4, "tiny", true); }
+TEST(NoHangDist, TwoRanksQwen3Packed) { run_world(2, "tiny-qwen3", true); }
 
 }  // namespace
