@@ -83,7 +83,8 @@ double FsdpUnit::shard_grad_bytes() const {
 }
 
 FsdpEngine::FsdpEngine(Comm& comm, const std::vector<UnitPlan>& units,
-                       const std::vector<std::pair<std::string, std::string>>& call_order, torch::Dtype reduce_dtype)
+                       const std::vector<std::pair<std::string, std::string>>& call_order, torch::Dtype reduce_dtype,
+                       std::map<std::string, torch::Tensor> shards)
     : comm_(comm), reduce_dtype_(reduce_dtype) {
   torch::NoGradGuard no_grad;
   const int64_t n = comm.world_size(), r = comm.rank();
@@ -109,11 +110,18 @@ FsdpEngine::FsdpEngine(Comm& comm, const std::vector<UnitPlan>& units,
     u->shard_ = (u->numel_ + n - 1) / n;
     u->lo_ = std::min(r * u->shard_, u->numel_);
     u->hi_ = std::min((r + 1) * u->shard_, u->numel_);
-    if (params_are_flat_slices(plan.params, n * u->shard_)) {
-      // Sharded loading (sharded_load.h) already laid the parameters out in a flat buffer
-      // with this rank's range filled: adopt it.
+    auto loaded = shards.find(plan.path);
+    if (loaded != shards.end() && params_are_flat_slices(plan.params, n * u->shard_)) {
+      // Sharded loading (sharded_load.h) laid the parameters out as slices of a flat buffer
+      // it never wrote, and filled this rank's shard: adopt both.
+      const torch::Tensor& s = loaded->second;
+      VLM_CHECK(s.dim() == 1 && s.size(0) == u->shard_ && s.scalar_type() == p0.scalar_type() &&
+                    s.device() == p0.device(),
+                "fsdp: unit ", plan.path, ": the loaded shard is ", s.sizes(), " ", s.scalar_type(), " on ",
+                s.device(), ", expected [", u->shard_, "] ", p0.scalar_type(), " on ", p0.device());
       u->full_ = torch::empty({0}, p0.options().requires_grad(false));
       u->full_.set_(p0.storage(), 0, {n * u->shard_}, {1});
+      u->local_ = s;
     } else {
       // Flat buffer [N*S]; the parameters become views of it.
       u->full_ = torch::zeros({n * u->shard_}, p0.options().requires_grad(false));
@@ -124,7 +132,7 @@ FsdpEngine::FsdpEngine(Comm& comm, const std::vector<UnitPlan>& units,
         p.set_data(view);
       }
     }
-    u->local_ = u->full_.narrow(0, r * u->shard_, u->shard_).clone();  // [S]
+    if (!u->local_.defined()) u->local_ = u->full_.narrow(0, r * u->shard_, u->shard_).clone();  // [S]
     if (u->trainable_) u->grad_ = torch::zeros({u->shard_}, p0.options().dtype(torch::kFloat32));
     u->full_nbytes_ = u->full_.storage().nbytes();
     u->released_msg_ = released_message(u->path_, u->params_);

@@ -165,8 +165,12 @@ class FsdpEngine {
   // become FSDP units; apply_freeze and the rank-0 broadcast must have run). call_order:
   // the model's unit paths in call order (Qwen2VLImpl::units(), aliases included), each
   // mapped to its owning unit path. Collective-free; frees every flat buffer at the end.
+  // shards: sharded loading's local shards by unit path (sharded_load.h): a unit found there
+  // whose parameters are already slices of one [N*S] buffer adopts that buffer and takes
+  // the [S] shard as it is (nothing copied); the others are flattened from their values.
   FsdpEngine(Comm& comm, const std::vector<UnitPlan>& units,
-             const std::vector<std::pair<std::string, std::string>>& call_order, torch::Dtype reduce_dtype);
+             const std::vector<std::pair<std::string, std::string>>& call_order, torch::Dtype reduce_dtype,
+             std::map<std::string, torch::Tensor> shards = {});
   ~FsdpEngine();
   FsdpEngine(const FsdpEngine&) = delete;
   FsdpEngine& operator=(const FsdpEngine&) = delete;

@@ -25,14 +25,14 @@ bool shards_params(Sharding s) {
   return s == Sharding::kFullShard || s == Sharding::kShardGradOp || s == Sharding::kFrozenSharded;
 }
 
-ShardedLoadStats materialize_units(torch::nn::Module& model, const std::vector<UnitPlan>& units, int64_t rank,
-                                   int64_t world, torch::Device device, torch::Dtype dtype,
-                                   vlm::ParamSource& source) {
+ShardedLoad materialize_units(torch::nn::Module& model, const std::vector<UnitPlan>& units, int64_t rank,
+                              int64_t world, torch::Device device, torch::Dtype dtype, vlm::ParamSource& source) {
   torch::NoGradGuard no_grad;
   vlm::ParamReplacer replacer(model);
   const auto topts = torch::TensorOptions().device(device).dtype(dtype);
   const uint64_t read_before = source.bytes_read();
-  ShardedLoadStats st;
+  ShardedLoad out;
+  ShardedLoadStats& st = out.stats;
   for (const auto& u : units) {
     for (const auto& p : u.params)
       VLM_CHECK(p.param.is_meta(), "sharded load: parameter ", p.name, " of unit ", u.path, " is already on ",
@@ -52,24 +52,26 @@ ShardedLoadStats materialize_units(torch::nn::Module& model, const std::vector<U
     for (const auto& p : u.params) numel += p.param.numel();
     const int64_t shard = (numel + world - 1) / world;
     const int64_t lo = std::min(rank * shard, numel), hi = std::min((rank + 1) * shard, numel);
-    torch::Tensor flat = torch::empty({world * shard}, topts);  // [N*S]: only [lo, hi) is ever written
+    torch::Tensor flat = torch::empty({world * shard}, topts);  // [N*S]: the gather buffer, not written here
+    torch::Tensor local = torch::empty({shard}, topts);         // [S]: elements [lo, hi) + zero padding
     int64_t off = 0;
     for (const auto& p : u.params) {
       const int64_t n = p.param.numel();
       const int64_t a = std::max(lo, off), b = std::min(hi, off + n);
       if (a < b) {
-        source.fill(p.name, a - off, b - off, flat.narrow(0, a, b - a));
+        source.fill(p.name, a - off, b - off, local.narrow(0, a - lo, b - a));
         st.elements_filled += b - a;
       }
       replacer.replace(p.name, slice_of(flat, off, p.param.sizes()));
       off += n;
     }
-    if (hi == numel && world * shard > numel) flat.narrow(0, numel, world * shard - numel).zero_();  // padding
+    if (hi - lo < shard) local.narrow(0, hi - lo, shard - (hi - lo)).zero_();  // padding
+    out.shards.emplace(u.path, local);
     ++st.sharded_units;
     source.drop_resident_pages();  // the checkpoint pages read for this unit leave the RSS
   }
   st.bytes_read = source.bytes_read() - read_before;
-  return st;
+  return out;
 }
 
 bool params_are_flat_slices(const std::vector<UnitParam>& params, int64_t flat_numel) {

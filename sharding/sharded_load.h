@@ -11,14 +11,17 @@
 //
 // A sharded unit (full_shard, shard_grad_op, frozen_sharded) gets one flat buffer of
 // [N*S] elements (S = ceil(numel / N), the FSDP engine's layout, fsdp.h) whose parameters
-// are its consecutive slices; only this rank's range [r*S, (r+1)*S) is written (the
-// padding past numel is zeroed); the rest is never touched, so on the CPU it takes no
-// memory and the engine releases the buffer at once. Any other unit gets each parameter
-// whole (every rank keeps all of it).
+// are its consecutive slices, never written here (on the CPU it takes no memory; the
+// engine adopts it as the gather buffer and releases it at once), and this rank's [S]
+// shard, elements [r*S, (r+1)*S) filled from the source (padding past numel zeroed), which
+// the engine keeps as its local shard. Any other unit gets each parameter whole (every
+// rank keeps all of it).
 #pragma once
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "sharding/policy.h"
@@ -36,11 +39,17 @@ struct ShardedLoadStats {
 // Whether `s` keeps only a shard of the parameters between uses (FsdpEngine's units).
 bool shards_params(Sharding s);
 
+struct ShardedLoad {
+  ShardedLoadStats stats;
+  // Per sharded unit (path): this rank's [S] shard, filled (padding zeroed), for FsdpEngine.
+  std::map<std::string, torch::Tensor> shards;
+};
+
 // Materialises every parameter of `units` (all on the meta device; resolved on `model`) on
 // `device` in `dtype`, filling from `source` as described above. Parameters become new
 // tensors: resolve the units again afterwards. Throws vlm::Error (from the source) naming
 // the parameter and the file; the model is left partly materialised then (start-up fails).
-ShardedLoadStats materialize_units(torch::nn::Module& model, const std::vector<UnitPlan>& units, int64_t rank,
+ShardedLoad materialize_units(torch::nn::Module& model, const std::vector<UnitPlan>& units, int64_t rank,
                                    int64_t world, torch::Device device, torch::Dtype dtype, vlm::ParamSource& source);
 
 // Whether `params` are consecutive slices of one storage of exactly `flat_numel` elements

@@ -163,9 +163,10 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl& model, const Shar
   attach_lora(model, opts);
   // 1. Policy table.
   sm->units_ = resolve_units(model, opts);
+  ShardedLoad loaded;
   if (source != nullptr) {  // 1b. sharded loading: real memory for what this rank keeps
-    sm->load_stats_ = materialize_units(model, sm->units_, sm->rank_, sm->world_, dims.device(), opts.param_dtype,
-                                        *source);
+    loaded = materialize_units(model, sm->units_, sm->rank_, sm->world_, dims.device(), opts.param_dtype, *source);
+    sm->load_stats_ = loaded.stats;
     sm->units_ = resolve_units(model, opts);  // the new parameter handles
   }
   for (const auto& u : sm->units_)
@@ -193,7 +194,7 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl& model, const Shar
   std::vector<std::pair<std::string, std::string>> call_order;
   for (const auto& u : model.units())
     call_order.emplace_back(u.path, u.shares_params_with.empty() ? u.path : u.shares_params_with);
-  auto fsdp = std::make_unique<FsdpEngine>(comm, sm->units_, call_order, opts.reduce_dtype);
+  auto fsdp = std::make_unique<FsdpEngine>(comm, sm->units_, call_order, opts.reduce_dtype, std::move(loaded.shards));
   if (!fsdp->units().empty()) sm->fsdp_ = std::move(fsdp);
   // 5. DDP buckets over the trainable replicated / ZeRO-1 units (forward registration order).
   std::vector<torch::Tensor> params;
