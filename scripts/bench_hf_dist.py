@@ -47,17 +47,7 @@ MODES = ("ddp", "fsdp")
 
 
 def vlmtrain_run(a, out_dir, mode, ckpt, dump=None):
-    sets = [
-        f"run.output_dir={out_dir}", "model.preset=", f"model.path={a.model}",
-        f"model.tokenizer={os.path.join(a.data, 'tokenizer.model')}",
-        f"data.train={os.path.join(a.data, 'train.jsonl')}", "data.eval=[]", "data.synth.generate_if_missing=false",
-        "data.num_workers=1", f"batch.samples_per_rank={a.samples}", f"batch.max_tokens={a.max_tokens}",
-        f"schedule.steps={a.steps}", f"schedule.warmup_steps={a.warmup}", "schedule.decay=cosine",
-        f"schedule.min_lr_ratio={a.min_lr_ratio}", f"optim.lr={a.lr}", f"optim.weight_decay={a.weight_decay}",
-        f"optim.grad_clip={a.grad_clip}", "precision.param_dtype=fp32", "precision.reduce_dtype=fp32",
-        "eval.every=0", "eval.at_end=false", "log.every=1", "checkpoint.every=0", "checkpoint.save_final=false",
-        "sharding.module=[]", f"activation_checkpointing.match={one.CKPT_MATCH if ckpt else ''}",
-    ]
+    sets = one.vlmtrain_sets(a, out_dir, ckpt)
     sets += ["sharding.default=ddp"] if mode == "ddp" else ["sharding.default=fsdp",
                                                             "sharding.default_strategy=full_shard"]
     argv = [a.vlmtrain, "launch", "--nproc-per-node", str(a.world), "train",

@@ -50,8 +50,10 @@ def loadavg():
         return f.read().strip()
 
 
-def vlmtrain_run(a, out_dir, ckpt, dump=None):
-    sets = [
+def vlmtrain_sets(a, out_dir, ckpt):
+    """The recipe overrides both benches give `vlmtrain` (the tiny recipe on the HF directory
+    and data of `a`, no eval, no checkpoints, no sharding rules); the caller adds the policy."""
+    return [
         f"run.output_dir={out_dir}", "model.preset=", f"model.path={a.model}",
         f"model.tokenizer={os.path.join(a.data, 'tokenizer.model')}",
         f"data.train={os.path.join(a.data, 'train.jsonl')}", "data.eval=[]", "data.synth.generate_if_missing=false",
@@ -60,9 +62,12 @@ def vlmtrain_run(a, out_dir, ckpt, dump=None):
         f"schedule.min_lr_ratio={a.min_lr_ratio}", f"optim.lr={a.lr}", f"optim.weight_decay={a.weight_decay}",
         f"optim.grad_clip={a.grad_clip}", "precision.param_dtype=fp32", "precision.reduce_dtype=fp32",
         "eval.every=0", "eval.at_end=false", "log.every=1", "checkpoint.every=0", "checkpoint.save_final=false",
-        "sharding.default=ddp", "sharding.module=[]",
-        f"activation_checkpointing.match={CKPT_MATCH if ckpt else ''}",
+        "sharding.module=[]", f"activation_checkpointing.match={CKPT_MATCH if ckpt else ''}",
     ]
+
+
+def vlmtrain_run(a, out_dir, ckpt, dump=None):
+    sets = vlmtrain_sets(a, out_dir, ckpt) + ["sharding.default=ddp"]
     argv = [a.vlmtrain, "train", os.path.join(ROOT, "recipes", "ocr_tiny.toml")]
     for s in sets:
         argv += ["--set", s]
