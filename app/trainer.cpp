@@ -165,15 +165,18 @@ std::string human_bytes(double b) {
 // One line on how the weights arrived on this rank (sharded loading, sharded_load.h) and what
 // start-up cost in memory, next to the rank's persistent share it must stay close to.
 void log_sharded_load(const vlm::sharding::ShardedLoadStats& st, const vlm::sharding::MemoryReport& m,
-                      int64_t rss_before_model, vlm::sharding::ParallelDims& dims, bool random_init) {
+                      int64_t rss_before_model, vlm::sharding::ParallelDims& dims, bool random_init, bool sharded) {
   if (!dims.is_main()) return;
   const vlm::sharding::DeviceMemory dev = dims.device_context().memory();
-  spdlog::info("weights: {} on rank 0: {} units sharded, {} whole, {} elements filled, {} read | persistent "
-               "share {} | host RSS {} before the model, {} now, peak {}{}",
-               random_init ? "initialised" : "read", st.sharded_units, st.whole_units, st.elements_filled,
-               human_bytes(static_cast<double>(st.bytes_read)), human_bytes(m.persistent()),
+  const std::string how =
+      sharded ? vlm::str(random_init ? "initialised" : "read", " on rank 0: ", st.sharded_units, " units sharded, ",
+                         st.whole_units, " whole, ", st.elements_filled, " elements filled, ",
+                         human_bytes(static_cast<double>(st.bytes_read)), " read")
+              : std::string("whole model on every rank, rank 0's broadcast (model.sharded_load = false)");
+  spdlog::info("weights: {} | persistent share {} | host RSS {} before the model, {} now, peak {}{}", how,
+               human_bytes(m.persistent()),
                human_bytes(static_cast<double>(rss_before_model)), human_bytes(static_cast<double>(current_rss_bytes())),
-               human_bytes(static_cast<double>(peak_rss_bytes())),
+               human_bytes(static_cast<double>(std::max(peak_rss_bytes(), current_rss_bytes()))),  // maxrss lags
                dims.device().is_cuda() ? vlm::str(" | device allocated ", human_bytes(static_cast<double>(dev.allocated)),
                                                   ", peak ", human_bytes(static_cast<double>(dev.peak_allocated)))
                                        : std::string());
@@ -237,7 +240,8 @@ TrainSummary run_training(const Recipe& recipe) {
     // ---------------------------------------------------------------- policies
     auto sm = vlm::sharding::apply_policies(*model, sharding_options(recipe), dims, lm.source.get());
     lm.source.reset();  // unmaps the checkpoint
-    log_sharded_load(sm->load_stats(), sm->memory(), rss_before_model, dims, lm.random_init);
+    log_sharded_load(sm->load_stats(), sm->memory(), rss_before_model, dims, lm.random_init,
+                     recipe.model.sharded_load);
     if (main) {
       const vlm::sharding::MemoryReport m0 = sm->memory();
       const vlm::sharding::ParamCounts pc = vlm::sharding::count_params(sm->unit_table());
