@@ -24,8 +24,9 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
 
 namespace {
 
-// One flash-attention varlen call over the whole packed row (CUDA, bf16/fp16): the kernel
-// reads the segment boundaries itself, GQA included. q: [S, H, D], k/v: [S, Hkv, D] -> [S, H, D]
+// One flash-attention varlen call over the whole packed sequence (CUDA, bf16/fp16): the
+// kernel reads the segment boundaries itself, GQA included; causal for the LLM's packed
+// samples, not for the vision tower's images / windows. q: [S, H, D], k/v: [S, Hkv, D] -> [S, H, D]
 torch::Tensor flash_varlen(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                            const std::vector<int64_t>& cu, double scale, bool causal) {
   int64_t max_len = 0;
@@ -50,7 +51,7 @@ torch::Tensor varlen_attention(const torch::Tensor& q, const torch::Tensor& k, c
   const int64_t s = q.size(0);
   VLM_CHECK(cu.size() >= 2 && cu.front() == 0 && cu.back() == s, "cu_seqlens must run from 0 to ",
             s, " (the packed length), got ", cu.size(), " entries ending at ", cu.empty() ? -1 : cu.back());
-  if (causal && flash_varlen_applies(q)) return flash_varlen(q, k, v, cu, scale, causal);  // the LLM only
+  if (flash_varlen_applies(q)) return flash_varlen(q, k, v, cu, scale, causal);  // LLM (causal) and vision
   std::vector<torch::Tensor> outs;
   size_t i = 0;
   while (i + 1 < cu.size()) {

@@ -27,8 +27,10 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
 // [cu_seqlens[i], cu_seqlens[i+1]); tokens attend only inside their segment (causal: and
 // only to earlier tokens of it, the LLM's padding-free packing). Consecutive segments of
 // equal length run as one batched call, so no [S, S] mask is ever built (an image of 16k
-// patches would need 16k^2 scores per head with a dense mask). On CUDA in bf16/fp16 the
-// causal row is one flash-attention varlen call (at::_flash_attention_forward) instead.
+// patches would need 16k^2 scores per head with a dense mask). On CUDA in bf16/fp16 (head
+// dim a multiple of 8, at most 256) the whole sequence is one flash-attention varlen call
+// (at::_flash_attention_forward) instead: the LLM's packed rows and the vision tower's
+// images and windows.
 // q: [S, H, D], k/v: [S, Hkv, D] (GQA) -> [S, H, D]
 torch::Tensor varlen_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                const std::vector<int64_t>& cu_seqlens, double scale, bool causal = false);
