@@ -215,7 +215,8 @@ TrainSummary run_training(const Recipe& recipe) {
                    recipe_hash(recipe));
       if (!vlm::host_malloc_setting().empty()) spdlog::info("{}", vlm::host_malloc_setting());
       if (dims.distributed())
-        spdlog::info("comm: data plane {} | control plane {}", dims.comm().transport(), comm.transport());
+        spdlog::info("comm: data plane {}, one group per lane (main, fsdp-gather, fsdp-reduce, ddp) | control plane {}",
+                     dims.comm().transport(), comm.transport());
       spdlog::info("resolved recipe:\n{}", to_toml(recipe));
       spdlog::info("resolved recipe saved to {}", save_resolved_recipe(recipe, out_dir));
     }

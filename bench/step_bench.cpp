@@ -260,7 +260,7 @@ int run_rank(const Options& o) {
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     if (s == o.warmup) {
       comm.barrier("bench: end of warm-up");
-      at_warm = comm.stats();
+      at_warm = dims.data_stats();
     }
     device_sync(dev);
     const auto t0 = std::chrono::steady_clock::now();
@@ -280,7 +280,7 @@ int run_rank(const Options& o) {
       cpu.push_back(cpu_seconds() - c0);
     }
   }
-  const vlm::sharding::CommStats end = comm.stats();
+  const vlm::sharding::CommStats end = dims.data_stats();  // every lane of the data plane
   // Peak memory and the slowest rank's step times (ranks are in lockstep through the
   // collectives; the max guards against a rank that waits less).
   torch::Tensor agg = torch::tensor({static_cast<double>(peak_rss()), static_cast<double>(peak_device_bytes(dev))},

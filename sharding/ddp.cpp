@@ -149,7 +149,7 @@ void DdpReducer::on_grad_ready(int64_t i) {
   if (!sync_) return;
   ready_[i] = 1;
   --buckets_[bucket_of_[i]].pending;
-  launch_ready_locked(/*force=*/false, ctx_);
+  if (overlap_) launch_ready_locked(/*force=*/false, ctx_);
 }
 
 void DdpReducer::launch_ready_locked(bool force, const std::string& ctx) {

@@ -10,7 +10,9 @@
 // sum of both uses). When every parameter of a bucket has fired, the bucket is copied
 // into its buffer and all_reduce_async(SUM) is launched; buckets are launched strictly in
 // bucket order (a ready bucket waits for its predecessors), so every rank issues the same
-// collectives in the same order whatever the autograd scheduling.
+// collectives in the same order whatever the autograd scheduling. The comm is a lane of its
+// own (ParallelDims::comm(Lane::kDdp)), so the buckets' order against FSDP's ops may differ
+// between ranks.
 //
 // finish_backward(): launches the buckets not launched yet (parameters that got no
 // gradient in this micro-batch contribute their accumulated gradient or zeros) and waits
@@ -69,6 +71,11 @@ class DdpReducer {
   // false: no_sync (gradient accumulation micro-batches).
   void set_sync(bool sync) { sync_ = sync; }
   bool sync() const { return sync_; }
+  // false: every bucket is launched from finish_backward, none during backward (no overlap
+  // of communication with backward; what a rank whose hooks fire late would do). Used to
+  // show that the ranks' order of DDP ops against FSDP ops does not have to agree (lanes,
+  // parallel_dims.h).
+  void set_overlap(bool overlap) { overlap_ = overlap; }
   // Ends the backward of a synced micro-batch (see the header comment).
   void finish_backward(const std::string& ctx);
   // Drops every accumulated gradient (.grad and the bucket accumulation) and the
@@ -128,6 +135,7 @@ class DdpReducer {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive for the hooks
   torch::Dtype reduce_dtype_;
   bool sync_ = true;
+  bool overlap_ = true;
   int64_t next_launch_ = 0;
   int64_t launched_in_backward_ = 0;
   int64_t last_launched_in_backward_ = 0;

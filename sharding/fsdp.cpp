@@ -82,10 +82,12 @@ double FsdpUnit::shard_grad_bytes() const {
   return grad_.defined() ? static_cast<double>(grad_.numel() * grad_.element_size()) : 0.0;
 }
 
-FsdpEngine::FsdpEngine(Comm& comm, const std::vector<UnitPlan>& units,
+FsdpEngine::FsdpEngine(Comm& comm, Comm& reduce, const std::vector<UnitPlan>& units,
                        const std::vector<std::pair<std::string, std::string>>& call_order, torch::Dtype reduce_dtype,
                        std::map<std::string, torch::Tensor> shards)
-    : comm_(comm), reduce_dtype_(reduce_dtype) {
+    : comm_(comm), reduce_comm_(reduce), reduce_dtype_(reduce_dtype) {
+  VLM_CHECK(reduce.world_size() == comm.world_size() && reduce.rank() == comm.rank(),
+            "fsdp: the gather and reduce comms span different ranks");
   torch::NoGradGuard no_grad;
   const int64_t n = comm.world_size(), r = comm.rank();
   for (const auto& plan : units) {
@@ -318,7 +320,7 @@ void FsdpEngine::launch_rs(FsdpUnit& u) {
   u.rs_nbytes_ = static_cast<double>((flat.numel() + u.rs_out_.numel()) * flat.element_size());
   gstats_.rs_bytes += u.rs_nbytes_;
   gstats_.rs_peak_bytes = std::max(gstats_.rs_peak_bytes, gstats_.rs_bytes);
-  u.rs_ = comm_.reduce_scatter_async(u.rs_out_, flat, ReduceOp::kSum,
+  u.rs_ = reduce_comm_.reduce_scatter_async(u.rs_out_, flat, ReduceOp::kSum,
                                      str(ctx_, ", fsdp reduce-scatter of unit ", u.path_));
   u.rs_launched_ = true;
   rs_inflight_.push_back(&u);

@@ -73,7 +73,11 @@
 //
 // Hang safety: every decision that issues a collective (gather, prefetch, reduce-scatter
 // order) depends only on the call order and on whether outputs need gradients, which are
-// the same on every rank when every rank runs every unit (DESIGN.md invariant 2).
+// the same on every rank when every rank runs every unit (DESIGN.md invariant 2). The
+// all-gathers and the reduce-scatters go over separate comms (ParallelDims' lanes kGather
+// and kReduce), and DDP's buckets over a third: each stream of ops is in a fixed order on
+// every rank, while how the streams interleave (set by autograd's schedule, which differs
+// between ranks whose graphs differ) does not have to agree (tests/sharding/lanes_dist_test.cpp).
 #pragma once
 #include <torch/torch.h>
 
@@ -168,7 +172,10 @@ class FsdpEngine {
   // shards: sharded loading's local shards by unit path (sharded_load.h): a unit found there
   // whose parameters are already slices of one [N*S] buffer adopts that buffer and takes
   // the [S] shard as it is (nothing copied); the others are flattened from their values.
-  FsdpEngine(Comm& comm, const std::vector<UnitPlan>& units,
+  // gather / reduce: the comms of the all-gathers and of the reduce-scatters (ParallelDims'
+  // lanes kGather and kReduce: separate groups, so their relative order may differ between
+  // ranks; on NCCL separate streams); the same comm for both is allowed.
+  FsdpEngine(Comm& gather, Comm& reduce, const std::vector<UnitPlan>& units,
              const std::vector<std::pair<std::string, std::string>>& call_order, torch::Dtype reduce_dtype,
              std::map<std::string, torch::Tensor> shards = {});
   ~FsdpEngine();
@@ -223,7 +230,8 @@ class FsdpEngine {
   void launch_rs(FsdpUnit& u);
   void complete_rs(FsdpUnit& u);  // wait, add into the shard grad, drop the buffers
 
-  Comm& comm_;
+  Comm& comm_;         // all-gathers
+  Comm& reduce_comm_;  // reduce-scatters
   torch::Dtype reduce_dtype_;
   std::vector<std::unique_ptr<FsdpUnit>> units_;
   std::map<std::string, FsdpUnit*> by_unit_;

@@ -339,6 +339,26 @@ c10::intrusive_ptr<c10d::Backend> make_gloo_group(const DistEnv& env, const Para
               });
 }
 
+// An NCCL group of every rank through `store` (its own communicator and stream).
+c10::intrusive_ptr<c10d::Backend> make_nccl_group(const DistEnv& env, const ParallelOptions& opts,
+                                                  const c10::intrusive_ptr<c10d::Store>& store,
+                                                  const std::string& who) {
+#ifdef USE_C10D_NCCL
+  auto o = c10d::ProcessGroupNCCL::Options::create();
+  // Our watchdog (ParallelDims::start_watchdog) reports a stuck op at opts.timeout with the
+  // comm layer's report; NCCL's own watchdog, a minute later, is the backstop.
+  o->timeout = opts.timeout + std::chrono::seconds(60);
+  return wrap(str(who, ": NCCL process group"), "check NCCL_DEBUG=INFO output", [&] {
+    return c10::intrusive_ptr<c10d::Backend>(
+        c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.world_size, o));
+  });
+#else
+  (void)env, (void)opts, (void)store;
+  throw Error(str(who, ": device is CUDA but the LibTorch this vlmtrain was built against has no "
+                  "NCCL (hint: build against the PyPI wheel torch==2.11.0, or use device = \"cpu\")"));
+#endif
+}
+
 }  // namespace
 
 ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts) {
@@ -365,7 +385,11 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
     p.control_ = std::make_shared<Comm>(c10::intrusive_ptr<c10d::Backend>(), 0, 1, Backend::kNone, opts.timeout);
     p.control_->set_plane("control", p.comm_.get());
     p.comm_->set_plane("data", p.control_.get());
-  if (p.backend_ == Backend::kNccl) p.start_watchdog();
+    p.lanes_[0] = p.comm_;
+    for (int l = 1; l < kNumLanes; ++l) {
+      p.lanes_[l] = std::make_shared<Comm>(c10::intrusive_ptr<c10d::Backend>(), 0, 1, Backend::kNone, opts.timeout);
+      p.lanes_[l]->set_plane(str("data/", lane_name(static_cast<Lane>(l))), p.control_.get());
+    }
     return p;
   }
 
@@ -395,14 +419,7 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
             "the CPU (hint: dist.device = \"cuda\", or dist.backend = \"auto\")");
   if (cuda && opts.backend != "gloo") {
 #ifdef USE_C10D_NCCL
-    auto o = c10d::ProcessGroupNCCL::Options::create();
-    // Our watchdog (start_watchdog below) reports a stuck op at opts.timeout with the comm
-    // layer's report; NCCL's own watchdog, a minute later, is the backstop.
-    o->timeout = opts.timeout + std::chrono::seconds(60);
-    p.group_ = wrap(str(who, ": NCCL process group"), "check NCCL_DEBUG=INFO output", [&] {
-      return c10::intrusive_ptr<c10d::Backend>(
-          c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.world_size, o));
-    });
+    p.group_ = make_nccl_group(env, opts, store, who);
     p.backend_ = Backend::kNccl;
 #else
     throw Error(str("device is CUDA but the LibTorch this vlmtrain was built against has no "
@@ -427,17 +444,67 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
   p.control_->set_plane("control", p.comm_.get());
   p.comm_->set_plane("data", p.control_.get());
 
+  // ---------------------------------------------------------------- lanes
+  // One group per lane (the header comment), each with the main group's transport.
+  p.lanes_[0] = p.comm_;
+  for (int l = 1; l < kNumLanes; ++l) {
+    const std::string name = lane_name(static_cast<Lane>(l));
+    if (!opts.lanes) {
+      p.lanes_[l] = p.comm_;
+      continue;
+    }
+    auto lane_store = c10::make_intrusive<c10d::PrefixStore>(str("lane/", name), store);
+    p.lane_groups_[l] = p.backend_ == Backend::kNccl ? make_nccl_group(env, opts, lane_store, who)
+                                                     : make_gloo_group(env, opts, lane_store, who, where);
+    p.lanes_[l] = std::make_shared<Comm>(p.lane_groups_[l], env.rank, env.world_size, p.backend_, opts.timeout);
+    p.lanes_[l]->set_store(lane_store);
+    p.lanes_[l]->set_plane(str("data/", name), p.control_.get());
+  }
+
   // ---------------------------------------------------------------- shared memory (CPU)
   if (p.backend_ == Backend::kGloo) {
-    std::string why_not = "VLM_SHM_COMM=0";
-    std::shared_ptr<ShmChannel> shm;
-    if (env.shm_comm) {
-      shm = wrap(str(who, ": shared-memory set-up through ", where), "set VLM_SHM_COMM=0 to use Gloo's TCP only",
-                 [&] { return ShmChannel::create(store, env.rank, env.world_size, opts.timeout, &why_not); });
+    for (int l = 0; l < kNumLanes; ++l) {
+      if (l > 0 && p.lanes_[l] == p.comm_) continue;
+      std::string why_not = "VLM_SHM_COMM=0";
+      std::shared_ptr<ShmChannel> shm;
+      if (env.shm_comm) {
+        shm = wrap(str(who, ": shared-memory set-up through ", where), "set VLM_SHM_COMM=0 to use Gloo's TCP only",
+                   [&] { return ShmChannel::create(store, env.rank, env.world_size, opts.timeout, &why_not); });
+      }
+      p.lanes_[l]->set_shm(shm, shm ? std::string() : "shared memory off: " + why_not);
     }
-    p.comm_->set_shm(shm, shm ? std::string() : "shared memory off: " + why_not);
   }
+  if (p.backend_ == Backend::kNccl) p.start_watchdog();
   return p;
+}
+
+const char* lane_name(Lane lane) {
+  switch (lane) {
+    case Lane::kMain: return "main";
+    case Lane::kGather: return "fsdp-gather";
+    case Lane::kReduce: return "fsdp-reduce";
+    case Lane::kDdp: return "ddp";
+  }
+  return "?";
+}
+
+CommStats ParallelDims::data_stats() const {
+  CommStats sum;
+  for (int l = 0; l < kNumLanes; ++l) {
+    if (l > 0 && lanes_[l] == comm_) continue;  // lanes off: the main comm counted once
+    for (int k = 0; k < kNumOpKinds; ++k) {
+      const OpStats& o = lanes_[l]->stats().ops[k];
+      sum.ops[k].calls += o.calls;
+      sum.ops[k].logical_bytes += o.logical_bytes;
+      sum.ops[k].wire_bytes += o.wire_bytes;
+      sum.ops[k].wait_s += o.wait_s;
+    }
+  }
+  return sum;
+}
+
+void ParallelDims::reset_data_stats() const {
+  for (const auto& c : lanes_) c->reset_stats();
 }
 
 ParallelDims ParallelDims::from_environment(const ParallelOptions& opts) {
@@ -460,19 +527,28 @@ bool ParallelDims::write_error_file(const std::string& message) const {
 }
 
 void ParallelDims::start_watchdog() {
-  if (!distributed() || comm_->watchdog_running()) return;
-  // Runs on the watchdog's thread while the main thread may be blocked in the driver: no
-  // exception can reach main, so the process ends here.
-  comm_->start_watchdog([error_file = env_.error_file, group = group_, rank = env_.rank](const std::string& report) {
-    std::fprintf(stderr, "vlmtrain: error (rank %d): %s\n", rank, report.c_str());
-    std::fflush(stderr);
-    write_error_json(error_file, report);
-    try {
-      if (group) group->abort();  // NCCL: frees the communicators; kernels waiting on peers return
-    } catch (...) {
-    }
-    std::_Exit(1);
-  });
+  if (!distributed()) return;
+  std::vector<c10::intrusive_ptr<c10d::Backend>> groups = {group_};
+  for (const auto& g : lane_groups_)
+    if (g) groups.push_back(g);
+  for (int l = 0; l < kNumLanes; ++l) {
+    Comm& c = *lanes_[l];
+    if ((l > 0 && lanes_[l] == comm_) || c.watchdog_running()) continue;
+    // Runs on the watchdog's thread while the main thread may be blocked in the driver: no
+    // exception can reach main, so the process ends here.
+    c.start_watchdog([error_file = env_.error_file, groups, rank = env_.rank](const std::string& report) {
+      std::fprintf(stderr, "vlmtrain: error (rank %d): %s\n", rank, report.c_str());
+      std::fflush(stderr);
+      write_error_json(error_file, report);
+      for (const auto& group : groups) {
+        try {
+          group->abort();  // NCCL: frees the communicators; kernels waiting on peers return
+        } catch (...) {
+        }
+      }
+      std::_Exit(1);
+    });
+  }
 }
 
 }  // namespace vlm::sharding

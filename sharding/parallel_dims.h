@@ -22,6 +22,15 @@
 // device is CUDA, else CPU.
 // Planes: the data plane (comm()) is NCCL when the device is CUDA, Gloo on CPU; the control
 // plane (control()) is a second group, Gloo on every backend, for CPU scalars.
+// Lanes: the data plane is split into one process group per stream of collectives whose
+// interleaving autograd decides (Lane below): FSDP all-gathers, FSDP reduce-scatters and
+// DDP bucket all-reduces each have their own group, so the order of one lane's ops against
+// another's may differ between ranks (an image on one rank only, another autograd schedule)
+// without mismatching collectives; within a lane the engines issue in a fixed order (unit
+// order, bucket order). On NCCL each group is its own communicator with its own stream, so
+// an all-gather (prefetch) and a reduce-scatter run concurrently with each other and with
+// compute; work.wait() orders the compute stream after the op (an event wait, no host
+// sync), and the group's Work keeps its tensors alive until then.
 // Backend: NCCL when the device is CUDA (device index = LOCAL_RANK), Gloo on CPU. Gloo binds to GLOO_SOCKET_IFNAME
 // when set, to 127.0.0.1 when the master is a loopback address, else to the local address
 // of the route to the master (so a hostname that resolves to 127.0.1.1 cannot strand it).
@@ -29,6 +38,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <array>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -41,6 +51,7 @@ namespace vlm::sharding {
 
 class Comm;
 class DeviceContext;
+struct CommStats;
 
 using EnvMap = std::map<std::string, std::string>;
 
@@ -88,6 +99,16 @@ int slurm_tasks_on_node(const std::string& tasks_per_node, int node);
 enum class Backend { kNone, kGloo, kNccl };
 const char* backend_name(Backend b);
 
+// Lanes of the data plane (see the header comment).
+enum class Lane {
+  kMain = 0,  // everything else: the start-up broadcast, ZeRO-1 gathers, tests
+  kGather,    // FSDP all-gathers (forward, prefetch, backward re-gather)
+  kReduce,    // FSDP reduce-scatters
+  kDdp,       // DDP bucket all-reduces
+};
+constexpr int kNumLanes = 4;
+const char* lane_name(Lane lane);  // "main", "fsdp-gather", "fsdp-reduce", "ddp"
+
 struct ParallelOptions {
   // Timeout for store rendezvous and every collective (recipe: dist.timeout_s).
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
@@ -97,6 +118,10 @@ struct ParallelOptions {
   // through host copies and lets ranks share a GPU (device LOCAL_RANK mod the GPU count),
   // which NCCL refuses: what tests of several ranks on one GPU use.
   std::string backend = "auto";
+  // One process group per lane (true), or every lane on the main group (false: one
+  // communicator; the order of FSDP and DDP ops is then set by autograd's schedule, which
+  // can differ between ranks and mismatch collectives; for comparison only).
+  bool lanes = true;
 };
 
 // Copies share the store, the group and the comm. Without the agent store, rank 0's
@@ -132,7 +157,12 @@ class ParallelDims {
 
   // The data plane: the comm layer over the world group (NCCL on CUDA, Gloo or shared
   // memory on CPU) for parameters and gradients; counters and flight recorder live there.
+  // comm() is the main lane; comm(lane) the lane's own group (see the header comment).
   Comm& comm() const { return *comm_; }
+  Comm& comm(Lane lane) const { return *lanes_[static_cast<int>(lane)]; }
+  // The data plane's counters summed over its lanes, and their reset.
+  CommStats data_stats() const;
+  void reset_data_stats() const;
   // The control plane: a Gloo group of its own for small host-side agreement on CPU tensors
   // (token counts, step statistics, non-finite votes, fingerprints, eval gathers,
   // checkpoint barriers), on every backend. Each plane's errors include the other's last ops.
@@ -158,7 +188,9 @@ class ParallelDims {
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> group_;
   c10::intrusive_ptr<c10d::Backend> control_group_;
-  std::shared_ptr<Comm> comm_;
+  std::shared_ptr<Comm> comm_;  // == lanes_[kMain]
+  std::array<std::shared_ptr<Comm>, kNumLanes> lanes_;
+  std::array<c10::intrusive_ptr<c10d::Backend>, kNumLanes> lane_groups_;  // null: the main group
   std::shared_ptr<Comm> control_;
   std::shared_ptr<DeviceContext> device_context_;
 };

@@ -194,7 +194,7 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl& model, const Shar
   std::vector<std::pair<std::string, std::string>> call_order;
   for (const auto& u : model.units())
     call_order.emplace_back(u.path, u.shares_params_with.empty() ? u.path : u.shares_params_with);
-  auto fsdp = std::make_unique<FsdpEngine>(comm, sm->units_, call_order, opts.reduce_dtype, std::move(loaded.shards));
+  auto fsdp = std::make_unique<FsdpEngine>(dims.comm(Lane::kGather), dims.comm(Lane::kReduce), sm->units_, call_order, opts.reduce_dtype, std::move(loaded.shards));
   if (!fsdp->units().empty()) sm->fsdp_ = std::move(fsdp);
   // 5. DDP buckets over the trainable replicated / ZeRO-1 units (forward registration order).
   std::vector<torch::Tensor> params;
@@ -207,7 +207,7 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl& model, const Shar
       }
   if (!params.empty()) {
     const double bucket_bytes = opts.ddp_bucket_mb * 1024.0 * 1024.0;
-    sm->reducer_ = std::make_unique<DdpReducer>(comm, params, names, bucket_bytes, opts.reduce_dtype);
+    sm->reducer_ = std::make_unique<DdpReducer>(dims.comm(Lane::kDdp), params, names, bucket_bytes, opts.reduce_dtype);
   }
   // 6. Runner.
   sm->runner_ = std::make_shared<PolicyRunner>(sm->units_, sm->fsdp_.get());

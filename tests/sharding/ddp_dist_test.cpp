@@ -91,8 +91,10 @@ RunResult reference_run(char config) {
 }
 
 // Step 1's traffic (see the header comment for the formulas).
-void check_traffic(Comm& comm, Comm& control, vlm::Qwen2VLImpl& model, char config) {
-  const double n = comm.world_size();
+void check_traffic(ParallelDims& dims, vlm::Qwen2VLImpl& model, char config) {
+  const int64_t world = dims.world_size();
+  const double n = static_cast<double>(world);
+  Comm& control = dims.control();
   double trainable = 0, gathered = 0, flags = 0;
   for (const auto& u : model.units()) {
     if (!u.shares_params_with.empty()) continue;
@@ -101,10 +103,10 @@ void check_traffic(Comm& comm, Comm& control, vlm::Qwen2VLImpl& model, char conf
     if (config == 'b' && vision && u.path != "visual.merger") continue;  // frozen
     trainable += 4.0 * p;
     flags += 8.0 * static_cast<double>(u.module->parameters().size());  // one fp64 had-grad flag each
-    if (config == 'b' && !vision) gathered += 4.0 * ((p + comm.world_size() - 1) / comm.world_size()) * n;
+    if (config == 'b' && !vision) gathered += 4.0 * ((p + world - 1) / world) * n;
   }
-  const auto& st = comm.stats();
-  // Data plane: the gradients, the global token count and this test's loss (8 B each).
+  const CommStats st = dims.data_stats();
+  // Data plane (all lanes): the gradients, the global token count and this test's loss (8 B each).
   // Control plane: the grad norm's one all-reduce, [sum of squares, had-grad flags] in fp64.
   EXPECT_DOUBLE_EQ(st[OpKind::kAllReduce].logical_bytes, 2 * (n - 1) / n * (trainable + 16));
   EXPECT_DOUBLE_EQ(control.stats()[OpKind::kAllReduce].logical_bytes, 2 * (n - 1) / n * (8 + flags));
@@ -137,7 +139,7 @@ RunResult sharded_run(ParallelDims& dims, char config, int accum, const RunResul
     }
     // (labels[0] is -100 in every sample, so counting all labels = the model's shifted count)
     if (step == 1) {
-      comm.reset_stats();
+      dims.reset_data_stats();
       dims.control().reset_stats();
     }
     const int64_t tokens = global_token_count(comm, local_tokens);
@@ -177,7 +179,7 @@ RunResult sharded_run(ParallelDims& dims, char config, int accum, const RunResul
     sm->optimizer().clip_grad_norm();
     sm->optimizer().step();
     sm->optimizer().zero_grad();
-    if (step == 1) check_traffic(comm, dims.control(), *model, config);
+    if (step == 1) check_traffic(dims, *model, config);
     if (n > 1 && sm->reducer() != nullptr) {
       EXPECT_GT(sm->reducer()->num_buckets(), 4);
       EXPECT_GT(sm->reducer()->launched_during_backward(), 0) << "no bucket launched during backward";

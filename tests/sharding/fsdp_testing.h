@@ -123,12 +123,16 @@ struct Config {
   int begin = 0, end = kSteps;  // steps [begin, end)
   std::string save_dir, load_dir;  // checkpoint state after the run / before it
   bool text_only_rank1 = false;    // rank 1's samples have no image
+  // Rank 0 launches its DDP buckets from finish_backward only, the other ranks during
+  // backward: the ranks interleave DDP and FSDP ops in different orders.
+  bool ddp_late_rank0 = false;
+  bool merger_ddp = false;  // with frozen_vision false: visual.merger on DDP, the rest FSDP
   // How the weights arrive: "" materialised on every rank (rank 1 perturbed) and broadcast
   // by apply_policies; "init" sharded loading of make_model's random init; a path: sharded
   // loading from that HF checkpoint (sharded_load.h).
   std::string load;
   std::string tag() const {
-    return vlm::str(frozen_vision ? "frozen-vision" : "all-fsdp", " ", strategy, ckpt ? " +ckpt" : "",
+    return vlm::str(frozen_vision ? "frozen-vision" : (merger_ddp ? "fsdp + ddp merger" : "all-fsdp"), " ", strategy, ckpt ? " +ckpt" : "",
                     " accum ", accum, dtype == torch::kBFloat16 ? " bf16" : "",
                     reduce == torch::kBFloat16 ? " bf16-reduce" : "");
   }
@@ -145,8 +149,10 @@ struct RunResult {
   double seconds = 0;
 };
 
-// Single process, no sharding code.
-inline RunResult reference_run(const Config& c) {
+// Single process, no sharding code. With c.text_only_rank1, the samples rank 1 of a world
+// of `world` would get (i % world == 1) have no image, as in sharded_run; they run as a
+// second forward (pack() needs equal lengths) whose loss sum joins the first's.
+inline RunResult reference_run(const Config& c, int world = 2) {
   auto model = make_model(torch::kFloat32, c.tied);
   std::vector<torch::optim::OptimizerParamGroup> groups;
   std::vector<torch::Tensor> trainable;
@@ -164,11 +170,21 @@ inline RunResult reference_run(const Config& c) {
   torch::optim::AdamW opt(groups, torch::optim::AdamWOptions(c.lr));
   RunResult r;
   for (int step = 0; step < c.end; ++step) {
-    std::vector<Sample> all;
-    for (int i = 0; i < kSamples; ++i) all.push_back(make_sample(model->cfg, sample_step(c, step), i));
-    auto out = model->forward(pack(all));
-    (out.loss_sum / static_cast<double>(out.n_tokens)).backward();
-    r.losses.push_back(out.loss_sum.item<double>() / static_cast<double>(out.n_tokens));
+    std::vector<Sample> image, text;
+    for (int i = 0; i < kSamples; ++i) {
+      const bool text_only = c.text_only_rank1 && i % world == 1;
+      (text_only ? text : image).push_back(make_sample(model->cfg, sample_step(c, step), i, text_only));
+    }
+    torch::Tensor loss_sum = torch::zeros({}, torch::kFloat32);
+    int64_t tokens = 0;
+    for (const auto* group : {&image, &text}) {
+      if (group->empty()) continue;
+      auto out = model->forward(pack(*group));
+      loss_sum = loss_sum + out.loss_sum;
+      tokens += out.n_tokens;
+    }
+    (loss_sum / static_cast<double>(tokens)).backward();
+    r.losses.push_back(loss_sum.item<double>() / static_cast<double>(tokens));
     torch::nn::utils::clip_grad_norm_(trainable, kClip);
     opt.step();
     opt.zero_grad();
@@ -187,6 +203,7 @@ inline ShardingOptions options(const Config& c) {
   } else {
     o.default_policy = "fsdp";
     o.default_strategy = c.strategy;
+    if (c.merger_ddp) o.rules = {{"visual.merger", "ddp", ""}};
     if (c.ckpt) o.checkpoint_match = "model.layers.*|model.embed_tokens|visual.merger|visual.blocks.*";
   }
   o.param_dtype = c.dtype;
@@ -268,6 +285,10 @@ inline RunResult sharded_run(ParallelDims& dims, const Config& c) {
   const auto initial = snapshot(*sm, *model);
   if (!c.load_dir.empty()) sm->load_state(slice_reader(c.load_dir), c.begin);
   sm->reset_gather_peak();  // the snapshot gathered everything
+  if (c.ddp_late_rank0 && rank == 0) {
+    EXPECT_TRUE(sm->reducer() != nullptr) << "ddp_late_rank0 needs a DDP unit";
+    if (sm->reducer()) sm->reducer()->set_overlap(false);
+  }
   Comm& comm = dims.comm();
   RunResult r;
   r.load = sm->load_stats();
@@ -278,7 +299,7 @@ inline RunResult sharded_run(ParallelDims& dims, const Config& c) {
       micro[j % c.accum].push_back(make_sample(model->cfg, sample_step(c, step), i, c.text_only_rank1 && rank == 1));
       for (auto l : micro[j % c.accum].back().labels) local_tokens += l != -100;
     }
-    if (step == c.begin + 1) comm.reset_stats();
+    if (step == c.begin + 1) dims.reset_data_stats();
     const int64_t tokens = global_token_count(comm, local_tokens);
     double loss_sum = 0;
     for (int k = 0; k < c.accum; ++k) {
@@ -300,7 +321,7 @@ inline RunResult sharded_run(ParallelDims& dims, const Config& c) {
     EXPECT_TRUE(std::isfinite(norm));
     sm->optimizer().step();
     sm->optimizer().zero_grad();
-    if (step == c.begin + 1) r.step1 = comm.stats();
+    if (step == c.begin + 1) r.step1 = dims.data_stats();
   }
   r.memory = sm->memory();
   if (!c.save_dir.empty()) save_slices(sm->state_slices(), c.save_dir);
@@ -346,10 +367,15 @@ inline void compare(const RunResult& got, const RunResult& want, const std::stri
               worst_name.c_str(), got.seconds);
 }
 
+// VLMTEST_ONE_GROUP=1: every data-plane lane on one group (ParallelOptions::lanes = false),
+// the negative control of lanes_dist_test.cpp; VLMTEST_TIMEOUT_S: the collective timeout.
 inline ParallelDims init_fsdp_worker() {
   ParallelOptions o;
-  o.timeout = std::chrono::seconds(60);
+  const char* t = std::getenv("VLMTEST_TIMEOUT_S");
+  o.timeout = std::chrono::seconds(t != nullptr ? std::atoi(t) : 60);
   o.device = "cpu";
+  const char* one = std::getenv("VLMTEST_ONE_GROUP");
+  o.lanes = one == nullptr || std::string(one) != "1";
   return ParallelDims::init(detect_dist_env(process_env()), o);
 }
 

@@ -118,7 +118,7 @@ struct ToyRun {
 
   ToyRun(Comm& comm, Sharding sharding) : units(toy_units(sharding)) {
     if (sharding == Sharding::kFullShard) {
-      fsdp = std::make_unique<FsdpEngine>(comm, units, std::vector<std::pair<std::string, std::string>>{{"a", "a"}, {"b", "b"}},
+      fsdp = std::make_unique<FsdpEngine>(comm, comm, units, std::vector<std::pair<std::string, std::string>>{{"a", "a"}, {"b", "b"}},
                                           torch::kFloat32);
     } else {
       std::vector<torch::Tensor> ps;
