@@ -135,7 +135,8 @@ int plan_recipe(const PlanArgs& a) {
   sh::attach_lora(*model, opts);
   const auto units = sh::resolve_units(*model, opts);
   const sh::ParamCounts counts = sh::count_params(units);
-  const sh::MemoryPlan mem = sh::plan_memory(units, world, opts.param_dtype, opts.reduce_dtype);
+  const sh::MemoryPlan mem =
+      sh::plan_memory(units, world, opts.param_dtype, opts.reduce_dtype, opts.fsdp_accumulate_unsharded);
   const int64_t total = vlm::count_parameters(*model);
   const char* pdtype = recipe.precision.param_dtype.c_str();
 
@@ -164,6 +165,7 @@ int plan_recipe(const PlanArgs& a) {
                    {"optim_bytes", mem.total.optim_bytes}, {"total_bytes", mem.total.total()}};
     j["gathered_peak_bytes"] = mem.gathered_peak_bytes;
     j["reduce_scatter_peak_bytes"] = mem.reduce_scatter_peak_bytes;
+    j["unsharded_accum_bytes"] = mem.unsharded_accum_bytes;
     j["peak_bytes"] = mem.peak_bytes();
     j["warnings"] = mem.warnings;
     std::cout << j.dump(2) << "\n";
@@ -197,6 +199,11 @@ int plan_recipe(const PlanArgs& a) {
                 "fsdp units, reduce dtype); peak per rank %s (activations not included)\n",
                 sh::human_bytes(mem.gathered_peak_bytes).c_str(), sh::human_bytes(mem.reduce_scatter_peak_bytes).c_str(),
                 sh::human_bytes(mem.peak_bytes()).c_str());
+  if (mem.unsharded_accum_bytes > 0)
+    std::printf("fsdp_accumulate = \"unsharded\": unsharded gradient sums %s during gradient accumulation "
+                "(every trainable fsdp unit, reduce dtype; included in the peak), one reduce-scatter per unit "
+                "and step instead of one per micro-batch\n",
+                sh::human_bytes(mem.unsharded_accum_bytes).c_str());
   std::printf("\nparams: total %s, trainable %s (%.4f%%)\n", with_commas(total).c_str(),
               with_commas(counts.trainable).c_str(), total > 0 ? 100.0 * counts.trainable / total : 0.0);
   for (const auto& warning : mem.warnings) std::printf("warning: %s\n", warning.c_str());
@@ -225,7 +232,7 @@ policy and bytes per rank, plus totals.
            "world_size, param_dtype, units [{path, aliases, policy, strategy, sharding,\n"
            "rule, params, trainable, param_bytes, grad_bytes, optim_bytes, total_bytes,\n"
            "activation_checkpointing}], totals {...}, gathered_peak_bytes,\n"
-           "reduce_scatter_peak_bytes, peak_bytes, warnings");
+           "reduce_scatter_peak_bytes, unsharded_accum_bytes, peak_bytes, warnings");
   add_flag(app, "--leaves", a->leaves, "list every parameter-owning layer instead of the sharding units");
   app.footer(R"(Bytes per rank as the engine allocates them (P unit parameters, N ranks, p / r bytes of
 precision.param_dtype / reduce_dtype, S = ceil(P/N); sharding/memory_plan.h):

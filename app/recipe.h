@@ -261,6 +261,10 @@ struct ShardingSection {
   std::string default_policy = "ddp";   // key `default`: policy of parameters no rule matches
   std::string default_strategy;         // strategy for the default policy
   double ddp_bucket_mb = 25;            // DDP gradient bucket size
+  // FSDP gradient accumulation over a step's micro-batches: "sharded" reduce-scatters every
+  // micro-batch into the fp32 shard grad; "unsharded" keeps each unit's unsharded gradient
+  // sum (N*S x reduce dtype) and reduce-scatters once per step (less traffic, more memory).
+  std::string fsdp_accumulate = "sharded";
   std::vector<ShardingRule> module;     // [[sharding.module]] rules, in file order
 
   template <class V> void fields(V& v) {
@@ -268,6 +272,7 @@ struct ShardingSection {
     v("default_strategy", default_strategy,
       Choice{{"", "full_shard", "shard_grad_op", "no_shard", "shard_optimizer"}});
     v("ddp_bucket_mb", ddp_bucket_mb, Range{0.001, 1e5});
+    v("fsdp_accumulate", fsdp_accumulate, Choice{{"sharded", "unsharded"}});
     v("module", module);
   }
 };

@@ -297,23 +297,54 @@ void FsdpEngine::launch_ready(bool force) {
   }
 }
 
+void FsdpEngine::accumulate(FsdpUnit& u) {
+  torch::NoGradGuard no_grad;
+  if (!u.acc_.defined()) {
+    u.acc_ = torch::zeros({comm_.world_size() * u.shard_}, u.local_.options().dtype(reduce_dtype_));  // [N*S]
+    gstats_.acc_bytes += static_cast<double>(u.acc_.numel() * u.acc_.element_size());
+    gstats_.acc_peak_bytes = std::max(gstats_.acc_peak_bytes, gstats_.acc_bytes);
+  }
+  for (size_t k = 0; k < u.params_.size(); ++k) {
+    torch::Tensor p = u.params_[k].param;
+    const torch::Tensor& g = p.grad();
+    if (!g.defined()) continue;
+    u.acc_.narrow(0, u.offsets_[k], p.numel()).add_(g.reshape({-1}));  // in the reduce dtype
+    u.had_grad_[k] = 1;
+    p.mutable_grad() = torch::Tensor();
+  }
+}
+
 void FsdpEngine::launch_rs(FsdpUnit& u) {
+  if (accumulate_unsharded_ && !sync_) {  // no collective: keep the sum unsharded
+    accumulate(u);
+    u.rs_launched_ = true;
+    release(u);
+    return;
+  }
   torch::NoGradGuard no_grad;
   // Bound the reduce-dtype buffers alive at once: finish the oldest reduce-scatter first.
   while (rs_inflight_.size() >= static_cast<size_t>(kMaxReduceScattersInFlight)) {
     complete_rs(*rs_inflight_.front());
     rs_inflight_.erase(rs_inflight_.begin());
   }
-  const int64_t n = comm_.world_size();
-  torch::Tensor flat = torch::zeros({n * u.shard_}, u.local_.options().dtype(reduce_dtype_));  // [N*S]
-  for (size_t k = 0; k < u.params_.size(); ++k) {
-    torch::Tensor p = u.params_[k].param;
-    const torch::Tensor& g = p.grad();
-    if (g.defined()) {
-      flat.narrow(0, u.offsets_[k], p.numel()).copy_(g.reshape({-1}));
-      u.had_grad_[k] = 1;
+  torch::Tensor flat;  // [N*S] reduce dtype
+  if (u.acc_.defined()) {  // the earlier micro-batches' unsharded sum
+    accumulate(u);
+    flat = u.acc_;
+    gstats_.acc_bytes -= static_cast<double>(flat.numel() * flat.element_size());  // now counted as rs
+    u.acc_ = torch::Tensor();
+  } else {
+    const int64_t n = comm_.world_size();
+    flat = torch::zeros({n * u.shard_}, u.local_.options().dtype(reduce_dtype_));
+    for (size_t k = 0; k < u.params_.size(); ++k) {
+      torch::Tensor p = u.params_[k].param;
+      const torch::Tensor& g = p.grad();
+      if (g.defined()) {
+        flat.narrow(0, u.offsets_[k], p.numel()).copy_(g.reshape({-1}));
+        u.had_grad_[k] = 1;
+      }
+      p.mutable_grad() = torch::Tensor();  // the unsharded gradient is not kept
     }
-    p.mutable_grad() = torch::Tensor();  // the unsharded gradient is not kept
   }
   u.rs_out_ = torch::empty({u.shard_}, flat.options());  // [S]
   u.rs_in_ = flat;  // kept until complete_rs: the collective reads it until then
@@ -370,6 +401,10 @@ void FsdpEngine::zero_grad() {
   torch::NoGradGuard no_grad;
   for (auto& u : units_) {
     if (u->grad_.defined()) u->grad_.zero_();
+    if (u->acc_.defined()) {
+      gstats_.acc_bytes -= static_cast<double>(u->acc_.numel() * u->acc_.element_size());
+      u->acc_ = torch::Tensor();
+    }
     std::fill(u->had_grad_.begin(), u->had_grad_.end(), 0);
   }
 }

@@ -44,8 +44,17 @@
 //                  end-of-backward callback): launches the reduce-scatters of the units that
 //                  got no gradient (zeros), waits all of them, adds each result into `grad`
 //                  (fp32), and frees every unit still gathered.
-// FSDP units reduce on every micro-batch (set_sync(false) does not apply to them: the
-// accumulation lives in the shard grad, not in an unsharded .grad).
+// Gradient accumulation, two ways (set_accumulate_unsharded; recipe sharding.fsdp_accumulate):
+//   sharded (default)  every micro-batch reduce-scatters into the fp32 shard grad, where the
+//                      micro-batches' sums accumulate; set_sync does not apply.
+//   unsharded          the micro-batches before the last of a step (set_sync(false)) issue no
+//                      collective: when a unit's gradients are ready they are added into an
+//                      unsharded accumulator acc [N*S] (reduce dtype) and the unit is freed;
+//                      the last micro-batch (set_sync(true)) adds its own gradients and
+//                      reduce-scatters acc once (FSDP2's set_requires_gradient_sync(False)).
+//                      Traffic per step: one reduce-scatter per unit instead of one per
+//                      micro-batch; memory: N*S x reduce dtype per trainable unit from its
+//                      first backward of the step until its reduce-scatter (memory_plan.h).
 //
 // Traffic per micro-batch and unit (M = N*S elements x dtype bytes, Comm's logical ring
 // volume): full_shard 2 all-gathers + 1 reduce-scatter = 3(N-1)/N M, except the unit of the
@@ -146,6 +155,7 @@ class FsdpUnit {
   int64_t pending_ = 0;      // parameters not fired yet
   bool rs_launched_ = false;
   Work rs_;
+  torch::Tensor acc_;        // [N*S] reduce dtype: unsharded accumulation (no-sync micro-batches)
   torch::Tensor rs_out_;     // [S] reduce dtype
   torch::Tensor rs_in_;      // [N*S] reduce dtype, while the reduce-scatter is in flight
 };
@@ -158,6 +168,8 @@ struct GatherStats {
   int64_t peak_units = 0;
   double rs_bytes = 0;       // reduce-scatter buffers (input + output) alive now
   double rs_peak_bytes = 0;  // their peak since the last reset_peak()
+  double acc_bytes = 0;      // unsharded accumulators alive now (accumulate_unsharded)
+  double acc_peak_bytes = 0; // their peak since the last reset_peak()
 };
 
 // Reduce-scatters a backward keeps in flight at most (see the header comment).
@@ -196,6 +208,11 @@ class FsdpEngine {
   int64_t position(const std::string& call_path) const;  // -1 if unknown
   // End of a micro-batch's backward (see the header comment).
   void finish_backward(const std::string& ctx);
+  // Gradient accumulation (see the header comment): unsharded accumulation on or off (off by
+  // default), and whether the next micro-batch is the last of its step (reduce-scatters).
+  void set_accumulate_unsharded(bool on) { accumulate_unsharded_ = on; }
+  bool accumulate_unsharded() const { return accumulate_unsharded_; }
+  void set_sync(bool sync) { sync_ = sync; }
   // Zeros every shard grad (the optimizer's zero_grad).
   void zero_grad();
   // Writes `flat` [P] (registration order, any dtype) into the unit's local shard (R_r part).
@@ -213,6 +230,7 @@ class FsdpEngine {
     gstats_.peak_bytes = gstats_.bytes;
     gstats_.peak_units = gstats_.units;
     gstats_.rs_peak_bytes = gstats_.rs_bytes;
+    gstats_.acc_peak_bytes = gstats_.acc_bytes;
   }
   // Throws vlm::Error naming the unit when `t` lies in a released unit's flat buffer
   // (the explicit check for code about to read parameters; reads themselves also throw).
@@ -228,6 +246,7 @@ class FsdpEngine {
   void on_grad_ready(FsdpUnit& u, int64_t param);
   void launch_ready(bool force);
   void launch_rs(FsdpUnit& u);
+  void accumulate(FsdpUnit& u);   // this micro-batch's .grad into acc (unsharded accumulation)
   void complete_rs(FsdpUnit& u);  // wait, add into the shard grad, drop the buffers
 
   Comm& comm_;         // all-gathers
@@ -246,6 +265,8 @@ class FsdpEngine {
   GatherStats gstats_;
   std::string ctx_ = "step";  // context of the micro-batch in flight (last finish_backward's)
   bool pinned_ = false;  // gather_all() in effect: release() does nothing
+  bool accumulate_unsharded_ = false;
+  bool sync_ = true;
 };
 
 }  // namespace vlm::sharding

@@ -43,7 +43,7 @@ double largest(std::vector<double> v, size_t k) {
 }  // namespace
 
 MemoryPlan plan_memory(const std::vector<UnitPlan>& units, int world_size, torch::Dtype param_dtype,
-                       torch::Dtype reduce_dtype) {
+                       torch::Dtype reduce_dtype, bool accumulate_unsharded) {
   MemoryPlan plan;
   plan.world_size = world_size;
   const double p = static_cast<double>(c10::elementSize(param_dtype));
@@ -64,6 +64,7 @@ MemoryPlan plan_memory(const std::vector<UnitPlan>& units, int world_size, torch
     if (sharded_params) regathered.push_back(p * flat);
     if (u.sharding == Sharding::kShardGradOp) plan.gathered_peak_bytes += p * flat;  // all held at once
     if (fsdp && u.trainable()) reduce_scattered.push_back(r * (flat + shard));
+    if (fsdp && u.trainable() && accumulate_unsharded) plan.unsharded_accum_bytes += r * flat;
     if (world_size > 1 && sharded_any && bytes < kTinyShardBytes)
       plan.warnings.push_back(str("unit ", u.path, " is tiny (", human_bytes(bytes), ") but sharded (",
                                   sharding_name(u.sharding), "): the collectives cost more than the memory "

@@ -25,6 +25,10 @@
 //   reduce_scatter_peak_bytes  the reduce-dtype buffers of the reduce-scatters in flight:
 //                              input [N*S] + output [S] x r of the kMaxReduceScattersInFlight
 //                              (2) largest trainable FSDP units (fsdp.h)
+//   unsharded_accum_bytes      with accumulate_unsharded (sharding.fsdp_accumulate =
+//                              "unsharded", fsdp.h): every trainable FSDP unit's unsharded
+//                              gradient sum [N*S] x r, all alive from the end of the first
+//                              micro-batch's backward until the last one's reduce-scatters
 // Not counted: activations, the autograd .grad of an FSDP unit's parameters between its
 // backward and its reduce-scatter (param dtype, one unit at a time), that of a DDP
 // parameter between autograd's accumulation and the hook that folds it into the bucket
@@ -61,13 +65,16 @@ struct MemoryPlan {
   UnitMemory total;                // per rank, persistent
   double gathered_peak_bytes = 0;        // see the header comment
   double reduce_scatter_peak_bytes = 0;  // see the header comment
-  // Persistent + both transient peaks (an upper bound on the step's sharding memory).
-  double peak_bytes() const { return total.total() + gathered_peak_bytes + reduce_scatter_peak_bytes; }
+  double unsharded_accum_bytes = 0;      // see the header comment
+  // Persistent + the transient peaks (an upper bound on the step's sharding memory).
+  double peak_bytes() const {
+    return total.total() + gathered_peak_bytes + reduce_scatter_peak_bytes + unsharded_accum_bytes;
+  }
   std::vector<std::string> warnings;
 };
 
 MemoryPlan plan_memory(const std::vector<UnitPlan>& units, int world_size, torch::Dtype param_dtype,
-                       torch::Dtype reduce_dtype = torch::kFloat32);
+                       torch::Dtype reduce_dtype = torch::kFloat32, bool accumulate_unsharded = false);
 
 // "1.23 GiB", "512.0 KiB", "17 B".
 std::string human_bytes(double bytes);

@@ -94,6 +94,9 @@ struct ShardingOptions {
   std::string default_policy = "ddp";   // parameters no rule matches
   std::string default_strategy;
   double ddp_bucket_mb = 25;            // DDP gradient bucket size (MiB of reduce dtype)
+  // FSDP gradient accumulation across micro-batches (fsdp.h): false = reduce-scatter every
+  // micro-batch into the sharded fp32 grad; true = keep an unsharded sum, reduce-scatter once.
+  bool fsdp_accumulate_unsharded = false;
   torch::Dtype param_dtype = torch::kFloat32;   // compute dtype of parameters
   torch::Dtype reduce_dtype = torch::kFloat32;  // gradient all-reduce dtype
   std::string checkpoint_match;         // activation checkpointing globs on unit paths ("" = none)

@@ -75,6 +75,7 @@ ShardedModel::~ShardedModel() {
 
 void ShardedModel::set_sync(bool sync) {
   if (reducer_) reducer_->set_sync(sync);
+  if (fsdp_) fsdp_->set_sync(sync);
 }
 
 void ShardedModel::finish_backward(const std::string& ctx) {
@@ -104,6 +105,7 @@ MemoryReport ShardedModel::memory() const {
     m.gathered_peak_bytes = g.peak_bytes;
     m.gathered_peak_units = g.peak_units;
     m.reduce_scatter_peak_bytes = g.rs_peak_bytes;
+    m.unsharded_accum_peak_bytes = g.acc_peak_bytes;
   }
   return m;
 }
@@ -195,6 +197,7 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl& model, const Shar
   for (const auto& u : model.units())
     call_order.emplace_back(u.path, u.shares_params_with.empty() ? u.path : u.shares_params_with);
   auto fsdp = std::make_unique<FsdpEngine>(dims.comm(Lane::kGather), dims.comm(Lane::kReduce), sm->units_, call_order, opts.reduce_dtype, std::move(loaded.shards));
+  fsdp->set_accumulate_unsharded(opts.fsdp_accumulate_unsharded);
   if (!fsdp->units().empty()) sm->fsdp_ = std::move(fsdp);
   // 5. DDP buckets over the trainable replicated / ZeRO-1 units (forward registration order).
   std::vector<torch::Tensor> params;

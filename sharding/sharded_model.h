@@ -34,8 +34,9 @@
 //
 // Gradient accumulation: set_sync(false) keeps DDP gradients local (no_sync; in fp32 in the
 // bucket buffers when the params are bf16 and reduce_dtype fp32, ddp.h); FSDP units
-// reduce-scatter every micro-batch into their fp32 shard grad (accumulated there), so
-// finish_backward() must be called after every micro-batch's backward. Every rank must run
+// reduce-scatter every micro-batch into their fp32 shard grad (accumulated there), or, with
+// opts.fsdp_accumulate_unsharded, keep an unsharded sum until the synced micro-batch
+// (fsdp.h). finish_backward() must be called after every micro-batch's backward. Every rank must run
 // the same units, forward and backward, in every micro-batch (the dummy image does that
 // for text-only batches): FSDP re-gathers in backward are collectives.
 // Mixed precision: the model is built in opts.param_dtype (compute dtype; FSDP flat buffers
@@ -93,6 +94,7 @@ struct MemoryReport {
   double gathered_peak_bytes = 0;  // their peak since apply_policies / reset_gather_peak()
   int64_t gathered_peak_units = 0; // most units gathered at once since then
   double reduce_scatter_peak_bytes = 0;  // FSDP reduce-scatter buffers in flight, peak since then
+  double unsharded_accum_peak_bytes = 0; // FSDP unsharded accumulators (fsdp.h), peak since then
 };
 
 class ShardedModel {

@@ -127,6 +127,7 @@ struct Config {
   // backward: the ranks interleave DDP and FSDP ops in different orders.
   bool ddp_late_rank0 = false;
   bool merger_ddp = false;  // with frozen_vision false: visual.merger on DDP, the rest FSDP
+  bool unsharded_accum = false;  // ShardingOptions::fsdp_accumulate_unsharded
   // How the weights arrive: "" materialised on every rank (rank 1 perturbed) and broadcast
   // by apply_policies; "init" sharded loading of make_model's random init; a path: sharded
   // loading from that HF checkpoint (sharded_load.h).
@@ -134,7 +135,7 @@ struct Config {
   std::string tag() const {
     return vlm::str(frozen_vision ? "frozen-vision" : (merger_ddp ? "fsdp + ddp merger" : "all-fsdp"), " ", strategy, ckpt ? " +ckpt" : "",
                     " accum ", accum, dtype == torch::kBFloat16 ? " bf16" : "",
-                    reduce == torch::kBFloat16 ? " bf16-reduce" : "");
+                    reduce == torch::kBFloat16 ? " bf16-reduce" : "", unsharded_accum ? " unsharded-accum" : "");
   }
 };
 
@@ -209,6 +210,7 @@ inline ShardingOptions options(const Config& c) {
   o.param_dtype = c.dtype;
   o.reduce_dtype = c.reduce;
   o.ddp_bucket_mb = 0.05;
+  o.fsdp_accumulate_unsharded = c.unsharded_accum;
   o.optim.lr = c.lr;
   o.optim.weight_decay = kWd;
   o.optim.grad_clip = kClip;
