@@ -32,6 +32,23 @@ struct PreBackward : public torch::autograd::Function<PreBackward> {
   }
 };
 
+// Identity on a unit's input; its backward runs once the gradient of the input is complete,
+// i.e. when the unit's backward at this call is over: the post-backward signal.
+struct PostBackward : public torch::autograd::Function<PostBackward> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t engine,
+                               int64_t pos) {
+    ctx->saved_data["engine"] = engine;
+    ctx->saved_data["pos"] = pos;
+    return x.view_as(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* engine = reinterpret_cast<FsdpEngine*>(ctx->saved_data["engine"].toInt());
+    engine->post_backward(ctx->saved_data["pos"].toInt());
+    return {grads[0], torch::Tensor(), torch::Tensor()};
+  }
+};
+
 bool frees_after_forward(Sharding s) { return s == Sharding::kFullShard || s == Sharding::kFrozenSharded; }
 
 // A released flat buffer's StorageImpl is told to throw on any data access with the unit's
@@ -152,6 +169,8 @@ FsdpEngine::FsdpEngine(Comm& comm, Comm& reduce, const std::vector<UnitPlan>& un
     call_units_.push_back(it == by_unit_.end() ? nullptr : it->second);
   }
   pos_needs_bwd_.assign(call_units_.size(), 0);
+  pos_input_signal_.assign(call_units_.size(), 0);
+  pos_bwd_done_.assign(call_units_.size(), 0);
   for (int64_t p = 0; p < static_cast<int64_t>(call_units_.size()); ++p)
     if (call_units_[p] != nullptr) last_pos_ = p;
   // Reduce-scatter order: trainable units, last unit first.
@@ -267,17 +286,33 @@ void FsdpEngine::pre_backward(int64_t pos) {
   FsdpUnit* u = call_units_[pos];
   if (u == nullptr) return;
   // Backward's next two units: the previous FSDP units in call order whose outputs need a
-  // gradient.
+  // gradient. Units are freed by their own post-backward signal (post_backward), not here.
   const std::vector<FsdpUnit*> next = ahead(pos, -1, u);
-  // Units whose backward is over (every later call position is done): free the ones that
-  // re-gather (full_shard, frozen); shard_grad_op units are freed by their reduce-scatter.
-  for (auto& v : units_)
-    if (v.get() != u && std::find(next.begin(), next.end(), v.get()) == next.end() &&
-        frees_after_forward(v->sharding_))
-      release(*v);
   gather_async(*u, "backward");
   wait_gathered(*u);
   for (FsdpUnit* v : next) gather_async(*v, "backward prefetch");
+}
+
+torch::Tensor FsdpEngine::mark_input(const std::string& call_path, const torch::Tensor& x) {
+  const int64_t pos = position(call_path);
+  if (pos < 0 || call_units_[pos] == nullptr || !x.defined() || !x.requires_grad() ||
+      !torch::GradMode::is_enabled())
+    return x;
+  pos_input_signal_[pos] = 1;
+  return PostBackward::apply(x, reinterpret_cast<int64_t>(this), pos);
+}
+
+void FsdpEngine::post_backward(int64_t pos) {
+  VLM_ASSERT(pos >= 0 && pos < static_cast<int64_t>(call_units_.size()), "fsdp: bad call position ", pos);
+  FsdpUnit* u = call_units_[pos];
+  if (u == nullptr) return;
+  pos_bwd_done_[pos] = 1;
+  // A unit called more than once (tied head) is done when every call with a signal is.
+  for (size_t p = 0; p < call_units_.size(); ++p)
+    if (call_units_[p] == u && pos_input_signal_[p] && pos_needs_bwd_[p] && !pos_bwd_done_[p]) return;
+  // full_shard / frozen units re-gather and are freed now; shard_grad_op units stay gathered
+  // until their reduce-scatter.
+  if (frees_after_forward(u->sharding_)) release(*u);
 }
 
 void FsdpEngine::on_grad_ready(FsdpUnit& u, int64_t param) {
@@ -383,6 +418,8 @@ void FsdpEngine::finish_backward(const std::string& ctx) {
     u->needs_backward_ = false;
   }
   std::fill(pos_needs_bwd_.begin(), pos_needs_bwd_.end(), 0);
+  std::fill(pos_input_signal_.begin(), pos_input_signal_.end(), 0);
+  std::fill(pos_bwd_done_.begin(), pos_bwd_done_.end(), 0);
   ctx_ = ctx;
 }
 

@@ -23,17 +23,24 @@
 //   grad   [S]     fp32         this rank's reduced gradient, accumulated over the
 //                               micro-batches of a step (trainable units only).
 //
-// Life of a unit in one micro-batch (the runner calls pre_forward / post_forward):
+// Life of a unit in one micro-batch (the runner calls pre_forward, mark_input, post_forward):
 //   pre_forward    gather (or wait the prefetch), then prefetch (async all-gather) the
 //                  next two FSDP units in call order
+//   mark_input     when the unit's input needs a gradient, wrap it in an identity autograd
+//                  node whose backward is the unit's post-backward signal (as FSDP2's
+//                  RegisterPostBackwardFunction)
 //   post_forward   full_shard / frozen: free, except the last FSDP call of the forward when
 //                  its output needs a gradient (its backward runs first: kept gathered).
 //                  shard_grad_op: keep gathered for backward (free at once when the output
 //                  needs no gradient). If the output needs a gradient, wrap it in an
 //                  identity autograd node whose backward is the unit's pre-backward hook.
-//   pre_backward   gather again if freed (or wait the prefetch), free frozen units whose
-//                  backward is over, prefetch the previous FSDP unit in call order that
-//                  takes part in backward, and the one before it.
+//   pre_backward   gather again if freed (or wait the prefetch), prefetch the previous FSDP
+//                  unit in call order that takes part in backward, and the one before it.
+//   post_backward  the input's gradient is complete, so nothing of this call's backward
+//                  reads the weights any more: free a full_shard / frozen unit (a unit
+//                  called twice, once every call with a signal is done). Units whose input
+//                  needs no gradient (the first units) get no signal: their
+//                  reduce-scatter frees them (trainable), or they have no backward.
 //   grads ready    a post-hook on each parameter's AccumulateGrad node counts the unit's
 //                  parameters; when all have their gradient, the unit's reduce-scatter
 //                  (SUM, reduce dtype) of [N*S] into [S] is launched, the parameters' .grad
@@ -68,13 +75,10 @@
 // the next unit computes little (model.norm before the head, model.embed_tokens after the
 // merger): on the small preset at world 2 the forward prefetch of model.embed_tokens alone
 // was 23 ms of exposed wait per step with one look-ahead. shard_grad_op keeps
-// every unit gathered from its forward to its reduce-scatter. The backward pre-hook of a
-// unit frees the other full_shard / frozen units except the ones it prefetches: this assumes a unit's backward is over when
-// backward reaches an earlier unit, which holds for Qwen2-VL's chain of units (the CPU
-// autograd engine runs ready nodes latest-created first, AccumulateGrad first; the vision
-// and text branches meet at the image-token splice, after which model.embed_tokens'
-// backward needs no weights). A model whose unit outputs feed several later units would
-// need a per-unit "backward done" signal instead.
+// every unit gathered from its forward to its reduce-scatter. Freeing in backward follows
+// each unit's own post-backward signal, not the call order: a unit whose output feeds
+// several later units (DeepStack mergers, a branched merger) is freed when its own backward
+// is over, whatever order autograd runs the branches in (tests/sharding/fsdp_branch_dist_test.cpp).
 //
 // Eval / generation: under NoGradGuard each call gathers and frees its unit (every rank
 // must make the same calls, e.g. the same number of decoding steps); gather_all() keeps
@@ -205,6 +209,12 @@ class FsdpEngine {
   torch::Tensor post_forward(const std::string& call_path, const torch::Tensor& out);
   // Gathers the unit of call position `pos` for its backward (idempotent) and prefetches.
   void pre_backward(int64_t pos);
+  // The unit's input, wrapped (when it needs a gradient) in an identity autograd node whose
+  // backward calls post_backward(position): the runner passes it to the unit's forward.
+  torch::Tensor mark_input(const std::string& call_path, const torch::Tensor& x);
+  // The unit's backward at call position `pos` is over (its input gradient is complete):
+  // frees a full_shard / frozen unit once every call of it that signals is done.
+  void post_backward(int64_t pos);
   int64_t position(const std::string& call_path) const;  // -1 if unknown
   // End of a micro-batch's backward (see the header comment).
   void finish_backward(const std::string& ctx);
@@ -257,6 +267,8 @@ class FsdpEngine {
   std::vector<FsdpUnit*> call_units_;    // per call position: its FSDP unit or null
   std::map<std::string, int64_t> call_pos_;
   std::vector<char> pos_needs_bwd_;      // per call position: its output needs a gradient
+  std::vector<char> pos_input_signal_;   // per call position: its input carries a PostBackward node
+  std::vector<char> pos_bwd_done_;       // per call position: its post-backward signal fired
   int64_t last_pos_ = -1;                // the last call position with an FSDP unit
   std::vector<FsdpUnit*> rs_order_;      // trainable units, reverse unit order
   size_t next_rs_ = 0;

@@ -44,10 +44,12 @@ PolicyRunner::PolicyRunner(const std::vector<UnitPlan>& units, FsdpEngine* fsdp)
   }
 }
 
-torch::Tensor PolicyRunner::run(const std::string& path, torch::nn::Module& unit, const torch::Tensor& x,
+torch::Tensor PolicyRunner::run(const std::string& path, torch::nn::Module& unit, const torch::Tensor& x_in,
                                 const std::function<torch::Tensor(const torch::Tensor&)>& fn) {
   FsdpEngine* fsdp = fsdp_;
   if (fsdp != nullptr) fsdp->pre_forward(path);  // gather (no-op for other units)
+  // The post-backward signal on the input (frees the unit when its backward is over).
+  const torch::Tensor x = fsdp != nullptr ? fsdp->mark_input(path, x_in) : x_in;
   torch::Tensor out;
   if (contains(frozen_, path) && !(x.defined() && x.requires_grad())) {
     // Nothing below this unit needs a gradient and its own parameters take none.
