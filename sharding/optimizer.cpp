@@ -1,8 +1,11 @@
 // Sharded AdamW (see optimizer.h).
 #include "sharding/optimizer.h"
 
+#include <ATen/TensorIterator.h>
+
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <tuple>
 
 #include "sharding/ddp.h"
@@ -112,9 +115,95 @@ std::vector<torch::Tensor> ShardedAdamW::norm_parts() const {
 }
 
 namespace {
-// sum of squares of every element of `parts` (any devices / float dtypes), in fp64: one
-// _foreach_norm per device (fp32 accumulation on CUDA, fp64 on CPU) and one host transfer
-// per device (one in practice).
+// Pieces of at most kPiece elements (a multiple of 64, so the vectorised loops of each ATen
+// op see the same element runs as on the whole tensor) for the CPU paths below: 1 MiB of
+// fp32 per tensor, so an update's five tensors stay in cache (L2 / L3) between its ops while
+// the ~10 op calls per piece cost little (64K-element pieces: 5% slower on the optimizer bench).
+constexpr int64_t kPiece = 256 * 1024;
+
+struct Piece {
+  size_t tensor;  // index into the caller's list
+  int64_t offset, len;
+};
+// The pieces of 1-d tensors of sizes `lens`, and the first element of each in one running
+// count (start: ascending; the total is returned in *total).
+std::vector<Piece> cut_pieces(const std::vector<int64_t>& lens, std::vector<int64_t>* start, int64_t* total) {
+  std::vector<Piece> pieces;
+  int64_t n = 0;
+  for (size_t i = 0; i < lens.size(); ++i)
+    for (int64_t off = 0; off < lens[i]; off += kPiece) {
+      pieces.push_back({i, off, std::min(kPiece, lens[i] - off)});
+      start->push_back(n);
+      n += pieces.back().len;
+    }
+  *total = n;
+  return pieces;
+}
+
+// Runs fn(lo, hi) on ATen's intra-op threads, each call with a contiguous share of [0, n)
+// (multiples of kUnit elements). Not at::parallel_for: under OpenMP that is an inline
+// `#pragma omp parallel`, and this file is built without OpenMP, so it would run on the
+// calling thread. A TensorIterator's for_each runs inside libtorch, in parallel: it walks an
+// int64 tensor of unit indices [ceil(n / kUnit)] and hands each thread a range of them.
+constexpr int64_t kUnit = 16 * 1024;
+void parallel_ranges(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  torch::Tensor units = torch::arange((n + kUnit - 1) / kUnit, torch::kInt64);
+  at::TensorIterator iter =
+      at::TensorIteratorConfig().add_output(units).resize_outputs(false).check_all_same_dtype(false).build();
+  iter.for_each(
+      [&](char** data, const int64_t* strides, int64_t size) {
+        VLM_ASSERT(strides[0] == static_cast<int64_t>(sizeof(int64_t)), "unit indices must be contiguous");
+        const int64_t first = *reinterpret_cast<const int64_t*>(data[0]);
+        fn(first * kUnit, std::min(n, (first + size) * kUnit));
+      },
+      /*grain_size=*/1);
+}
+
+// Runs fn(piece index, scratch) for every piece, in parallel over the elements (threads get
+// equal element counts however the tensors are sized): a piece belongs to the thread whose
+// range holds its first element. ATen ops inside fn run on the calling thread. `scratch` is
+// the call's buffer (undefined at first, for fn to allocate once per call, not per piece).
+void for_each_piece(const std::vector<int64_t>& start, int64_t total,
+                    const std::function<void(size_t, torch::Tensor&)>& fn) {
+  parallel_ranges(total, [&](int64_t lo, int64_t hi) {
+    torch::Tensor scratch;
+    for (size_t p = std::lower_bound(start.begin(), start.end(), lo) - start.begin(); p < start.size() && start[p] < hi;
+         ++p)
+      fn(p, scratch);
+  });
+}
+
+// sum of squares of every element of CPU tensors `parts` in fp64, piece by piece in
+// parallel (a whole-tensor fp64 norm first converts the tensor to fp64 in memory, then
+// reduces it on one thread): each piece's fp64 norm (its conversion in cache), squared; the
+// pieces summed in order, so the result does not depend on the thread count.
+double cpu_sum_of_squares(const std::vector<torch::Tensor>& parts) {
+  std::vector<torch::Tensor> flat;
+  std::vector<int64_t> lens, start;
+  for (const auto& t : parts) {
+    flat.push_back(t.reshape({-1}));
+    lens.push_back(t.numel());
+  }
+  int64_t total = 0;
+  const std::vector<Piece> pieces = cut_pieces(lens, &start, &total);
+  std::vector<double> sq(pieces.size(), 0.0);
+  for_each_piece(start, total, [&](size_t p, torch::Tensor& scratch) {
+    const Piece& pc = pieces[p];
+    if (!scratch.defined()) scratch = torch::empty({kPiece}, torch::kFloat64);
+    torch::Tensor x = scratch.narrow(0, 0, pc.len);
+    x.copy_(flat[pc.tensor].narrow(0, pc.offset, pc.len));  // exact: fp32 / bf16 / fp16 -> fp64
+    const double n = at::linalg_vector_norm(x, 2).item<double>();
+    sq[p] = n * n;
+  });
+  double sumsq = 0;
+  for (double x : sq) sumsq += x;
+  return sumsq;
+}
+
+// sum of squares of every element of `parts` (any devices / float dtypes), in fp64: on CPU
+// cpu_sum_of_squares; on a device one _foreach_norm (fp32 accumulation) and one host
+// transfer per device (one in practice).
 double sum_of_squares(const std::vector<torch::Tensor>& parts) {
   std::vector<std::pair<c10::Device, std::vector<torch::Tensor>>> by_device;
   for (const auto& t : parts) {
@@ -127,8 +216,11 @@ double sum_of_squares(const std::vector<torch::Tensor>& parts) {
   }
   double sumsq = 0;
   for (const auto& [device, list] : by_device) {
-    const auto acc = device.is_cuda() ? torch::kFloat32 : torch::kFloat64;
-    const std::vector<torch::Tensor> norms = at::_foreach_norm(list, 2, acc);  // [] each
+    if (device.is_cpu()) {
+      sumsq += cpu_sum_of_squares(list);
+      continue;
+    }
+    const std::vector<torch::Tensor> norms = at::_foreach_norm(list, 2, torch::kFloat32);  // [] each
     sumsq += torch::stack(norms).to(torch::kFloat64).square().sum().item<double>();  // the host transfer
   }
   return sumsq;
@@ -181,7 +273,7 @@ void ShardedAdamW::step(double lr_scale, const std::string& ctx) {
   if (!agreed_) agree(0.0, ctx + ", gradient flags");
   agreed_ = false;
   ++step_;
-  Batch fused, foreach;
+  Batch fused, blocked, foreach;
   std::vector<torch::Tensor> targets, masters;  // low-precision parameters to write back
   for (auto& g : groups_) {
     for (size_t k = 0; k < g.params.size(); ++k) g.param_steps[k] += g.active[k];
@@ -191,7 +283,10 @@ void ShardedAdamW::step(double lr_scale, const std::string& ctx) {
       const double t = static_cast<double>(g.param_steps[s.param]);
       torch::Tensor grad = segment_grad(g, s);
       const bool cuda_fp32 = s.master.is_cuda() && grad.is_cuda() && grad.scalar_type() == torch::kFloat32;
-      Batch& b = (kernel_ == AdamWKernel::kFused || (kernel_ == AdamWKernel::kAuto && cuda_fp32)) ? fused : foreach;
+      const bool cpu = s.master.is_cpu() && grad.is_cpu();
+      Batch& b = (kernel_ == AdamWKernel::kFused || (kernel_ == AdamWKernel::kAuto && cuda_fp32)) ? fused
+                 : (kernel_ == AdamWKernel::kBlocked || (kernel_ == AdamWKernel::kAuto && cpu)) ? blocked
+                                                                                                 : foreach;
       b.master.push_back(s.master);
       b.grad.push_back(std::move(grad));
       b.m.push_back(s.m);
@@ -208,6 +303,7 @@ void ShardedAdamW::step(double lr_scale, const std::string& ctx) {
     }
   }
   if (!foreach.master.empty()) update_foreach(foreach);
+  if (!blocked.master.empty()) update_blocked(blocked);
   if (!fused.master.empty()) update_fused(fused);
   if (!targets.empty()) at::_foreach_copy_(targets, masters);  // write back into the low-precision params
   for (auto& g : groups_)
@@ -236,6 +332,42 @@ void ShardedAdamW::update_foreach(Batch& b) {
   at::_foreach_div_(denom, bc2_sqrt);
   at::_foreach_add_(denom, opts_.eps);
   at::_foreach_addcdiv_(b.master, b.m, denom, step_size);
+}
+
+// update_foreach's ops with the same scalars, run piece by piece (for_each_piece): each
+// piece's master, grad, m, v and denominator stay in cache from the first op to the last,
+// one pass over memory instead of one per op, and the small tensors (biases, norms) run
+// beside the large ones. Every element gets the same ATen ops in the same order as in
+// update_foreach, so the same bits.
+void ShardedAdamW::update_blocked(Batch& b) {
+  const double b1 = opts_.beta1, b2 = opts_.beta2, eps = opts_.eps;
+  std::vector<int64_t> lens, start;
+  for (const auto& t : b.master) lens.push_back(t.numel());
+  int64_t total = 0;
+  const std::vector<Piece> pieces = cut_pieces(lens, &start, &total);
+  std::vector<at::Scalar> decay, bc2_sqrt, step_size;
+  for (size_t i = 0; i < b.master.size(); ++i) {
+    decay.emplace_back(1 - b.lr[i] * b.wd[i]);
+    bc2_sqrt.emplace_back(std::sqrt(b.bc2[i]));
+    step_size.emplace_back(-b.lr[i] / b.bc1[i]);
+  }
+  for_each_piece(start, total, [&](size_t p, torch::Tensor& scratch) {
+    const Piece& pc = pieces[p];
+    const size_t i = pc.tensor;
+    if (!scratch.defined()) scratch = torch::empty({kPiece}, torch::kFloat32);
+    auto part = [&](const torch::Tensor& t) { return t.narrow(0, pc.offset, pc.len); };
+    torch::Tensor master = part(b.master[i]), grad = part(b.grad[i]), m = part(b.m[i]), v = part(b.v[i]);
+    if (b.wd[i] != 0) master.mul_(decay[i]);
+    m.mul_(b1);
+    m.add_(grad, 1 - b1);
+    v.mul_(b2);
+    v.addcmul_(grad, grad, 1 - b2);
+    torch::Tensor denom = scratch.narrow(0, 0, pc.len);
+    at::sqrt_out(denom, v);
+    denom.div_(bc2_sqrt[i]);
+    denom.add_(eps);
+    master.addcdiv_(m, denom, step_size[i]);
+  });
 }
 
 // at::_fused_adamw_, one call per (device, lr, weight decay); the step counts go in as a

@@ -29,16 +29,18 @@
 // .grad). The per-parameter flags ride on the grad-norm all-reduce, so every rank takes the
 // same decision with no extra collective; step() without a clip_grad_norm() since the last
 // step / zero_grad() agrees them with one all-reduce of its own.
-// Kernels (same math): CPU foreach ops over the segments (torch::_foreach_*, the same
-// per-tensor ops in the same order as torch::optim::AdamW, so bitwise equal to it);
+// Kernels (same math): foreach ops over the segments (torch::_foreach_*, the same
+// per-tensor ops in the same order as torch::optim::AdamW, so bitwise equal to it); on CPU
+// the same ops run on 256K-element pieces of the segments in one parallel_for (kBlocked: a
+// piece stays in cache through all its ops, one memory pass instead of ten; the same bits);
 // at::_fused_adamw_ (one multi-tensor kernel per (lr, weight decay) group) where every
 // tensor is CUDA fp32 (AdamWKernel::kAuto), or anywhere on request (kFused; its CPU kernel
 // rounds differently: within a few fp32 ulps of torch::optim::AdamW per step).
 // Clipping = torch::nn::utils::clip_grad_norm_: norm = ||all grads||_2 (every trainable
 // parameter of every unit and policy); if clip / (norm + 1e-6) < 1, grads *= that. Each rank
 // sums the squares over its ranges R_r (so replicated gradients are not counted N times)
-// with one _foreach_norm over its gradient segments on their device, moves that one fp64
-// sum to the host, and all-reduces [sum, per-parameter flags] (fp64, CPU) once on the
+// on their device (CPU: fp64, 256K-element pieces in parallel, summed in a fixed order; a
+// device: one _foreach_norm, fp32 accumulation), moves that one fp64 sum to the host, and all-reduces [sum, per-parameter flags] (fp64, CPU) once on the
 // control comm; the clip is one _foreach_mul_.
 #pragma once
 #include <torch/torch.h>
@@ -56,9 +58,10 @@ class DdpReducer;
 class FsdpEngine;
 class FsdpUnit;
 
-// kAuto: at::_fused_adamw_ for the segments whose tensors are all CUDA fp32, foreach ops
-// for the rest; kForeach / kFused: that kernel everywhere (tests, benchmarks).
-enum class AdamWKernel { kAuto, kForeach, kFused };
+// kAuto: at::_fused_adamw_ for the segments whose tensors are all CUDA fp32, the blocked
+// foreach ops for CPU segments, foreach ops for the rest; kForeach / kFused / kBlocked: that
+// kernel everywhere (tests, benchmarks; kBlocked needs CPU tensors).
+enum class AdamWKernel { kAuto, kForeach, kFused, kBlocked };
 
 // Checkpoint state, independent of the world size that wrote it. Each unit has a flat
 // index space [P] (its parameters in registration order); a piece of state is a vector
@@ -166,6 +169,7 @@ class ShardedAdamW {
   // All-reduces [local_sumsq, flags...] (fp64 CPU) and sets Group::active; returns the sum.
   double agree(double local_sumsq, const std::string& ctx);
   void update_foreach(Batch& b);
+  void update_blocked(Batch& b);  // CPU
   void update_fused(Batch& b);
   void zero1_gather(Group& g, const std::string& ctx);
 
