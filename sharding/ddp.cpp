@@ -154,6 +154,9 @@ void DdpReducer::on_grad_ready(int64_t i) {
 
 void DdpReducer::launch_ready_locked(bool force, const std::string& ctx) {
   torch::NoGradGuard no_grad;
+  // World 1: the all-reduce is the identity, so the .grad-kept parameters skip the copy into
+  // the bucket and back (about 40 ms of a 0.46 s CPU step on the small preset).
+  const bool local = comm_.world_size() == 1;
   while (next_launch_ < num_buckets()) {
     Bucket& b = buckets_[next_launch_];
     if (!force && b.pending > 0) break;
@@ -169,14 +172,16 @@ void DdpReducer::launch_ready_locked(bool force, const std::string& ctx) {
       torch::Tensor dst = b.flat.narrow(0, b.offsets[k], p.numel());
       const torch::Tensor& g = p.grad();
       had_grad_[i] = g.defined();
+      if (local) continue;  // the .grad is already the sum
       if (g.defined())
         dst.copy_(g.reshape({-1}));
       else
         dst.zero_();  // unused in this micro-batch and before: reduce zeros
     }
-    b.work = comm_.all_reduce_async(b.flat, ReduceOp::kSum,
-                                    str(ctx, ", ddp bucket ", next_launch_, " (", names_[b.params.front()],
-                                        " .. ", names_[b.params.back()], ")"));
+    if (!local)
+      b.work = comm_.all_reduce_async(b.flat, ReduceOp::kSum,
+                                      str(ctx, ", ddp bucket ", next_launch_, " (", names_[b.params.front()],
+                                          " .. ", names_[b.params.back()], ")"));
     b.launched = true;
     if (!force) ++launched_in_backward_;
     ++next_launch_;
@@ -193,8 +198,9 @@ void DdpReducer::finish_backward(const std::string& ctx) {
     for (size_t k = 0; k < b.params.size(); ++k) {
       if (in_bucket_[b.params[k]]) continue;  // the sum stays in the bucket view
       torch::Tensor& p = params_[b.params[k]];
-      torch::Tensor src = b.flat.narrow(0, b.offsets[k], p.numel()).view(p.sizes());
       if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      if (comm_.world_size() == 1) continue;  // the .grad is the sum (launch_ready_locked)
+      torch::Tensor src = b.flat.narrow(0, b.offsets[k], p.numel()).view(p.sizes());
       p.mutable_grad().copy_(src);
     }
   }
