@@ -15,37 +15,29 @@ namespace vlm::sharding {
 
 namespace {
 
-// Identity on a unit's output; its backward (run before any node of the unit's backward,
-// since they all need this gradient) is the unit's pre-backward hook.
-struct PreBackward : public torch::autograd::Function<PreBackward> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& out, int64_t engine,
-                               int64_t pos) {
+// Identity on a unit's output or input whose backward calls the engine:
+//   on the output (kPre): its backward runs before any node of the unit's backward (they all
+//     need this gradient): the unit's pre-backward hook;
+//   on the input (kPost): its backward runs once the input's gradient is complete, i.e. the
+//     unit's backward at this call is over: the post-backward signal.
+enum BackwardHook : int64_t { kPre = 0, kPost = 1 };
+struct UnitBackwardHook : public torch::autograd::Function<UnitBackwardHook> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& t, int64_t engine,
+                               int64_t pos, int64_t hook) {
     ctx->saved_data["engine"] = engine;
     ctx->saved_data["pos"] = pos;
-    return out.view_as(out);
+    ctx->saved_data["hook"] = hook;
+    return t.view_as(t);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto* engine = reinterpret_cast<FsdpEngine*>(ctx->saved_data["engine"].toInt());
-    engine->pre_backward(ctx->saved_data["pos"].toInt());
-    return {grads[0], torch::Tensor(), torch::Tensor()};
-  }
-};
-
-// Identity on a unit's input; its backward runs once the gradient of the input is complete,
-// i.e. when the unit's backward at this call is over: the post-backward signal.
-struct PostBackward : public torch::autograd::Function<PostBackward> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t engine,
-                               int64_t pos) {
-    ctx->saved_data["engine"] = engine;
-    ctx->saved_data["pos"] = pos;
-    return x.view_as(x);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto* engine = reinterpret_cast<FsdpEngine*>(ctx->saved_data["engine"].toInt());
-    engine->post_backward(ctx->saved_data["pos"].toInt());
-    return {grads[0], torch::Tensor(), torch::Tensor()};
+    const int64_t pos = ctx->saved_data["pos"].toInt();
+    if (ctx->saved_data["hook"].toInt() == kPre)
+      engine->pre_backward(pos);
+    else
+      engine->post_backward(pos);
+    return {grads[0], torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -278,7 +270,7 @@ torch::Tensor FsdpEngine::post_forward(const std::string& call_path, const torch
   const bool keep = needs && (u.sharding_ == Sharding::kShardGradOp || pos == last_pos_);
   if (!keep) release(u);
   if (!needs) return out;
-  return PreBackward::apply(out, reinterpret_cast<int64_t>(this), pos);
+  return UnitBackwardHook::apply(out, reinterpret_cast<int64_t>(this), pos, kPre);
 }
 
 void FsdpEngine::pre_backward(int64_t pos) {
@@ -299,7 +291,7 @@ torch::Tensor FsdpEngine::mark_input(const std::string& call_path, const torch::
       !torch::GradMode::is_enabled())
     return x;
   pos_input_signal_[pos] = 1;
-  return PostBackward::apply(x, reinterpret_cast<int64_t>(this), pos);
+  return UnitBackwardHook::apply(x, reinterpret_cast<int64_t>(this), pos, kPost);
 }
 
 void FsdpEngine::post_backward(int64_t pos) {

@@ -267,7 +267,7 @@ class FsdpEngine {
   std::vector<FsdpUnit*> call_units_;    // per call position: its FSDP unit or null
   std::map<std::string, int64_t> call_pos_;
   std::vector<char> pos_needs_bwd_;      // per call position: its output needs a gradient
-  std::vector<char> pos_input_signal_;   // per call position: its input carries a PostBackward node
+  std::vector<char> pos_input_signal_;   // per call position: its input carries a post-backward hook
   std::vector<char> pos_bwd_done_;       // per call position: its post-backward signal fired
   int64_t last_pos_ = -1;                // the last call position with an FSDP unit
   std::vector<FsdpUnit*> rs_order_;      // trainable units, reverse unit order
