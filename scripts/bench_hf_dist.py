@@ -40,7 +40,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_hf_step as one  # noqa: E402  (hf_args, loadavg, rel, steady, CKPT_MATCH)
+import bench_hf_step as one  # noqa: E402  (hf_args, loadavg, rel, steady, CKPT_MATCH, vlmtrain_command)
 
 ROOT = one.ROOT
 MODES = ("ddp", "fsdp")
@@ -50,15 +50,8 @@ def vlmtrain_run(a, out_dir, mode, ckpt, dump=None):
     sets = one.vlmtrain_sets(a, out_dir, ckpt)
     sets += ["sharding.default=ddp"] if mode == "ddp" else ["sharding.default=fsdp",
                                                             "sharding.default_strategy=full_shard"]
-    argv = [a.vlmtrain, "launch", "--nproc-per-node", str(a.world), "train",
-            os.path.join(ROOT, "recipes", "ocr_tiny.toml")]
-    for s in sets:
-        argv += ["--set", s]
-    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
-    env.pop("VLMTRAIN_DUMP_BATCHES", None)
-    if dump:
-        env["VLMTRAIN_DUMP_BATCHES"] = dump
-    subprocess.run(["rm", "-rf", out_dir], check=True)
+    argv, env = one.vlmtrain_command(a, [a.vlmtrain, "launch", "--nproc-per-node", str(a.world), "train"], sets,
+                                     out_dir, dump)
     p = subprocess.run(argv, env=env, capture_output=True, text=True)
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "launch.log"), "w") as f:

@@ -66,16 +66,24 @@ def vlmtrain_sets(a, out_dir, ckpt):
     ]
 
 
-def vlmtrain_run(a, out_dir, ckpt, dump=None):
-    sets = vlmtrain_sets(a, out_dir, ckpt) + ["sharding.default=ddp"]
-    argv = [a.vlmtrain, "train", os.path.join(ROOT, "recipes", "ocr_tiny.toml")]
+def vlmtrain_command(a, head, sets, out_dir, dump=None):
+    """argv and environment of a fresh vlmtrain run in out_dir (removed first: not a resume):
+    head (e.g. [vlmtrain, "train"]) + recipes/ocr_tiny.toml + a --set per entry of sets,
+    OMP_NUM_THREADS = a.threads, VLMTRAIN_DUMP_BATCHES = dump when given."""
+    argv = head + [os.path.join(ROOT, "recipes", "ocr_tiny.toml")]
     for s in sets:
         argv += ["--set", s]
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     env.pop("VLMTRAIN_DUMP_BATCHES", None)
     if dump:
         env["VLMTRAIN_DUMP_BATCHES"] = dump
-    subprocess.run(["rm", "-rf", out_dir], check=True)  # a fresh run, not a resume
+    subprocess.run(["rm", "-rf", out_dir], check=True)
+    return argv, env
+
+
+def vlmtrain_run(a, out_dir, ckpt, dump=None):
+    sets = vlmtrain_sets(a, out_dir, ckpt) + ["sharding.default=ddp"]
+    argv, env = vlmtrain_command(a, [a.vlmtrain, "train"], sets, out_dir, dump)
     c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     w0 = time.perf_counter()
     p = subprocess.run(argv, env=env, capture_output=True, text=True)

@@ -97,15 +97,20 @@ def met_world1(ratio, info):
 
 
 # ---------------------------------------------------------------- 6
+def run_step_script(ctx, name, data, model, work, out, threads, steps, rounds):
+    """scripts/bench_<name>.py, the training-step comparisons of sections 6 and 9."""
+    return run_script(ctx, name, [ctx.py, f"scripts/bench_{name}.py", "--model", model, "--data", data,
+                                  "--vlmtrain", os.path.join(ctx.build, "vlmtrain"), "--work",
+                                  os.path.join(ctx.out, "hf", work), "--out", out, "--threads", str(threads),
+                                  "--steps", str(steps), "--rounds", str(rounds)])
+
+
 def hf_step(ctx, md):
     md.append("## 6. Training step vs HF transformers, CPU, world 1 (issue #30 item 1, row (a))\n")
     data, model = hf_prep(ctx)
     rounds, steps = 3, 8
     out = os.path.join(ctx.out, "hf_step.json")
-    ok = run_script(ctx, "hf_step", [ctx.py, "scripts/bench_hf_step.py", "--model", model, "--data", data,
-                                     "--vlmtrain", os.path.join(ctx.build, "vlmtrain"), "--work",
-                                     os.path.join(ctx.out, "hf", "w1"), "--out", out, "--threads", "2",
-                                     "--steps", str(steps), "--rounds", str(rounds)])
+    ok = run_step_script(ctx, "hf_step", data, model, "w1", out, threads=2, steps=steps, rounds=rounds)
     md.append("Setup: the qwen2_vl `small` preset (41.0M parameters, vocab 8192, tied embeddings), random init from "
               "run.seed 7, trained 1 step by vlmtrain and exported once as an fp32 HF directory that both sides load; "
               "the synthetic OCR set `synth-ocr --train 64 --val 4 --seed 1 --vocab-size 400` (commands below). "
@@ -152,10 +157,7 @@ def hf_dist(ctx, md):
     data, model = hf_prep(ctx)
     rounds, steps = (2, 6) if ctx.quick else (3, 8)
     out = os.path.join(ctx.out, "hf_dist.json")
-    ok = run_script(ctx, "hf_dist", [ctx.py, "scripts/bench_hf_dist.py", "--model", model, "--data", data,
-                                     "--vlmtrain", os.path.join(ctx.build, "vlmtrain"), "--work",
-                                     os.path.join(ctx.out, "hf", "w2"), "--out", out, "--threads", "1",
-                                     "--steps", str(steps), "--rounds", str(rounds)])
+    ok = run_step_script(ctx, "hf_dist", data, model, "w2", out, threads=1, steps=steps, rounds=rounds)
     md.append("Same model directory, data, optimizer, schedule and loss as section 6, at world 2 with one intra-op "
               "thread per rank (two ranks on the two cores), 4 samples per rank and step. Each HF rank replays the "
               "micro-batches vlmtrain's rank of the same number consumed. Pairs, each with and without activation "
