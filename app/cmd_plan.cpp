@@ -16,6 +16,7 @@
 #include "app/sharding_options.h"
 #include "sharding/lora.h"
 #include "sharding/memory_plan.h"
+#include "sharding/offload.h"
 #include "sharding/policy.h"
 #include "vlm/check.h"
 #include "vlm/config.h"
@@ -135,8 +136,9 @@ int plan_recipe(const PlanArgs& a) {
   sh::attach_lora(*model, opts);
   const auto units = sh::resolve_units(*model, opts);
   const sh::ParamCounts counts = sh::count_params(units);
-  const sh::MemoryPlan mem =
+  sh::MemoryPlan mem =
       sh::plan_memory(units, world, opts.param_dtype, opts.reduce_dtype, opts.fsdp_accumulate_unsharded);
+  if (opts.optimizer_offload) sh::plan_offload(mem, units);  // optimizer bytes -> host
   const int64_t total = vlm::count_parameters(*model);
   const char* pdtype = recipe.precision.param_dtype.c_str();
 
@@ -159,10 +161,13 @@ int plan_recipe(const PlanArgs& a) {
                      {"rule", u.rule}, {"params", u.numel}, {"trainable", u.trainable()},
                      {"param_bytes", m.param_bytes},
                      {"grad_bytes", m.grad_bytes}, {"optim_bytes", m.optim_bytes}, {"total_bytes", m.total()},
-                     {"activation_checkpointing", u.checkpointed}});
+                     {"host_optim_bytes", m.host_optim_bytes}, {"activation_checkpointing", u.checkpointed}});
     }
     j["totals"] = {{"param_bytes", mem.total.param_bytes}, {"grad_bytes", mem.total.grad_bytes},
-                   {"optim_bytes", mem.total.optim_bytes}, {"total_bytes", mem.total.total()}};
+                   {"optim_bytes", mem.total.optim_bytes}, {"total_bytes", mem.total.total()},
+                   {"host_optim_bytes", mem.total.host_optim_bytes}};
+    j["optimizer_offload"] = opts.optimizer_offload;
+    j["offload_saved_bytes"] = mem.offload_saved_bytes;
     j["gathered_peak_bytes"] = mem.gathered_peak_bytes;
     j["reduce_scatter_peak_bytes"] = mem.reduce_scatter_peak_bytes;
     j["unsharded_accum_bytes"] = mem.unsharded_accum_bytes;
@@ -204,6 +209,10 @@ int plan_recipe(const PlanArgs& a) {
                 "(every trainable fsdp unit, reduce dtype; included in the peak), one reduce-scatter per unit "
                 "and step instead of one per micro-batch\n",
                 sh::human_bytes(mem.unsharded_accum_bytes).c_str());
+  if (opts.optimizer_offload)
+    std::printf("optimizer_offload: optimizer state in host memory (pinned on CUDA: fp32 master, m, v and grad "
+                "staging) %s per rank; device memory saved %s per rank (optim/rank above is what stays)\n",
+                sh::human_bytes(mem.total.host_optim_bytes).c_str(), sh::human_bytes(mem.offload_saved_bytes).c_str());
   std::printf("\nparams: total %s, trainable %s (%.4f%%)\n", with_commas(total).c_str(),
               with_commas(counts.trainable).c_str(), total > 0 ? 100.0 * counts.trainable / total : 0.0);
   for (const auto& warning : mem.warnings) std::printf("warning: %s\n", warning.c_str());
@@ -231,8 +240,9 @@ policy and bytes per rank, plus totals.
            "instead total_params and trainable_params (LoRA adapters included),\n"
            "world_size, param_dtype, units [{path, aliases, policy, strategy, sharding,\n"
            "rule, params, trainable, param_bytes, grad_bytes, optim_bytes, total_bytes,\n"
-           "activation_checkpointing}], totals {...}, gathered_peak_bytes,\n"
-           "reduce_scatter_peak_bytes, unsharded_accum_bytes, peak_bytes, warnings");
+           "host_optim_bytes, activation_checkpointing}], totals {...}, gathered_peak_bytes,\n"
+           "reduce_scatter_peak_bytes, unsharded_accum_bytes, peak_bytes, optimizer_offload,\n"
+           "offload_saved_bytes, warnings");
   add_flag(app, "--leaves", a->leaves, "list every parameter-owning layer instead of the sharding units");
   app.footer(R"(Bytes per rank as the engine allocates them (P unit parameters, N ranks, p / r bytes of
 precision.param_dtype / reduce_dtype, S = ceil(P/N); sharding/memory_plan.h):
@@ -242,7 +252,9 @@ precision.param_dtype / reduce_dtype, S = ceil(P/N); sharding/memory_plan.h):
   fp32 grads S*4, optimizer S*12; shard_grad_op units are gathered whole during the step
   (transient). Transient peaks: gathered flat buffers, reduce-scatter buffers in flight.
   lora: a unit with adapters shows as two rows: <unit> (the frozen base: pP, or S*p with
-  strategy = "full_shard") and <unit>+lora (the adapters, trained like ddp).)");
+  strategy = "full_shard") and <unit>+lora (the adapters, trained like ddp).
+  sharding.optimizer_offload = true: optimizer 0 on the device; host memory 16 B per state
+  element (fp32 master, m, v, grad staging), shown apart with the device bytes saved.)");
   return [a] { return plan(*a); };
 }
 

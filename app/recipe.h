@@ -265,6 +265,9 @@ struct ShardingSection {
   // micro-batch into the fp32 shard grad; "unsharded" keeps each unit's unsharded gradient
   // sum (N*S x reduce dtype) and reduce-scatters once per step (less traffic, more memory).
   std::string fsdp_accumulate = "sharded";
+  // Optimizer state offload (ZeRO-Offload): fp32 masters and AdamW moments in (pinned) host
+  // memory, the update on the host while the next forward runs; the device keeps none.
+  bool optimizer_offload = false;
   std::vector<ShardingRule> module;     // [[sharding.module]] rules, in file order
 
   template <class V> void fields(V& v) {
@@ -273,6 +276,7 @@ struct ShardingSection {
       Choice{{"", "full_shard", "shard_grad_op", "no_shard", "shard_optimizer"}});
     v("ddp_bucket_mb", ddp_bucket_mb, Range{0.001, 1e5});
     v("fsdp_accumulate", fsdp_accumulate, Choice{{"sharded", "unsharded"}});
+    v("optimizer_offload", optimizer_offload);
     v("module", module);
   }
 };

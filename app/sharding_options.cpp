@@ -27,6 +27,7 @@ vlm::sharding::ShardingOptions sharding_options(const Recipe& recipe) {
   o.default_strategy = recipe.sharding.default_strategy;
   o.ddp_bucket_mb = recipe.sharding.ddp_bucket_mb;
   o.fsdp_accumulate_unsharded = recipe.sharding.fsdp_accumulate == "unsharded";
+  o.optimizer_offload = recipe.sharding.optimizer_offload;
   o.param_dtype = recipe_dtype(recipe.precision.param_dtype);
   o.reduce_dtype = recipe_dtype(recipe.precision.reduce_dtype);
   o.checkpoint_match = recipe.activation_checkpointing.match;

@@ -247,9 +247,12 @@ TrainSummary run_training(const Recipe& recipe) {
       const vlm::sharding::MemoryReport m0 = sm->memory();
       const vlm::sharding::ParamCounts pc = vlm::sharding::count_params(sm->unit_table());
       spdlog::info("unit table:\n{}params: total {}, trainable {}\nmemory per rank: params {} + grads {} + "
-                   "optimizer {} (persistent)",
+                   "optimizer {} (persistent){}",
                    vlm::sharding::unit_table_text(sm->unit_table()), pc.total, pc.trainable,
-                   human_bytes(m0.param_bytes), human_bytes(m0.grad_bytes), human_bytes(m0.optim_bytes));
+                   human_bytes(m0.param_bytes), human_bytes(m0.grad_bytes), human_bytes(m0.optim_bytes),
+                   m0.host_optim_bytes > 0 ? fmt::format("; optimizer state in host memory {} (sharding.optimizer_offload)",
+                                                         human_bytes(m0.host_optim_bytes))
+                                           : std::string());
       for (const auto& n : sm->notes()) spdlog::warn("{}", n);
     }
 
@@ -312,6 +315,7 @@ TrainSummary run_training(const Recipe& recipe) {
     // Terminal progress bar between the log lines (rank 0; the log lines are the plain ones).
     ProgressBar bar({"train", "steps", steps_total, main && tty, /*plain_lines=*/false});
     auto run_eval = [&](bool full) {
+      sm->optimizer().wait();  // optimizer offload: every host update written back (offload.h)
       EvalOptions o = eval_options(recipe);
       o.max_samples = full ? 0 : recipe.eval.max_samples;
       o.lockstep = dims.distributed();
@@ -485,6 +489,7 @@ TrainSummary run_training(const Recipe& recipe) {
                             {"mem_params_bytes", mem.param_bytes},
                             {"mem_grads_bytes", mem.grad_bytes},
                             {"mem_optim_bytes", mem.optim_bytes},
+                            {"mem_host_optim_bytes", mem.host_optim_bytes},
                             {"mem_gathered_peak_bytes", mem.gathered_peak_bytes},
                             {"dropped_samples", static_cast<int64_t>(s[5])},
                             {"padding_fraction", window_padding.fraction()},

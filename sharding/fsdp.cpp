@@ -210,6 +210,7 @@ int64_t FsdpEngine::position(const std::string& call_path) const {
 }
 
 void FsdpEngine::gather_async(FsdpUnit& u, const std::string& why) {
+  if (before_gather_) before_gather_(u);
   if (u.state_ != FsdpUnit::State::kFree) return;
   refill_storage(u.full_.storage().unsafeGetStorageImpl(), u.full_nbytes_);
   u.state_ = FsdpUnit::State::kGathering;

@@ -235,6 +235,10 @@ class FsdpEngine {
   void gather_all(const std::string& ctx);
   void release_all();
 
+  // Called with a unit before each of its all-gathers is issued (optimizer offload: waits
+  // for the unit's host update, offload.h); empty: nothing.
+  void set_before_gather(std::function<void(FsdpUnit&)> f) { before_gather_ = std::move(f); }
+
   const GatherStats& gather_stats() const { return gstats_; }
   void reset_peak() {
     gstats_.peak_bytes = gstats_.bytes;
@@ -276,6 +280,7 @@ class FsdpEngine {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   GatherStats gstats_;
   std::string ctx_ = "step";  // context of the micro-batch in flight (last finish_backward's)
+  std::function<void(FsdpUnit&)> before_gather_;
   bool pinned_ = false;  // gather_all() in effect: release() does nothing
   bool accumulate_unsharded_ = false;
   bool sync_ = true;

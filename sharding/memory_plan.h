@@ -50,6 +50,7 @@ struct UnitMemory {
   double grad_bytes = 0;
   double optim_bytes = 0;
   double total() const { return param_bytes + grad_bytes + optim_bytes; }
+  double host_optim_bytes = 0;  // optimizer offload (plan_offload, offload.h): host memory
 };
 
 // Warnings below / above these sizes (a unit's parameter bytes in param_dtype).
@@ -66,6 +67,7 @@ struct MemoryPlan {
   double gathered_peak_bytes = 0;        // see the header comment
   double reduce_scatter_peak_bytes = 0;  // see the header comment
   double unsharded_accum_bytes = 0;      // see the header comment
+  double offload_saved_bytes = 0;  // device optimizer bytes moved to the host (plan_offload)
   // Persistent + the transient peaks (an upper bound on the step's sharding memory).
   double peak_bytes() const {
     return total.total() + gathered_peak_bytes + reduce_scatter_peak_bytes + unsharded_accum_bytes;

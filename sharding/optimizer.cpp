@@ -20,8 +20,9 @@ std::pair<int64_t, int64_t> owned_range(int64_t numel, int64_t world, int64_t ra
 }
 
 ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const AdamWOptions& opts,
-                           FsdpEngine* fsdp, Comm* control)
+                           FsdpEngine* fsdp, Comm* control, bool offload)
     : comm_(comm), control_(control), opts_(opts), fsdp_(fsdp) {
+  if (offload) queue_ = std::make_unique<HostUpdateQueue>();
   torch::NoGradGuard no_grad;
   const int64_t n = comm.world_size(), r = comm.rank();
   for (const auto& u : units) {
@@ -59,6 +60,15 @@ ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const
       torch::Tensor view = g.fsdp != nullptr ? g.fsdp->shard_param().narrow(0, a - g.lo, s.len)
                                              : p.detach().view({-1}).narrow(0, s.param_offset, s.len);
       s.target = view;
+      if (offload) {  // host memory (pinned on CUDA); the master is a copy even for fp32
+        s.master = host_zeros(s.len, view.device());
+        s.master.copy_(view);
+        s.m = host_zeros(s.len, view.device());
+        s.v = host_zeros(s.len, view.device());
+        s.host_grad = host_zeros(s.len, view.device());
+        g.segments.push_back(std::move(s));
+        continue;
+      }
       s.master = p.scalar_type() == torch::kFloat32 ? view : view.to(torch::kFloat32).clone();
       s.m = torch::zeros({s.len}, view.options().dtype(torch::kFloat32));
       s.v = torch::zeros({s.len}, view.options().dtype(torch::kFloat32));
@@ -69,6 +79,22 @@ ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const
     g.active.assign(g.params.size(), 0);
     groups_.push_back(std::move(g));
   }
+}
+
+ShardedAdamW::~ShardedAdamW() = default;  // queue_ (declared last, destroyed first) runs what is queued
+
+void ShardedAdamW::wait() const {
+  if (queue_) queue_->wait_all();
+}
+
+void ShardedAdamW::wait_unit(const FsdpUnit& u) const {
+  if (!queue_) return;
+  for (const auto& g : groups_)
+    if (g.fsdp == &u) return queue_->wait(g.ticket);
+}
+
+void ShardedAdamW::wait_unsharded() const {
+  if (queue_) queue_->wait(unsharded_ticket_);
 }
 
 void ShardedAdamW::attach_ddp(DdpReducer* ddp) {
@@ -249,6 +275,7 @@ double ShardedAdamW::agree(double local_sumsq, const std::string& ctx) {
 
 double ShardedAdamW::clip_grad_norm(const std::string& ctx) {
   torch::NoGradGuard no_grad;
+  wait();
   const double norm = std::sqrt(agree(sum_of_squares(norm_parts()), ctx));
   if (opts_.grad_clip > 0) {
     const double coef = opts_.grad_clip / (norm + 1e-6);
@@ -268,11 +295,28 @@ double ShardedAdamW::clip_grad_norm(const std::string& ctx) {
   return norm;
 }
 
+void ShardedAdamW::add_segment(Batch& b, const Group& g, const Segment& s, torch::Tensor grad,
+                               double lr_scale) const {
+  const UnitParam& up = g.params[s.param];
+  const double t = static_cast<double>(g.param_steps[s.param]);
+  b.master.push_back(s.master);
+  b.grad.push_back(std::move(grad));
+  b.m.push_back(s.m);
+  b.v.push_back(s.v);
+  b.lr.push_back(up.lr * lr_scale);
+  b.wd.push_back(up.weight_decay);
+  b.bc1.push_back(1 - std::pow(opts_.beta1, t));
+  b.bc2.push_back(1 - std::pow(opts_.beta2, t));
+  b.t.push_back(t);
+}
+
 void ShardedAdamW::step(double lr_scale, const std::string& ctx) {
   torch::NoGradGuard no_grad;
+  wait();
   if (!agreed_) agree(0.0, ctx + ", gradient flags");
   agreed_ = false;
   ++step_;
+  if (queue_) return step_offload(lr_scale, ctx);
   Batch fused, blocked, foreach;
   std::vector<torch::Tensor> targets, masters;  // low-precision parameters to write back
   for (auto& g : groups_) {
@@ -280,22 +324,13 @@ void ShardedAdamW::step(double lr_scale, const std::string& ctx) {
     for (auto& s : g.segments) {
       if (!g.active[s.param]) continue;  // no gradient on any rank: skipped (torch.optim.AdamW)
       const UnitParam& up = g.params[s.param];
-      const double t = static_cast<double>(g.param_steps[s.param]);
       torch::Tensor grad = segment_grad(g, s);
       const bool cuda_fp32 = s.master.is_cuda() && grad.is_cuda() && grad.scalar_type() == torch::kFloat32;
       const bool cpu = s.master.is_cpu() && grad.is_cpu();
       Batch& b = (kernel_ == AdamWKernel::kFused || (kernel_ == AdamWKernel::kAuto && cuda_fp32)) ? fused
                  : (kernel_ == AdamWKernel::kBlocked || (kernel_ == AdamWKernel::kAuto && cpu)) ? blocked
                                                                                                  : foreach;
-      b.master.push_back(s.master);
-      b.grad.push_back(std::move(grad));
-      b.m.push_back(s.m);
-      b.v.push_back(s.v);
-      b.lr.push_back(up.lr * lr_scale);
-      b.wd.push_back(up.weight_decay);
-      b.bc1.push_back(1 - std::pow(opts_.beta1, t));
-      b.bc2.push_back(1 - std::pow(opts_.beta2, t));
-      b.t.push_back(t);
+      add_segment(b, g, s, std::move(grad), lr_scale);
       if (up.param.scalar_type() != torch::kFloat32) {
         targets.push_back(s.target);
         masters.push_back(s.master);
@@ -308,6 +343,42 @@ void ShardedAdamW::step(double lr_scale, const std::string& ctx) {
   if (!targets.empty()) at::_foreach_copy_(targets, masters);  // write back into the low-precision params
   for (auto& g : groups_)
     if (g.zero1 && comm_.world_size() > 1) zero1_gather(g, ctx);
+}
+
+// Offload (offload.h): per unit, the gradients to host staging, then one queued host update
+// (blocked kernel + write-back). Replicated / ZeRO-1 units first (a forward waits for all of
+// them before its first unit), then the FSDP units in unit order (each waited by its gather).
+void ShardedAdamW::step_offload(double lr_scale, const std::string& ctx) {
+  std::vector<Group*> order;
+  for (auto& g : groups_)
+    if (g.fsdp == nullptr) order.push_back(&g);
+  for (auto& g : groups_)
+    if (g.fsdp != nullptr) order.push_back(&g);
+  for (Group* gp : order) {
+    Group& g = *gp;
+    for (size_t k = 0; k < g.params.size(); ++k) g.param_steps[k] += g.active[k];
+    auto b = std::make_shared<Batch>();
+    std::vector<torch::Tensor> targets, masters;  // device parameters <- host masters
+    for (auto& s : g.segments) {
+      if (!g.active[s.param]) continue;  // no gradient on any rank: skipped (torch.optim.AdamW)
+      s.host_grad.copy_(segment_grad(g, s), /*non_blocking=*/true);  // device -> pinned host
+      add_segment(*b, g, s, s.host_grad, lr_scale);
+      targets.push_back(s.target);
+      masters.push_back(s.master);
+    }
+    if (b->master.empty()) continue;
+    const CopyFence fence = CopyFence::record(targets.front().device());
+    g.ticket = queue_->submit([this, b, targets = std::move(targets), masters = std::move(masters), fence] {
+      fence.wait();  // the gradients have arrived in host memory
+      update_blocked(*b);
+      copy_back(targets, masters);
+    });
+    if (g.fsdp == nullptr) unsharded_ticket_ = g.ticket;
+    if (g.zero1 && comm_.world_size() > 1) {
+      queue_->wait(g.ticket);  // the all-gather sends the updated slice
+      zero1_gather(g, ctx);
+    }
+  }
 }
 
 // torch::optim::AdamW's per-parameter ops, as foreach ops over the segments.
@@ -428,6 +499,7 @@ void ShardedAdamW::zero_grad() {
 
 std::vector<StateSlice> ShardedAdamW::state_slices() const {
   torch::NoGradGuard no_grad;
+  wait();
   std::vector<StateSlice> out;
   for (const auto& g : groups_) {
     // Every rank holds state for at least [lo, hi) (replicated: all of [0, P)).
@@ -478,6 +550,7 @@ std::vector<int64_t> read_param_steps(const StateReader& read, const std::string
 
 void ShardedAdamW::load_state(const StateReader& read, int64_t steps) {
   torch::NoGradGuard no_grad;
+  wait();
   for (auto& g : groups_) {
     // Parameters: every element, from the fp32 masters.
     torch::Tensor all = read(g.path + "/master", 0, g.numel).to(torch::kFloat32);
@@ -507,7 +580,7 @@ int64_t ShardedAdamW::state_numel() const {
   for (const auto& g : groups_)
     for (const auto& s : g.segments) {
       n += 2 * s.len;
-      if (g.params[s.param].param.scalar_type() != torch::kFloat32) n += s.len;
+      if (queue_ || g.params[s.param].param.scalar_type() != torch::kFloat32) n += s.len;
     }
   return n;
 }

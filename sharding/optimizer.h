@@ -42,14 +42,23 @@
 // on their device (CPU: fp64, 256K-element pieces in parallel, summed in a fixed order; a
 // device: one _foreach_norm, fp32 accumulation), moves that one fp64 sum to the host, and all-reduces [sum, per-parameter flags] (fp64, CPU) once on the
 // control comm; the clip is one _foreach_mul_.
+// Offload (ShardingOptions::optimizer_offload, offload.h): masters, m and v live in host
+// memory (pinned on CUDA; the master is a separate fp32 copy even for fp32 parameters),
+// step() copies the clipped gradients to host staging buffers and queues one host update per
+// unit (the blocked CPU kernel, so the same bits as on a CPU device), written back into the
+// parameters / FSDP local shards by the host thread; step() returns before that is done.
+// Waits: wait_unit() (FSDP gather hook), wait_unsharded() (first unit call of a forward),
+// wait() (everything; called by step(), clip_grad_norm(), state_slices(), load_state()).
 #pragma once
 #include <torch/torch.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "sharding/comm.h"
+#include "sharding/offload.h"
 #include "sharding/policy.h"
 
 namespace vlm::sharding {
@@ -95,8 +104,10 @@ class ShardedAdamW {
   // every rank (broadcast first). fsdp: the engine holding the units with sharding
   // kFullShard / kShardGradOp (required when there are any). control: the comm for the
   // grad-norm / flag all-reduce (a CPU fp64 tensor); null: `comm`.
+  // offload: state in host memory, updated there asynchronously (see the header comment).
   ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const AdamWOptions& opts,
-               FsdpEngine* fsdp = nullptr, Comm* control = nullptr);
+               FsdpEngine* fsdp = nullptr, Comm* control = nullptr, bool offload = false);
+  ~ShardedAdamW();  // waits for the host updates still queued
   // The reducer of the replicated / ZeRO-1 units: their gradients (DdpReducer::grad: the
   // fp32 bucket view for low-precision parameters, else the .grad its finish_backward
   // fills) and which of them had a gradient this step come from it; zero_grad() clears it.
@@ -125,8 +136,16 @@ class ShardedAdamW {
   // A checkpoint without "<unit>/step" (written before per-parameter counts) gives every
   // parameter t = steps.
   void load_state(const StateReader& read, int64_t steps);
-  // Elements of optimizer state on this rank (m + v + separate masters).
+  // Elements of optimizer state on this rank (m + v + separate masters; with offload these
+  // are in host memory, which also holds one fp32 grad staging element per state element).
   int64_t state_numel() const;
+  // Offload: the host update queue (null without offload).
+  HostUpdateQueue* offload_queue() const { return queue_.get(); }
+  // Offload waits (no-ops without offload): every queued host update; that of FSDP unit `u`
+  // (before its gather); those of the replicated / ZeRO-1 units (before a forward).
+  void wait() const;
+  void wait_unit(const FsdpUnit& u) const;
+  void wait_unsharded() const;
   // Whether this rank holds optimizer state for (part of) `param`.
   bool has_state(const torch::Tensor& param) const;
 
@@ -140,6 +159,7 @@ class ShardedAdamW {
                             // parameter, or of the FSDP unit's local shard
     torch::Tensor master;   // [len] fp32 (= target when the parameter is fp32)
     torch::Tensor m, v;     // [len] fp32
+    torch::Tensor host_grad;  // [len] fp32 host staging of the gradient (offload only)
   };
   struct Group {  // one trainable unit
     std::string path;
@@ -153,6 +173,7 @@ class ShardedAdamW {
     std::vector<int64_t> ddp_index;   // per parameter: index in the DDP reducer, or -1
     std::vector<int64_t> param_steps; // per parameter: AdamW step count t
     std::vector<char> active;         // per parameter: had a gradient on some rank (agreed)
+    int64_t ticket = 0;               // offload: the queue ticket of its last host update
   };
   // Per-parameter list of one update (the segments that take part, with their scalars).
   struct Batch {
@@ -168,10 +189,13 @@ class ShardedAdamW {
   std::vector<torch::Tensor> norm_parts() const;  // this rank's gradient segments, R_r
   // All-reduces [local_sumsq, flags...] (fp64 CPU) and sets Group::active; returns the sum.
   double agree(double local_sumsq, const std::string& ctx);
+  // Appends segment s (its gradient `grad`, [len] fp32) to b with its scalars at this step.
+  void add_segment(Batch& b, const Group& g, const Segment& s, torch::Tensor grad, double lr_scale) const;
   void update_foreach(Batch& b);
   void update_blocked(Batch& b);  // CPU
   void update_fused(Batch& b);
   void zero1_gather(Group& g, const std::string& ctx);
+  void step_offload(double lr_scale, const std::string& ctx);
 
   Comm& comm_;
   Comm* control_ = nullptr;
@@ -182,6 +206,8 @@ class ShardedAdamW {
   std::vector<Group> groups_;
   int64_t step_ = 0;
   bool agreed_ = false;  // Group::active holds this step's agreement
+  std::unique_ptr<HostUpdateQueue> queue_;  // offload only
+  int64_t unsharded_ticket_ = 0;  // offload: last ticket of a replicated / ZeRO-1 unit
 };
 
 }  // namespace vlm::sharding

@@ -97,6 +97,9 @@ struct ShardingOptions {
   // FSDP gradient accumulation across micro-batches (fsdp.h): false = reduce-scatter every
   // micro-batch into the sharded fp32 grad; true = keep an unsharded sum, reduce-scatter once.
   bool fsdp_accumulate_unsharded = false;
+  // Optimizer state offload (offload.h): fp32 masters and AdamW moments in host memory,
+  // updated there on a background thread while the next forward runs.
+  bool optimizer_offload = false;
   torch::Dtype param_dtype = torch::kFloat32;   // compute dtype of parameters
   torch::Dtype reduce_dtype = torch::kFloat32;  // gradient all-reduce dtype
   std::string checkpoint_match;         // activation checkpointing globs on unit paths ("" = none)

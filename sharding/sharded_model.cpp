@@ -46,6 +46,7 @@ PolicyRunner::PolicyRunner(const std::vector<UnitPlan>& units, FsdpEngine* fsdp)
 
 torch::Tensor PolicyRunner::run(const std::string& path, torch::nn::Module& unit, const torch::Tensor& x_in,
                                 const std::function<torch::Tensor(const torch::Tensor&)>& fn) {
+  if (before_call_) before_call_();
   FsdpEngine* fsdp = fsdp_;
   if (fsdp != nullptr) fsdp->pre_forward(path);  // gather (no-op for other units)
   // The post-backward signal on the input (frees the unit when its backward is over).
@@ -72,6 +73,8 @@ torch::Tensor PolicyRunner::run(const std::string& path, torch::nn::Module& unit
 }
 
 ShardedModel::~ShardedModel() {
+  if (runner_) runner_->set_before_call(nullptr);  // the runner may outlive the optimizer
+  if (fsdp_) fsdp_->set_before_gather(nullptr);
   if (runner_) runner_->detach_fsdp();
 }
 
@@ -100,7 +103,12 @@ MemoryReport ShardedModel::memory() const {
   // Trainable replicated / ZeRO-1 units: the DDP bucket buffers (reduce dtype) plus the .grad
   // it keeps (param dtype; none when the gradients accumulate in the buckets, ddp.h).
   if (reducer_) m.grad_bytes += reducer_->buffer_bytes() + reducer_->kept_grad_bytes();
-  m.optim_bytes = 4.0 * static_cast<double>(optimizer_->state_numel());
+  const double optim = 4.0 * static_cast<double>(optimizer_->state_numel());
+  if (optimizer_->offload_queue() != nullptr) {  // master + m + v, plus grad staging of master's size
+    m.host_optim_bytes = optim * 4.0 / 3.0;
+  } else {
+    m.optim_bytes = optim;
+  }
   if (fsdp_) {
     const GatherStats& g = fsdp_->gather_stats();
     m.gathered_bytes = g.bytes;
@@ -218,8 +226,14 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl& model, const Shar
   sm->runner_ = std::make_shared<PolicyRunner>(sm->units_, sm->fsdp_.get());
   model.set_runner(sm->runner_);
   // 7. Optimizer.
-  sm->optimizer_ = std::make_unique<ShardedAdamW>(comm, sm->units_, opts.optim, sm->fsdp_.get(), &dims.control());
+  sm->optimizer_ = std::make_unique<ShardedAdamW>(comm, sm->units_, opts.optim, sm->fsdp_.get(), &dims.control(),
+                                                  opts.optimizer_offload);
   sm->optimizer_->attach_ddp(sm->reducer_.get());
+  if (opts.optimizer_offload) {  // offload.h: each read of parameters waits for its update
+    ShardedAdamW* opt = sm->optimizer_.get();
+    sm->runner_->set_before_call([opt] { opt->wait_unsharded(); });
+    if (sm->fsdp_) sm->fsdp_->set_before_gather([opt](FsdpUnit& u) { opt->wait_unit(u); });
+  }
   return sm;
 }
 

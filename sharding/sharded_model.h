@@ -30,7 +30,10 @@
 //                         checkpointing of the units opts.checkpoint_match names
 //                         (activation_checkpoint.h, recompute after the FSDP re-gather); FSDP
 //                         free / pre-backward hook.
-//   7. ShardedAdamW       fp32 masters; ZeRO-1 and FSDP units: state for R_r only
+//   7. ShardedAdamW       fp32 masters; ZeRO-1 and FSDP units: state for R_r only; with
+//                         opts.optimizer_offload in host memory, updated there while the
+//                         next forward runs (offload.h: the runner's and the FSDP engine's
+//                         before-call / before-gather hooks wait for the updates they need)
 //
 // Gradient accumulation: set_sync(false) keeps DDP gradients local (no_sync; in fp32 in the
 // bucket buffers when the params are bf16 and reduce_dtype fp32, ddp.h); FSDP units
@@ -72,11 +75,15 @@ class PolicyRunner : public vlm::UnitRunner {
   int64_t no_grad_calls() const { return no_grad_calls_; }  // frozen unit calls without graph
   int64_t checkpointed_calls() const { return checkpointed_calls_; }  // calls run under checkpointing
   void detach_fsdp() { fsdp_ = nullptr; }
+  // Called at the top of every unit call (optimizer offload: waits for the replicated /
+  // ZeRO-1 units' host updates, offload.h); empty: nothing.
+  void set_before_call(std::function<void()> f) { before_call_ = std::move(f); }
 
  private:
   std::vector<std::string> frozen_;        // paths and aliases of frozen units
   std::vector<std::string> checkpointed_;  // paths and aliases of checkpointed units
   FsdpEngine* fsdp_ = nullptr;
+  std::function<void()> before_call_;
   int64_t no_grad_calls_ = 0;
   int64_t checkpointed_calls_ = 0;
 };
@@ -88,8 +95,10 @@ struct MemoryReport {
   double grad_bytes = 0;    // gradients: per trainable replicated / ZeRO-1 unit its .grad
                             // (P x param dtype) and its DDP bucket buffers (P x reduce
                             // dtype); [S] fp32 shard grads of FSDP units
-  double optim_bytes = 0;   // AdamW m + v and the separate fp32 masters
+  double optim_bytes = 0;   // AdamW m + v and the separate fp32 masters (0 with offload)
   double persistent() const { return param_bytes + grad_bytes + optim_bytes; }
+  double host_optim_bytes = 0;  // optimizer offload: fp32 masters, m, v and grad staging in
+                                // host memory (pinned on CUDA); not part of persistent()
   double gathered_bytes = 0;       // FSDP flat buffers gathered now (transient)
   double gathered_peak_bytes = 0;  // their peak since apply_policies / reset_gather_peak()
   int64_t gathered_peak_units = 0; // most units gathered at once since then
