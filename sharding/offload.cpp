@@ -59,8 +59,7 @@ void copy_back(const std::vector<torch::Tensor>& dst, const std::vector<torch::T
   for (size_t i = 0; i < dst.size(); ++i) {
     VLM_ASSERT(dst[i].device() == device, "offload copy_back: targets on ", device.str(), " and ",
                dst[i].device().str());
-    // Pinned fp32 -> device fp32 is one DMA; to a low-precision parameter the conversion
-    // runs on the device after the copy (copy_ stages it in a device temporary).
+    // Pinned fp32 -> device fp32 is one DMA; copy_ converts to a low-precision target's dtype.
     dst[i].copy_(src[i], /*non_blocking=*/true);
   }
   side.synchronize();  // done before the task counts as done: the next gather reads dst

@@ -14,9 +14,10 @@
 //      the units before it. A unit's update is waited (HostUpdateQueue::wait of its ticket)
 //      before anything reads its parameters or state: the FSDP gather of the unit
 //      (FsdpEngine::set_before_gather), the first unit call of a forward for the replicated /
-//      ZeRO-1 units (PolicyRunner::set_before_call; ZeRO-1 units are waited inside step()
-//      anyway, before their all-gather), and ShardedAdamW::wait() for all of them (next
-//      step / clip, state_slices, load_state, the trainer's eval and checkpoint).
+//      ZeRO-1 units (PolicyRunner::set_before_call), and ShardedAdamW::wait() for all of them
+//      (next step / clip, state_slices, load_state, the trainer's eval).
+// Not overlapped: ZeRO-1 units at world > 1, whose all-gather inside step() sends the update
+// (they are queued first, and step() waits for them only).
 // Tasks run in submission order on one thread, so waiting for a ticket waits for every
 // earlier one too. An exception in a task is rethrown by every later wait.
 // Memory per owned state element: host fp32 master + m + v + grad staging (16 B); device:

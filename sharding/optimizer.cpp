@@ -346,12 +346,15 @@ void ShardedAdamW::step(double lr_scale, const std::string& ctx) {
 }
 
 // Offload (offload.h): per unit, the gradients to host staging, then one queued host update
-// (blocked kernel + write-back). Replicated / ZeRO-1 units first (a forward waits for all of
-// them before its first unit), then the FSDP units in unit order (each waited by its gather).
+// (blocked kernel + write-back). ZeRO-1 units first (at world > 1 step() waits for them: their
+// all-gather sends the update), then the replicated ones (a forward waits for all of these
+// before its first unit), then the FSDP units in unit order (each waited by its gather).
 void ShardedAdamW::step_offload(double lr_scale, const std::string& ctx) {
   std::vector<Group*> order;
   for (auto& g : groups_)
-    if (g.fsdp == nullptr) order.push_back(&g);
+    if (g.zero1) order.push_back(&g);
+  for (auto& g : groups_)
+    if (g.fsdp == nullptr && !g.zero1) order.push_back(&g);
   for (auto& g : groups_)
     if (g.fsdp != nullptr) order.push_back(&g);
   for (Group* gp : order) {
