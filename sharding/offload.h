@@ -16,6 +16,7 @@
 //      (FsdpEngine::set_before_gather), the first unit call of a forward for the replicated /
 //      ZeRO-1 units (PolicyRunner::set_before_call), and ShardedAdamW::wait() for all of them
 //      (next step / clip, state_slices, load_state, the trainer's eval).
+// The host reads only its staged gradient copies, so zero_grad() right after step() is safe.
 // Not overlapped: ZeRO-1 units at world > 1, whose all-gather inside step() sends the update
 // (they are queued first, and step() waits for them only).
 // Tasks run in submission order on one thread, so waiting for a ticket waits for every

@@ -2,9 +2,9 @@
 // sees no CUDA device). World 1 on cuda:0, the tiny model (text only: frozen vision, the
 // LLM fsdp full_shard, model.norm ddp), 3 steps with the grad clip active:
 //   - fp32: offload (host AdamW on pinned masters / moments, non-blocking copies, events)
-//     equals the on-device optimizer (CUDA fused AdamW) within 1e-6 absolute on every
-//     parameter and 1e-6 relative on the losses (the two kernels round differently by a
-//     few fp32 ulps per step);
+//     equals the on-device optimizer (CUDA fused AdamW) within 1e-5 absolute on every
+//     parameter and 1e-5 relative on the losses (the two kernels round differently by a
+//     few fp32 ulps per step; the FSDP tests hold the reference to the same 1e-5);
 //   - bf16: the losses within 1e-3 relative (a master that differs by an fp32 ulp can round
 //     to the neighbouring bf16 value);
 //   - the device holds no optimizer state with offload (MemoryReport), the host does.
@@ -73,14 +73,14 @@ TEST(OffloadCuda, EqualsOnDeviceOptimizer) {
   for (torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
     const OffloadCudaRun want = offload_cuda_run(dims, dtype, false);
     const OffloadCudaRun got = offload_cuda_run(dims, dtype, true);
-    const double loss_tol = dtype == torch::kFloat32 ? 1e-6 : 1e-3;
+    const double loss_tol = dtype == torch::kFloat32 ? 1e-5 : 1e-3;
     for (size_t s = 0; s < want.losses.size(); ++s)
       EXPECT_NEAR(got.losses[s], want.losses[s], loss_tol * std::abs(want.losses[s])) << "step " << s;
     double worst = 0;
     for (size_t i = 0; i < want.params.size(); ++i)
       worst = std::max(worst, (got.params[i] - want.params[i]).abs().max().item<double>());
     if (dtype == torch::kFloat32) {
-      EXPECT_LE(worst, 1e-6);
+      EXPECT_LE(worst, 1e-5);
     }
     EXPECT_GT(want.memory.optim_bytes, 0);
     EXPECT_EQ(got.memory.optim_bytes, 0);

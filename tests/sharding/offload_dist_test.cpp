@@ -193,8 +193,9 @@ void check_overlap_case(ParallelDims& dims, const OffloadCase& oc) {
   EXPECT_LT(got.max_step_s, (zero1_waits ? 2 : 1) * kDelayMs / 1000.0) << tag << ": step() waited for other tasks";
   // The next forward waited for every update it reads.
   expect_bitwise(got, want, tag);
-  std::printf("%s: %lld host tasks pending right after step() over %d steps, longest step() %.3f s\n", tag.c_str(),
-              static_cast<long long>(got.pending_after_step), kOffloadSteps, got.max_step_s);
+  std::printf("%s: %lld host tasks pending right after step() over %d steps, longest step() %.3f s (on-device "
+              "optimizer: %.3f s)\n", tag.c_str(), static_cast<long long>(got.pending_after_step), kOffloadSteps,
+              got.max_step_s, want.max_step_s);
 }
 
 // Cases 0 and 2: in case 0 the FSDP vision blocks run first (their gathers wait: the
