@@ -56,11 +56,19 @@ void copy_back(const std::vector<torch::Tensor>& dst, const std::vector<torch::T
   c10::cuda::CUDAGuard guard(device);
   c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
   c10::cuda::CUDAStreamGuard on_side(side);
+  std::vector<torch::Tensor> staged;  // alive until the copies are done
   for (size_t i = 0; i < dst.size(); ++i) {
     VLM_ASSERT(dst[i].device() == device, "offload copy_back: targets on ", device.str(), " and ",
                dst[i].device().str());
-    // Pinned fp32 -> device fp32 is one DMA; copy_ converts to a low-precision target's dtype.
-    dst[i].copy_(src[i], /*non_blocking=*/true);
+    torch::Tensor from = src[i];
+    if (from.scalar_type() != dst[i].scalar_type()) {
+      // A low-precision parameter: round on the host into pinned memory (half the bytes
+      // over the bus, and the copy stays asynchronous).
+      staged.push_back(torch::empty(from.sizes(), from.options().dtype(dst[i].scalar_type()).pinned_memory(true)));
+      staged.back().copy_(from);
+      from = staged.back();
+    }
+    dst[i].copy_(from, /*non_blocking=*/true);
   }
   side.synchronize();  // done before the task counts as done: the next gather reads dst
 }

@@ -65,7 +65,9 @@ class CopyFence {
 
 // dst[i] = src[i] (host fp32 masters -> device parameters in their dtype), done when this
 // returns: CPU one foreach copy (the on-device optimizer's write-back, same rounding); CUDA
-// non-blocking copies on a side stream of dst's device, then that stream is synchronised.
+// non-blocking copies from pinned memory (low-precision targets rounded on the host into a
+// pinned staging tensor first) on a side stream of dst's device, then that stream is
+// synchronised.
 void copy_back(const std::vector<torch::Tensor>& dst, const std::vector<torch::Tensor>& src);
 
 // One background thread that runs the host updates in submission order.
