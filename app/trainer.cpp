@@ -191,10 +191,7 @@ int64_t total_steps(const Recipe& r, int64_t steps_per_epoch) {
 
 TrainSummary run_training(const Recipe& recipe) {
   // ---------------------------------------------------------------- processes
-  vlm::sharding::ParallelOptions po;
-  po.timeout = std::chrono::milliseconds(static_cast<int64_t>(recipe.dist.timeout_s * 1000));
-  po.device = recipe.dist.device;
-  po.backend = recipe.dist.backend;
+  const vlm::sharding::ParallelOptions po = parallel_options(recipe);
   const auto env = vlm::sharding::detect_dist_env(vlm::sharding::process_env());
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {  // one share of the cores per local rank
     const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -217,6 +214,10 @@ TrainSummary run_training(const Recipe& recipe) {
       if (dims.distributed())
         spdlog::info("comm: data plane {}, one group per lane (main, fsdp-gather, fsdp-reduce, ddp) | control plane {}",
                      dims.comm().transport(), comm.transport());
+      if (dims.has_mesh())
+        spdlog::info("mesh: dp_replicate {} x dp_shard {}: hybrid_shard units are sharded within groups of {} "
+                     "consecutive ranks and their gradients all-reduced across {} replicas",
+                     dims.dp_replicate(), dims.dp_shard(), dims.dp_shard(), dims.dp_replicate());
       spdlog::info("resolved recipe:\n{}", to_toml(recipe));
       spdlog::info("resolved recipe saved to {}", save_resolved_recipe(recipe, out_dir));
     }
