@@ -512,6 +512,14 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
   // (a node's under torchrun / Slurm when dp_shard = LOCAL_WORLD_SIZE), the replicate groups
   // take every dp_shard-th rank.
   if (opts.mesh) {
+    // Every rank must derive the same mesh (dp_shard 0 follows LOCAL_WORLD_SIZE, which may
+    // differ between nodes): agree on it before any rank creates a group of it.
+    torch::Tensor d = torch::tensor({static_cast<double>(p.dp_shard_), -static_cast<double>(p.dp_shard_)}, torch::kFloat64);
+    p.control_->all_reduce(d, ReduceOp::kMax, "agree on the mesh (dist.dp_shard)");
+    VLM_CHECK(d[0].item<double>() == -d[1].item<double>(), who, ": the ranks derive different mesh shapes: dp_shard is ",
+              p.dp_shard_, " here, between ", -d[1].item<double>(), " and ", d[0].item<double>(), " over the ranks",
+              opts.dp_shard > 0 ? "" : " (dist.dp_shard = 0 follows LOCAL_WORLD_SIZE, which differs between nodes)",
+              " (hint: set dist.dp_shard explicitly, the same on every node)");
     const int replica = p.replica(), shard_rank = p.shard_rank();
     const int dp_shard = p.dp_shard_, dp_replicate = p.dp_replicate();
     for (int k = 0; k < 2; ++k) {

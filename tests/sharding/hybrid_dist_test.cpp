@@ -16,8 +16,9 @@
 //   - checkpoint state written at 2 x 2 covers every vector exactly once (the test reader
 //     fails on overlaps or gaps) and resumes at world 2 full_shard (another mesh, another
 //     strategy) into the same trajectory as the reference.
-// Without processes: a dp_shard that does not divide the world size is refused, and
-// apply_policies refuses hybrid_shard units without a mesh.
+// Ranks that derive different mesh shapes stop with an error naming it (world 2). Without
+// processes: a dp_shard that does not divide the world size is refused, and apply_policies
+// refuses hybrid_shard units without a mesh.
 #include <gtest/gtest.h>
 
 #include "sharding/memory_plan.h"
@@ -168,6 +169,24 @@ TEST(HybridDist, CheckpointFromTwoByTwoResumesAtWorld2) {
   }
   launch(2, "HybridDist.DISABLED_ResumeWorker", 240);
   fs::remove_all(ckpt_dir());
+}
+
+// Rank 0 asks for dp_shard 1, rank 1 for 2 (as dp_shard = 0 would on nodes with different
+// LOCAL_WORLD_SIZE): both stop with the same clear error instead of hanging in group set-up.
+TEST(HybridDist, DISABLED_MismatchWorker) {
+  VLM_DIST_WORKER_ONLY();
+  try {
+    init_fsdp_worker();
+    FAIL() << "expected an error";
+  } catch (const vlm::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the ranks derive different mesh shapes: dp_shard is"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(HybridDist, MeshShapesMustAgreeWorld2) {
+  launch(2, "HybridDist.DISABLED_MismatchWorker", 60,
+         [](int rank) { return std::vector<std::string>{rank == 0 ? "VLMTEST_DP_SHARD=1" : "VLMTEST_DP_SHARD=2"}; });
 }
 
 TEST(HybridMesh, DpShardMustDivideTheWorld) {
