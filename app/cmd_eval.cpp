@@ -116,10 +116,8 @@ int eval(const EvalArgs& a) {
   opts.output_dir = out_dir ? *out_dir : recipe.run.output_dir + "/eval";
 
   namespace sh = vlm::sharding;
-  sh::ParallelOptions popts;
-  popts.timeout = std::chrono::milliseconds(static_cast<int64_t>(recipe.dist.timeout_s * 1000));
-  popts.device = recipe.dist.device;
-  popts.backend = recipe.dist.backend;
+  sh::ParallelOptions popts = parallel_options(recipe);
+  popts.mesh = false;  // eval replicates the model (no sharding policies)
   sh::ParallelDims dims = sh::ParallelDims::from_environment(popts);
   init_logging(dims.rank(), dims.world_size(), recipe.log.level, recipe.log.all_ranks);
   if (dims.distributed()) spdlog::info("{}", dims.env().describe());

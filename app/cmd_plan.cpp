@@ -1,12 +1,13 @@
 // `vlmtrain plan`: build the model on the meta device (no weights, no memory) and print
 // every unit. Two modes:
 //   plan --preset NAME            units and parameter counts only
-//   plan RECIPE [--preset NAME] [--world-size N]
+//   plan RECIPE [--preset NAME] [--world-size N] [--nproc-per-node L]
 //                                 the policy table resolved over the units: policy,
 //                                 strategy, parameters, bytes per rank for params / grads /
 //                                 optimizer state (sharding/memory_plan.h formulas) under
 //                                 the recipe's precision, activation checkpointing, totals
-//                                 per rank and warnings.
+//                                 per rank, traffic per rank and link class (within a node /
+//                                 across nodes, sharding/traffic_plan.h) and warnings.
 #include <cstdio>
 #include <iostream>
 
@@ -18,6 +19,7 @@
 #include "sharding/memory_plan.h"
 #include "sharding/offload.h"
 #include "sharding/policy.h"
+#include "sharding/traffic_plan.h"
 #include "vlm/check.h"
 #include "vlm/config.h"
 #include "vlm/meta_init.h"
@@ -37,6 +39,7 @@ struct PlanArgs {
   RecipeArgs recipe;                   // optional: without it, --preset alone
   std::optional<std::string> preset;   // --preset NAME
   std::optional<long long> world_size; // --world-size N (with a RECIPE)
+  std::optional<long long> nproc_per_node;  // --nproc-per-node L (default: the world size, one node)
   bool json = false;
   bool leaves = false;                 // --leaves (with --preset alone)
 };
@@ -112,6 +115,20 @@ int plan_recipe(const PlanArgs& a) {
               "integer, got '", *a.world_size, "'");
     world = static_cast<int>(*a.world_size);
   }
+  int local_world = world;
+  if (a.nproc_per_node) {
+    VLM_CHECK(*a.nproc_per_node >= 1 && *a.nproc_per_node <= world && world % *a.nproc_per_node == 0,
+              "vlmtrain plan: --nproc-per-node: expected a divisor of the world size ", world, ", got ",
+              *a.nproc_per_node);
+    local_world = static_cast<int>(*a.nproc_per_node);
+  }
+  sh::MeshShape mesh{world, 0, local_world};
+  if (uses_hybrid_shard(recipe)) {
+    mesh.dp_shard = recipe.dist.dp_shard > 0 ? static_cast<int>(recipe.dist.dp_shard) : local_world;
+    VLM_CHECK(mesh.dp_shard <= world && world % mesh.dp_shard == 0, recipe.source, ": dist.dp_shard = ",
+              mesh.dp_shard, recipe.dist.dp_shard > 0 ? "" : " (--nproc-per-node)", " does not divide the world size ",
+              world, " (hint: hybrid_shard needs dp_shard | world size)");
+  }
   std::string source;
   vlm::VlmConfig cfg;
   if (preset_name) {
@@ -136,9 +153,14 @@ int plan_recipe(const PlanArgs& a) {
   sh::attach_lora(*model, opts);
   const auto units = sh::resolve_units(*model, opts);
   const sh::ParamCounts counts = sh::count_params(units);
-  sh::MemoryPlan mem =
-      sh::plan_memory(units, world, opts.param_dtype, opts.reduce_dtype, opts.fsdp_accumulate_unsharded);
+  sh::MemoryPlan mem = sh::plan_memory(units, world, opts.param_dtype, opts.reduce_dtype,
+                                       opts.fsdp_accumulate_unsharded, mesh.dp_shard);
   if (opts.optimizer_offload) sh::plan_offload(mem, units);  // optimizer bytes -> host
+  std::vector<std::pair<std::string, std::string>> call_order;
+  for (const auto& u : model->units())
+    call_order.emplace_back(u.path, u.shares_params_with.empty() ? u.path : u.shares_params_with);
+  const sh::TrafficPlan traffic = sh::plan_traffic(units, call_order, mesh, opts.param_dtype, opts.reduce_dtype,
+                                                   opts.fsdp_accumulate_unsharded);
   const int64_t total = vlm::count_parameters(*model);
   const char* pdtype = recipe.precision.param_dtype.c_str();
 
@@ -148,6 +170,7 @@ int plan_recipe(const PlanArgs& a) {
     j["model"] = source;
     j["family"] = vlm::family_name(cfg.family);
     j["world_size"] = world;
+    j["mesh"] = {{"nproc_per_node", local_world}, {"dp_shard", mesh.shard()}, {"dp_replicate", mesh.replicate()}};
     j["param_dtype"] = recipe.precision.param_dtype;
     j["reduce_dtype"] = recipe.precision.reduce_dtype;
     j["total_params"] = total;
@@ -172,6 +195,16 @@ int plan_recipe(const PlanArgs& a) {
     j["reduce_scatter_peak_bytes"] = mem.reduce_scatter_peak_bytes;
     j["unsharded_accum_bytes"] = mem.unsharded_accum_bytes;
     j["peak_bytes"] = mem.peak_bytes();
+    auto& ops = j["traffic"]["ops"] = nlohmann::json::array();
+    for (const auto& o : traffic.ops)
+      ops.push_back({{"unit", o.unit}, {"op", o.op}, {"group", sh::comm_group_name(o.group)},
+                     {"inter_node", o.inter_node}, {"bytes", o.bytes}, {"per_micro_batch", o.per_micro_batch},
+                     {"per_step", o.per_step}});
+    j["traffic"]["step_1mb"] = {{"intra_node_bytes", traffic.intra_node_bytes(1)},
+                                {"inter_node_bytes", traffic.inter_node_bytes(1)}};
+    j["traffic"]["per_extra_micro_batch"] = {
+        {"intra_node_bytes", traffic.intra_node_bytes(2) - traffic.intra_node_bytes(1)},
+        {"inter_node_bytes", traffic.inter_node_bytes(2) - traffic.inter_node_bytes(1)}};
     j["warnings"] = mem.warnings;
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -213,6 +246,24 @@ int plan_recipe(const PlanArgs& a) {
     std::printf("optimizer_offload: optimizer state in host memory (pinned on CUDA: fp32 master, m, v and grad "
                 "staging) %s per rank; device memory saved %s per rank (optim/rank above is what stays)\n",
                 sh::human_bytes(mem.total.host_optim_bytes).c_str(), sh::human_bytes(mem.offload_saved_bytes).c_str());
+  if (world > 1) {
+    std::printf("\ntraffic per rank and step (ring volumes; %d node%s x %d ranks", world / local_world,
+                world / local_world == 1 ? "" : "s", local_world);
+    if (uses_hybrid_shard(recipe))
+      std::printf("; mesh dp_replicate %d x dp_shard %d", mesh.replicate(), mesh.shard());
+    std::printf("): within a node %s + %s per extra micro-batch, across nodes %s + %s per extra micro-batch\n",
+                sh::human_bytes(traffic.intra_node_bytes(1)).c_str(),
+                sh::human_bytes(traffic.intra_node_bytes(2) - traffic.intra_node_bytes(1)).c_str(),
+                sh::human_bytes(traffic.inter_node_bytes(1)).c_str(),
+                sh::human_bytes(traffic.inter_node_bytes(2) - traffic.inter_node_bytes(1)).c_str());
+    for (sh::CommGroup g : {sh::CommGroup::kWorld, sh::CommGroup::kShard, sh::CommGroup::kReplicate}) {
+      const double b = traffic.group_bytes(g, 1);
+      if (b > 0)
+        std::printf("  %-9s group %s: %s per step of one micro-batch\n", sh::comm_group_name(g),
+                    sh::TrafficPlan::spans_nodes(mesh, g) ? "(across nodes)" : "(within a node)",
+                    sh::human_bytes(b).c_str());
+    }
+  }
   std::printf("\nparams: total %s, trainable %s (%.4f%%)\n", with_commas(total).c_str(),
               with_commas(counts.trainable).c_str(), total > 0 ? 100.0 * counts.trainable / total : 0.0);
   for (const auto& warning : mem.warnings) std::printf("warning: %s\n", warning.c_str());
@@ -223,7 +274,7 @@ int plan_recipe(const PlanArgs& a) {
 
 CommandRun declare_plan(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
-  app.description(R"(usage: vlmtrain plan RECIPE [--preset NAME] [--world-size N] [--json] [--set KEY=VALUE]...
+  app.description(R"(usage: vlmtrain plan RECIPE [--preset NAME] [--world-size N] [--nproc-per-node L] [--json] [--set KEY=VALUE]...
        vlmtrain plan --preset NAME [--json] [--leaves]
 
 Builds the model on the meta device and prints every module with its parameter count,
@@ -234,6 +285,9 @@ policy and bytes per rank, plus totals.
   for (const auto& n : vlm::preset_names()) presets += (presets.empty() ? "" : ", ") + n;
   add_value(app, "--preset", a->preset, "NAME", "model preset (every registered family): " + presets);
   add_value(app, "--world-size", a->world_size, "N", "ranks to plan for (default 1)");
+  add_value(app, "--nproc-per-node", a->nproc_per_node, "L",
+            "ranks per node (default: the world size, one node): the link class of each\n"
+            "collective's group, and hybrid_shard's shard group when dist.dp_shard = 0");
   add_flag(app, "--json", a->json,
            "one JSON object: preset, total_params, vision_params (incl. merger),\n"
            "merger_params (merger and DeepStack mergers), llm_params, modules [{path, params}]; with a RECIPE\n"
@@ -242,14 +296,17 @@ policy and bytes per rank, plus totals.
            "rule, params, trainable, param_bytes, grad_bytes, optim_bytes, total_bytes,\n"
            "host_optim_bytes, activation_checkpointing}], totals {...}, gathered_peak_bytes,\n"
            "reduce_scatter_peak_bytes, unsharded_accum_bytes, peak_bytes, optimizer_offload,\n"
-           "offload_saved_bytes, warnings");
+           "offload_saved_bytes, mesh {nproc_per_node, dp_shard, dp_replicate}, traffic {ops [{unit,\n"
+           "op, group, inter_node, bytes, per_micro_batch, per_step}], step_1mb,\n"
+           "per_extra_micro_batch}, warnings");
   add_flag(app, "--leaves", a->leaves, "list every parameter-owning layer instead of the sharding units");
   app.footer(R"(Bytes per rank as the engine allocates them (P unit parameters, N ranks, p / r bytes of
 precision.param_dtype / reduce_dtype, S = ceil(P/N); sharding/memory_plan.h):
   freeze pP | ddp pP + grads + 12P (bf16; fp32: 8P); grads = rP (the bucket, where they
   accumulate) when r > p (bf16 params, fp32 reduce), else (p + r)P (.grad + bucket)
   ddp shard_optimizer: optimizer state S*12 | fsdp shard_grad_op and full_shard: params S*p,
-  fp32 grads S*4, optimizer S*12; shard_grad_op units are gathered whole during the step
+  fp32 grads S*4, optimizer S*12 (hybrid_shard: the same with N = dist.dp_shard, the shard
+  group); shard_grad_op units are gathered whole during the step
   (transient). Transient peaks: gathered flat buffers, reduce-scatter buffers in flight.
   lora: a unit with adapters shows as two rows: <unit> (the frozen base: pP, or S*p with
   strategy = "full_shard") and <unit>+lora (the adapters, trained like ddp).

@@ -5,12 +5,14 @@
 #include "app/cli.h"
 #include "vlm/check.h"
 #include "vlm/host_malloc.h"
+#include "vlm/tensor_memory.h"
 
 int main(int argc, char** argv) {
   // Line-buffered stdout even into a pipe (launchers, `tee`, log collectors), so a rank's
   // lines appear as they are printed and interleave with stderr in order.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   vlm::tune_host_malloc();  // before the first large allocation; logged by `train`
+  vlm::TensorMemoryMeter::install();  // CPU tensor bytes (the step log's mem on CPU)
   try {
     return vlmtrain::run_cli(argc, argv);
   } catch (const vlm::Error& e) {

@@ -235,7 +235,9 @@ struct ActivationCheckpointingSection {
 struct ShardingRule {
   std::string match;      // globs on module paths, '|' = or: "visual.blocks.*|visual.patch_embed"
   std::string policy;     // freeze | ddp | fsdp | lora
-  std::string strategy;   // fsdp: full_shard | shard_grad_op | no_shard; ddp: "" | shard_optimizer;
+  std::string strategy;   // fsdp: full_shard | shard_grad_op | hybrid_shard (full_shard within
+                          // groups of dist.dp_shard ranks, replicated across them) | no_shard;
+                          // ddp: "" | shard_optimizer;
                           // freeze and lora: "" | no_shard (replicated) | full_shard (the frozen
                           // weights sharded, gathered for forward and backward)
   // policy = "lora" only (sharding/lora.h; PEFT's LoraConfig names in brackets):
@@ -248,7 +250,7 @@ struct ShardingRule {
   template <class V> void fields(V& v) {
     v("match", match);
     v("policy", policy, Choice{{"freeze", "ddp", "fsdp", "lora"}});
-    v("strategy", strategy, Choice{{"", "full_shard", "shard_grad_op", "no_shard", "shard_optimizer"}});
+    v("strategy", strategy, Choice{{"", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard", "shard_optimizer"}});
     v("r", r, Range{1, 1e6});
     v("alpha", alpha, Range{0, 1e9, true});
     v("dropout", dropout, Range{0, 0.999});
@@ -273,7 +275,7 @@ struct ShardingSection {
   template <class V> void fields(V& v) {
     v("default", default_policy, Choice{{"freeze", "ddp", "fsdp"}});
     v("default_strategy", default_strategy,
-      Choice{{"", "full_shard", "shard_grad_op", "no_shard", "shard_optimizer"}});
+      Choice{{"", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard", "shard_optimizer"}});
     v("ddp_bucket_mb", ddp_bucket_mb, Range{0.001, 1e5});
     v("fsdp_accumulate", fsdp_accumulate, Choice{{"sharded", "unsharded"}});
     v("optimizer_offload", optimizer_offload);
@@ -285,11 +287,15 @@ struct DistSection {
   std::string backend = "auto";   // auto (nccl on CUDA, gloo on CPU) | gloo | nccl
   std::string device = "auto";    // auto (cuda when available) | cpu | cuda
   double timeout_s = 600;         // every collective and the rendezvous
+  int64_t dp_shard = 0;           // hybrid_shard units: ranks per shard group (mesh dp_replicate x
+                                  // dp_shard); 0 = the ranks of one node (LOCAL_WORLD_SIZE); must
+                                  // divide the world size
 
   template <class V> void fields(V& v) {
     v("backend", backend, Choice{{"auto", "gloo", "nccl"}});
     v("device", device, Choice{{"auto", "cpu", "cuda"}});
     v("timeout_s", timeout_s, Range{1, 1e6});
+    v("dp_shard", dp_shard, Range{0, 1e6});
   }
 };
 

@@ -72,12 +72,13 @@ void Recipe::validate(Purpose purpose) const {
     if (policy == "freeze") ok = strategy.empty() || strategy == "full_shard" || strategy == "no_shard";
     else if (policy == "ddp") ok = strategy.empty() || strategy == "shard_optimizer";
     else if (policy == "fsdp") ok = strategy.empty() || strategy == "full_shard" ||
-                                   strategy == "shard_grad_op" || strategy == "no_shard";
+                                   strategy == "shard_grad_op" || strategy == "hybrid_shard" ||
+                                   strategy == "no_shard";
     else if (policy == "lora") ok = strategy.empty() || strategy == "full_shard" || strategy == "no_shard";
     if (!ok)
       throw vlm::Error(location(where_key) + ": key '" + key + "': strategy \"" + strategy +
                        "\" does not apply to policy \"" + policy +
-                       "\" (fsdp: full_shard | shard_grad_op | no_shard; ddp: shard_optimizer; "
+                       "\" (fsdp: full_shard | shard_grad_op | hybrid_shard | no_shard; ddp: shard_optimizer; "
                        "freeze and lora: full_shard (the frozen weights sharded) | no_shard)");
   };
   check_strategy(sharding.default_policy, sharding.default_strategy, "sharding.default_strategy",

@@ -43,4 +43,21 @@ vlm::sharding::ShardingOptions sharding_options(const Recipe& recipe) {
   return o;
 }
 
+bool uses_hybrid_shard(const Recipe& recipe) {
+  if (recipe.sharding.default_strategy == "hybrid_shard") return true;
+  for (const auto& r : recipe.sharding.module)
+    if (r.strategy == "hybrid_shard") return true;
+  return false;
+}
+
+vlm::sharding::ParallelOptions parallel_options(const Recipe& recipe) {
+  vlm::sharding::ParallelOptions po;
+  po.timeout = std::chrono::milliseconds(static_cast<int64_t>(recipe.dist.timeout_s * 1000));
+  po.device = recipe.dist.device;
+  po.backend = recipe.dist.backend;
+  po.mesh = uses_hybrid_shard(recipe);
+  po.dp_shard = static_cast<int>(recipe.dist.dp_shard);
+  return po;
+}
+
 }  // namespace vlmtrain

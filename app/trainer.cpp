@@ -24,6 +24,7 @@
 #include "app/perf_counters.h"
 #include "app/progress.h"
 #include "app/sharding_options.h"
+#include "sharding/memory_plan.h"
 #include "app/tensorboard.h"
 #include "app/train_data.h"
 #include "data/synth_ocr.h"
@@ -191,10 +192,7 @@ int64_t total_steps(const Recipe& r, int64_t steps_per_epoch) {
 
 TrainSummary run_training(const Recipe& recipe) {
   // ---------------------------------------------------------------- processes
-  vlm::sharding::ParallelOptions po;
-  po.timeout = std::chrono::milliseconds(static_cast<int64_t>(recipe.dist.timeout_s * 1000));
-  po.device = recipe.dist.device;
-  po.backend = recipe.dist.backend;
+  const vlm::sharding::ParallelOptions po = parallel_options(recipe);
   const auto env = vlm::sharding::detect_dist_env(vlm::sharding::process_env());
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {  // one share of the cores per local rank
     const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -217,6 +215,10 @@ TrainSummary run_training(const Recipe& recipe) {
       if (dims.distributed())
         spdlog::info("comm: data plane {}, one group per lane (main, fsdp-gather, fsdp-reduce, ddp) | control plane {}",
                      dims.comm().transport(), comm.transport());
+      if (dims.has_mesh())
+        spdlog::info("mesh: dp_replicate {} x dp_shard {}: hybrid_shard units are sharded within groups of {} "
+                     "consecutive ranks and their gradients all-reduced across {} replicas",
+                     dims.dp_replicate(), dims.dp_shard(), dims.dp_shard(), dims.dp_replicate());
       spdlog::info("resolved recipe:\n{}", to_toml(recipe));
       spdlog::info("resolved recipe saved to {}", save_resolved_recipe(recipe, out_dir));
     }
@@ -246,13 +248,22 @@ TrainSummary run_training(const Recipe& recipe) {
     if (main) {
       const vlm::sharding::MemoryReport m0 = sm->memory();
       const vlm::sharding::ParamCounts pc = vlm::sharding::count_params(sm->unit_table());
+      const vlm::sharding::ShardingOptions so = sharding_options(recipe);
+      vlm::sharding::MemoryPlan plan =
+          vlm::sharding::plan_memory(sm->unit_table(), world, so.param_dtype, so.reduce_dtype,
+                                     so.fsdp_accumulate_unsharded, dims.has_mesh() ? dims.dp_shard() : 0);
+      if (so.optimizer_offload) vlm::sharding::plan_offload(plan, sm->unit_table());  // optimizer bytes -> host
       spdlog::info("unit table:\n{}params: total {}, trainable {}\nmemory per rank: params {} + grads {} + "
-                   "optimizer {} (persistent){}",
+                   "optimizer {} (persistent){}; plan: {} persistent + {} transient (gathered units, reduce-scatter "
+                   "buffers, unsharded sums) = {} before activations; the step log's mem is the measured peak "
+                   "of tensor bytes on the device",
                    vlm::sharding::unit_table_text(sm->unit_table()), pc.total, pc.trainable,
                    human_bytes(m0.param_bytes), human_bytes(m0.grad_bytes), human_bytes(m0.optim_bytes),
                    m0.host_optim_bytes > 0 ? fmt::format("; optimizer state in host memory {} (sharding.optimizer_offload)",
                                                          human_bytes(m0.host_optim_bytes))
-                                           : std::string());
+                                           : std::string(),
+                   human_bytes(plan.total.total()), human_bytes(plan.peak_bytes() - plan.total.total()),
+                   human_bytes(plan.peak_bytes()));
       for (const auto& n : sm->notes()) spdlog::warn("{}", n);
     }
 
@@ -367,6 +378,7 @@ TrainSummary run_training(const Recipe& recipe) {
     std::unique_ptr<Staged> staged;
 
     // ---------------------------------------------------------------- the step loop
+    device_ctx.reset_peak();  // the step log's mem: peak tensor bytes over each logging window
     while (st.step < steps_total) {
       const auto t0 = std::chrono::steady_clock::now();
       const std::string ctx = fmt::format("step {}", st.step + 1);
@@ -469,6 +481,7 @@ TrainSummary run_training(const Recipe& recipe) {
       if (st.step % recipe.log.every == 0 || st.step == steps_total) {
         const double mfu = peak > 0 ? window_flops / (window_seconds * peak * world) : 0;
         const vlm::sharding::MemoryReport mem = sm->memory();  // this rank's bytes (rank 0 logs)
+        const int64_t tensor_peak = device_ctx.memory().peak_allocated;  // device tensors, this window
         const double epoch = static_cast<double>(st.cursor.epoch) +
                              static_cast<double>(st.cursor.offset) / static_cast<double>(data.dataset_size());
         nlohmann::json j = {{"step", st.step},
@@ -486,6 +499,7 @@ TrainSummary run_training(const Recipe& recipe) {
                             {"data_wait_pct", 100.0 * window_wait / window_seconds},
                             {"micro_batches", sd.micro_batches.size()},
                             {"peak_rss_bytes", peak_rss_bytes()},
+                            {"tensor_peak_bytes", tensor_peak},
                             {"mem_params_bytes", mem.param_bytes},
                             {"mem_grads_bytes", mem.grad_bytes},
                             {"mem_optim_bytes", mem.optim_bytes},
@@ -502,9 +516,11 @@ TrainSummary run_training(const Recipe& recipe) {
                        st.step, steps_total, epoch, loss, gnorm, lr, window_tokens / window_seconds,
                        window_images / window_seconds, window_samples / window_seconds,
                        100 * window_padding.fraction(), 100 * mfu,
-                       human_bytes(static_cast<double>(peak_rss_bytes())), 100.0 * window_wait / window_seconds,
+                       human_bytes(static_cast<double>(tensor_peak > 0 ? tensor_peak : peak_rss_bytes())),
+                       100.0 * window_wait / window_seconds,
                        human_seconds(bar.eta_seconds(st.step)), bad ? " | SKIPPED" : "");
         metrics.write(j);
+        device_ctx.reset_peak();
         window_seconds = window_wait = window_flops = 0;
         window_steps = window_tokens = window_images = window_samples = 0;
         window_padding = {};

@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "vlm/check.h"
+#include "vlm/tensor_memory.h"
 
 namespace vlm::sharding {
 
@@ -33,11 +34,18 @@ void DeviceContext::bind_thread() const {
 }
 
 DeviceMemory DeviceContext::memory() const {
-  if (!device_.is_cuda()) return {};
+  if (!device_.is_cuda()) return {TensorMemoryMeter::live_bytes(), TensorMemoryMeter::peak_bytes(), 0};
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
   const auto& all = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
   const auto& reserved = stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
   return {all.current, all.peak, reserved.current};
+}
+
+void DeviceContext::reset_peak() const {
+  if (device_.is_cuda())
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index());
+  else
+    TensorMemoryMeter::reset_peak();
 }
 
 torch::Tensor DeviceContext::to_device(const torch::Tensor& host) {

@@ -24,9 +24,11 @@
 namespace vlm::sharding {
 
 // Device memory of a rank, from the CUDA caching allocator (zeros on CPU).
+// Tensor bytes on the rank's device: on CUDA the caching allocator's statistics, on the CPU
+// vlm::TensorMemoryMeter's (zeros unless it is installed, as vlmtrain's main does).
 struct DeviceMemory {
   int64_t allocated = 0;       // bytes in tensors now
-  int64_t peak_allocated = 0;  // their peak since the process started
+  int64_t peak_allocated = 0;  // their peak since the process started or reset_peak()
   int64_t reserved = 0;        // bytes the allocator holds from the driver now
 };
 
@@ -50,6 +52,8 @@ class DeviceContext {
   vlm::Batch to_device(const vlm::Batch& host);
 
   DeviceMemory memory() const;
+  // Starts a new peak of DeviceMemory::peak_allocated (e.g. once per training step).
+  void reset_peak() const;
 
   // Bytes copied host -> device so far, and how many copies.
   int64_t copied_bytes() const { return copied_bytes_; }

@@ -41,7 +41,10 @@ struct UnitBackwardHook : public torch::autograd::Function<UnitBackwardHook> {
   }
 };
 
-bool frees_after_forward(Sharding s) { return s == Sharding::kFullShard || s == Sharding::kFrozenSharded; }
+// Everything but shard_grad_op frees its parameters between forward and backward.
+bool frees_after_forward(Sharding s) {
+  return s == Sharding::kFullShard || s == Sharding::kHybridShard || s == Sharding::kFrozenSharded;
+}
 
 // A released flat buffer's StorageImpl is told to throw on any data access with the unit's
 // message (release_data_and_set_meta_custom_data_ptr_error_msg_, LibTorch's own mechanism
@@ -93,18 +96,26 @@ double FsdpUnit::shard_grad_bytes() const {
 
 FsdpEngine::FsdpEngine(Comm& comm, Comm& reduce, const std::vector<UnitPlan>& units,
                        const std::vector<std::pair<std::string, std::string>>& call_order, torch::Dtype reduce_dtype,
-                       std::map<std::string, torch::Tensor> shards)
-    : comm_(comm), reduce_comm_(reduce), reduce_dtype_(reduce_dtype) {
+                       std::map<std::string, torch::Tensor> shards, HybridComms hybrid)
+    : reduce_dtype_(reduce_dtype) {
   VLM_CHECK(reduce.world_size() == comm.world_size() && reduce.rank() == comm.rank(),
             "fsdp: the gather and reduce comms span different ranks");
   torch::NoGradGuard no_grad;
-  const int64_t n = comm.world_size(), r = comm.rank();
   for (const auto& plan : units) {
-    if (plan.sharding != Sharding::kFullShard && plan.sharding != Sharding::kShardGradOp &&
-        plan.sharding != Sharding::kFrozenSharded)
-      continue;
+    if (!shards_params(plan.sharding)) continue;
     VLM_CHECK(!plan.params.empty(), "fsdp: unit ", plan.path, " has no parameters");
     auto u = std::make_unique<FsdpUnit>();
+    u->gather_comm_ = &comm;
+    u->reduce_comm_ = &reduce;
+    if (plan.sharding == Sharding::kHybridShard) {
+      VLM_CHECK(hybrid.gather != nullptr && hybrid.reduce != nullptr && hybrid.replicate != nullptr,
+                "fsdp: unit ", plan.path, " is hybrid_shard, but no mesh was set up (hint: ParallelOptions::mesh = "
+                "true; the trainer sets it when a rule uses hybrid_shard)");
+      u->gather_comm_ = hybrid.gather;
+      u->reduce_comm_ = hybrid.reduce;
+      if (hybrid.replicate->world_size() > 1) u->replicate_comm_ = hybrid.replicate;
+    }
+    const int64_t n = u->gather_comm_->world_size(), r = u->gather_comm_->rank();
     u->path_ = plan.path;
     u->sharding_ = plan.sharding;
     u->trainable_ = plan.trainable();
@@ -121,6 +132,14 @@ FsdpEngine::FsdpEngine(Comm& comm, Comm& reduce, const std::vector<UnitPlan>& un
     u->shard_ = (u->numel_ + n - 1) / n;
     u->lo_ = std::min(r * u->shard_, u->numel_);
     u->hi_ = std::min((r + 1) * u->shard_, u->numel_);
+    u->own_lo_ = u->lo_;
+    u->own_hi_ = u->hi_;
+    if (u->replicate_comm_ != nullptr) {  // this replica's share of R_r
+      const int64_t reps = u->replicate_comm_->world_size(), rep = u->replicate_comm_->rank();
+      const int64_t len = u->hi_ - u->lo_, part = (len + reps - 1) / reps;
+      u->own_lo_ = u->lo_ + std::min(rep * part, len);
+      u->own_hi_ = u->lo_ + std::min((rep + 1) * part, len);
+    }
     auto loaded = shards.find(plan.path);
     if (loaded != shards.end() && params_are_flat_slices(plan.params, n * u->shard_)) {
       // Sharded loading (sharded_load.h) laid the parameters out as slices of a flat buffer
@@ -189,6 +208,7 @@ FsdpEngine::~FsdpEngine() {
     try {
       u->gather_.wait();
       u->rs_.wait();
+      u->ar_.wait();
     } catch (...) {
     }
   }
@@ -218,7 +238,7 @@ void FsdpEngine::gather_async(FsdpUnit& u, const std::string& why) {
   gstats_.units += 1;
   gstats_.peak_bytes = std::max(gstats_.peak_bytes, gstats_.bytes);
   gstats_.peak_units = std::max(gstats_.peak_units, gstats_.units);
-  u.gather_ = comm_.all_gather_async(u.full_, u.local_, str(ctx_, ", fsdp ", why, " all-gather of unit ", u.path_));
+  u.gather_ = u.gather_comm_->all_gather_async(u.full_, u.local_, str(ctx_, ", fsdp ", why, " all-gather of unit ", u.path_));
 }
 
 void FsdpEngine::wait_gathered(FsdpUnit& u) {
@@ -328,7 +348,7 @@ void FsdpEngine::launch_ready(bool force) {
 void FsdpEngine::accumulate(FsdpUnit& u) {
   torch::NoGradGuard no_grad;
   if (!u.acc_.defined()) {
-    u.acc_ = torch::zeros({comm_.world_size() * u.shard_}, u.local_.options().dtype(reduce_dtype_));  // [N*S]
+    u.acc_ = torch::zeros({u.full_.numel()}, u.local_.options().dtype(reduce_dtype_));  // [N*S]
     gstats_.acc_bytes += static_cast<double>(u.acc_.numel() * u.acc_.element_size());
     gstats_.acc_peak_bytes = std::max(gstats_.acc_peak_bytes, gstats_.acc_bytes);
   }
@@ -362,8 +382,7 @@ void FsdpEngine::launch_rs(FsdpUnit& u) {
     gstats_.acc_bytes -= static_cast<double>(flat.numel() * flat.element_size());  // now counted as rs
     u.acc_ = torch::Tensor();
   } else {
-    const int64_t n = comm_.world_size();
-    flat = torch::zeros({n * u.shard_}, u.local_.options().dtype(reduce_dtype_));
+    flat = torch::zeros({u.full_.numel()}, u.local_.options().dtype(reduce_dtype_));  // [N*S]
     for (size_t k = 0; k < u.params_.size(); ++k) {
       torch::Tensor p = u.params_[k].param;
       const torch::Tensor& g = p.grad();
@@ -379,7 +398,7 @@ void FsdpEngine::launch_rs(FsdpUnit& u) {
   u.rs_nbytes_ = static_cast<double>((flat.numel() + u.rs_out_.numel()) * flat.element_size());
   gstats_.rs_bytes += u.rs_nbytes_;
   gstats_.rs_peak_bytes = std::max(gstats_.rs_peak_bytes, gstats_.rs_bytes);
-  u.rs_ = reduce_comm_.reduce_scatter_async(u.rs_out_, flat, ReduceOp::kSum,
+  u.rs_ = u.reduce_comm_->reduce_scatter_async(u.rs_out_, flat, ReduceOp::kSum,
                                      str(ctx_, ", fsdp reduce-scatter of unit ", u.path_));
   u.rs_launched_ = true;
   rs_inflight_.push_back(&u);
@@ -389,17 +408,30 @@ void FsdpEngine::launch_rs(FsdpUnit& u) {
 void FsdpEngine::complete_rs(FsdpUnit& u) {
   torch::NoGradGuard no_grad;
   u.rs_.wait();
+  const std::string what = str(ctx_, ", fsdp replicate all-reduce of unit ", u.path_);
+  // hybrid_shard, a second synced micro-batch in one step: the shard grad already holds
+  // sums over the replicas, so this contribution is all-reduced on its own.
+  if (u.replicate_comm_ != nullptr && u.replica_synced_) u.replicate_comm_->all_reduce(u.rs_out_, ReduceOp::kSum, what);
   u.grad_.add_(u.rs_out_);  // [S] fp32 += [S] reduce dtype (converted element-wise, no temporary)
   u.rs_out_ = torch::Tensor();
   u.rs_in_ = torch::Tensor();
   gstats_.rs_bytes -= u.rs_nbytes_;
   u.rs_nbytes_ = 0;
+  if (u.replicate_comm_ == nullptr || u.replica_synced_) return;
+  u.replica_pending_ = true;  // holds this replica's sums only
+  if (!sync_) return;         // the step's last micro-batch all-reduces them once
+  u.ar_ = u.replicate_comm_->all_reduce_async(u.grad_, ReduceOp::kSum, what);
+  u.replica_pending_ = false;
+  u.replica_synced_ = true;
+  ar_inflight_.push_back(&u);
 }
 
 void FsdpEngine::finish_backward(const std::string& ctx) {
   launch_ready(/*force=*/true);
   for (FsdpUnit* u : rs_inflight_) complete_rs(*u);
   rs_inflight_.clear();
+  for (FsdpUnit* u : ar_inflight_) u->ar_.wait();  // hybrid_shard: the replicas' sums
+  ar_inflight_.clear();
   for (FsdpUnit* u : rs_order_) {
     u->rs_launched_ = false;
     std::fill(u->fired_.begin(), u->fired_.end(), 0);
@@ -436,7 +468,16 @@ void FsdpEngine::zero_grad() {
       u->acc_ = torch::Tensor();
     }
     std::fill(u->had_grad_.begin(), u->had_grad_.end(), 0);
+    u->replica_pending_ = false;
+    u->replica_synced_ = false;
   }
+}
+
+void FsdpEngine::check_reduced(const std::string& ctx) const {
+  for (const auto& u : units_)
+    VLM_CHECK(!u->replica_pending_, ctx, ": the gradient of hybrid_shard unit ", u->path_,
+              " is not reduced across the replicas yet: the step's micro-batches all ran with set_sync(false) "
+              "(hint: set_sync(true) before the last micro-batch of a step, as the trainer does)");
 }
 
 void FsdpEngine::check_readable(const torch::Tensor& t, const std::string& what) const {

@@ -5,7 +5,7 @@
 // S = ceil(P / N) shard elements, R_r = [r*S, min((r+1)*S, P)) the owned range (the same
 // ceil split as optimizer.h's owned_range, padding only at the end of the last shards).
 //
-// One FsdpUnit per unit with sharding kFullShard, kShardGradOp or kFrozenSharded:
+// One FsdpUnit per unit with sharding kFullShard, kShardGradOp, kHybridShard or kFrozenSharded:
 //   full    [N*S]  param dtype  the gathered flat parameter; every parameter of the unit
 //                               is set_data() to a view of it. Its storage is released
 //                               (StorageImpl data pointer emptied, nbytes 0) while the unit
@@ -80,6 +80,18 @@
 // several later units (DeepStack mergers, a branched merger) is freed when its own backward
 // is over, whatever order autograd runs the branches in (tests/sharding/fsdp_branch_dist_test.cpp).
 //
+// Hybrid sharding (kHybridShard, HSDP): a full_shard unit whose N and r above are its shard group's (dp_shard
+// ranks, ParallelDims' mesh), whose own lanes carry its all-gathers and reduce-scatters. After
+// the reduce-scatter the [S] shard grad holds the sum over the group only; on the synced
+// micro-batch (set_sync(true), the last of a step) each unit's fp32 shard grad is all-reduced
+// (SUM) across the dp_replicate replicas of its shard, async, in reduce-scatter order, on the
+// replicate comm, and waited in finish_backward: one all-reduce of S x 4 bytes per unit and
+// step over the slow link, whatever the number of micro-batches. (If every micro-batch is
+// synced, each one all-reduces its own reduce-scatter output: correct, more traffic.) The
+// optimizer then updates the same shard identically on every replica. Every replica holds
+// the whole R_r: for the grad norm and checkpoints each counts / writes only its 1/dp_replicate
+// part of it, own_lo()..own_hi(), so nothing is counted or written twice.
+//
 // Eval / generation: under NoGradGuard each call gathers and frees its unit (every rank
 // must make the same calls, e.g. the same number of decoding steps); gather_all() keeps
 // everything gathered instead.
@@ -117,6 +129,11 @@ class FsdpUnit {
   int64_t shard() const { return shard_; }  // S
   int64_t lo() const { return lo_; }        // R_r
   int64_t hi() const { return hi_; }
+  // The part of R_r this rank counts in the grad norm and writes to checkpoints: all of it,
+  // or under hybrid_shard its replica's 1/dp_replicate share (see the header comment).
+  int64_t own_lo() const { return own_lo_; }
+  int64_t own_hi() const { return own_hi_; }
+  int64_t group_size() const { return gather_comm_->world_size(); }  // N: the ranks sharing the unit
   const std::vector<UnitParam>& params() const { return params_; }
   const std::vector<int64_t>& offsets() const { return offsets_; }  // flat offset of each param
   // [hi - lo] param dtype: view of this rank's owned parameter elements.
@@ -143,7 +160,13 @@ class FsdpUnit {
   bool trainable_ = false;
   std::vector<UnitParam> params_;
   std::vector<int64_t> offsets_;
-  int64_t numel_ = 0, shard_ = 0, lo_ = 0, hi_ = 0;
+  int64_t numel_ = 0, shard_ = 0, lo_ = 0, hi_ = 0, own_lo_ = 0, own_hi_ = 0;
+  Comm* gather_comm_ = nullptr;     // all-gathers (the world's or the shard group's lane)
+  Comm* reduce_comm_ = nullptr;     // reduce-scatters
+  Comm* replicate_comm_ = nullptr;  // hybrid_shard with replicas: the shard grad's all-reduce
+  Work ar_;                         // that all-reduce, in flight
+  bool replica_pending_ = false;    // grad_ holds sums not yet all-reduced across the replicas
+  bool replica_synced_ = false;     // grad_ holds sums all-reduced across the replicas
   torch::Tensor full_;   // [N*S] param dtype (storage released while free)
   torch::Tensor local_;  // [S] param dtype
   torch::Tensor grad_;   // [S] fp32 (trainable)
@@ -176,6 +199,14 @@ struct GatherStats {
   double acc_peak_bytes = 0; // their peak since the last reset_peak()
 };
 
+// The comms of hybrid_shard units: ParallelDims' shard_comm(kGather), shard_comm(kReduce) and
+// replicate_comm().
+struct HybridComms {
+  Comm* gather = nullptr;
+  Comm* reduce = nullptr;
+  Comm* replicate = nullptr;
+};
+
 // Reduce-scatters a backward keeps in flight at most (see the header comment).
 constexpr int kMaxReduceScattersInFlight = 2;
 
@@ -190,10 +221,11 @@ class FsdpEngine {
   // the [S] shard as it is (nothing copied); the others are flattened from their values.
   // gather / reduce: the comms of the all-gathers and of the reduce-scatters (ParallelDims'
   // lanes kGather and kReduce: separate groups, so their relative order may differ between
-  // ranks; on NCCL separate streams); the same comm for both is allowed.
+  // ranks; on NCCL separate streams); the same comm for both is allowed. hybrid: the comms
+  // of hybrid_shard units (required when there are any).
   FsdpEngine(Comm& gather, Comm& reduce, const std::vector<UnitPlan>& units,
              const std::vector<std::pair<std::string, std::string>>& call_order, torch::Dtype reduce_dtype,
-             std::map<std::string, torch::Tensor> shards = {});
+             std::map<std::string, torch::Tensor> shards = {}, HybridComms hybrid = {});
   ~FsdpEngine();
   FsdpEngine(const FsdpEngine&) = delete;
   FsdpEngine& operator=(const FsdpEngine&) = delete;
@@ -225,6 +257,9 @@ class FsdpEngine {
   void set_sync(bool sync) { sync_ = sync; }
   // Zeros every shard grad (the optimizer's zero_grad).
   void zero_grad();
+  // Throws when a hybrid_shard unit's shard grad is not yet summed over the replicas (the
+  // optimizer's check before it reads the shard grads).
+  void check_reduced(const std::string& ctx) const;
   // Writes `flat` [P] (registration order, any dtype) into the unit's local shard (R_r part).
   void load_params(FsdpUnit& u, const torch::Tensor& flat);
 
@@ -263,8 +298,6 @@ class FsdpEngine {
   void accumulate(FsdpUnit& u);   // this micro-batch's .grad into acc (unsharded accumulation)
   void complete_rs(FsdpUnit& u);  // wait, add into the shard grad, drop the buffers
 
-  Comm& comm_;         // all-gathers
-  Comm& reduce_comm_;  // reduce-scatters
   torch::Dtype reduce_dtype_;
   std::vector<std::unique_ptr<FsdpUnit>> units_;
   std::map<std::string, FsdpUnit*> by_unit_;
@@ -277,6 +310,7 @@ class FsdpEngine {
   std::vector<FsdpUnit*> rs_order_;      // trainable units, reverse unit order
   size_t next_rs_ = 0;
   std::vector<FsdpUnit*> rs_inflight_;   // launched, not yet added into their shard grad
+  std::vector<FsdpUnit*> ar_inflight_;   // hybrid_shard: replicate all-reduces launched, not waited
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   GatherStats gstats_;
   std::string ctx_ = "step";  // context of the micro-batch in flight (last finish_backward's)

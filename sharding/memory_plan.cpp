@@ -27,6 +27,7 @@ UnitMemory unit_memory(Sharding sharding, int64_t numel, int world_size, torch::
     case Sharding::kReplicated: m = {p * full, ddp_grad * full, optim_per_elem * full}; break;
     case Sharding::kShardOptimizer: m = {p * full, ddp_grad * full, optim_per_elem * shard}; break;
     case Sharding::kShardGradOp:
+    case Sharding::kHybridShard:
     case Sharding::kFullShard: m = {p * shard, 4.0 * shard, optim_per_elem * shard}; break;
   }
   return m;
@@ -43,29 +44,35 @@ double largest(std::vector<double> v, size_t k) {
 }  // namespace
 
 MemoryPlan plan_memory(const std::vector<UnitPlan>& units, int world_size, torch::Dtype param_dtype,
-                       torch::Dtype reduce_dtype, bool accumulate_unsharded) {
+                       torch::Dtype reduce_dtype, bool accumulate_unsharded, int dp_shard) {
   MemoryPlan plan;
   plan.world_size = world_size;
+  plan.dp_shard = dp_shard > 0 ? dp_shard : world_size;
+  VLM_CHECK(plan.dp_shard <= world_size && world_size % plan.dp_shard == 0, "memory plan: dp_shard ", plan.dp_shard,
+            " does not divide the world size ", world_size);
   const double p = static_cast<double>(c10::elementSize(param_dtype));
   const double r = static_cast<double>(c10::elementSize(reduce_dtype));
   std::vector<double> regathered, reduce_scattered;  // per unit: [N*S] x p, ([N*S] + [S]) x r
   for (const auto& u : units) {
-    UnitMemory m = unit_memory(u.sharding, u.numel, world_size, param_dtype, reduce_dtype);
+    // The ranks the unit is split over: its shard group under hybrid_shard, else the world.
+    const int n = u.sharding == Sharding::kHybridShard ? plan.dp_shard : world_size;
+    UnitMemory m = unit_memory(u.sharding, u.numel, n, param_dtype, reduce_dtype);
     plan.units.push_back(m);
     plan.total.param_bytes += m.param_bytes;
     plan.total.grad_bytes += m.grad_bytes;
     plan.total.optim_bytes += m.optim_bytes;
     const double bytes = p * static_cast<double>(u.numel);
-    const double shard = static_cast<double>((u.numel + world_size - 1) / world_size);
-    const double flat = shard * world_size;  // [N*S]
-    const bool sharded_params = u.sharding == Sharding::kFullShard || u.sharding == Sharding::kFrozenSharded;
+    const double shard = static_cast<double>((u.numel + n - 1) / n);
+    const double flat = shard * n;  // [N*S]
+    const bool sharded_params = u.sharding == Sharding::kFullShard || u.sharding == Sharding::kHybridShard ||
+                                u.sharding == Sharding::kFrozenSharded;
     const bool fsdp = sharded_params || u.sharding == Sharding::kShardGradOp;
     const bool sharded_any = fsdp || u.sharding == Sharding::kShardOptimizer;
     if (sharded_params) regathered.push_back(p * flat);
     if (u.sharding == Sharding::kShardGradOp) plan.gathered_peak_bytes += p * flat;  // all held at once
     if (fsdp && u.trainable()) reduce_scattered.push_back(r * (flat + shard));
     if (fsdp && u.trainable() && accumulate_unsharded) plan.unsharded_accum_bytes += r * flat;
-    if (world_size > 1 && sharded_any && bytes < kTinyShardBytes)
+    if (n > 1 && sharded_any && bytes < kTinyShardBytes)
       plan.warnings.push_back(str("unit ", u.path, " is tiny (", human_bytes(bytes), ") but sharded (",
                                   sharding_name(u.sharding), "): the collectives cost more than the memory "
                                   "saved (hint: policy = \"ddp\")"));

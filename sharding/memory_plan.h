@@ -11,6 +11,8 @@
 //   ZeRO-1          pP       gP                  S(4* + 8)
 //   ZeRO-2          S(p)     S(4)                S(4* + 8)
 //   ZeRO-3          S(p)     S(4)                S(4* + 8)
+//   ZeRO-3 hybrid   as ZeRO-3 with N = dp_shard (the unit's shard group; replicated across
+//                   the world / dp_shard groups)
 //   * the fp32 master is separate only when param_dtype is not fp32 (else it is the param).
 //   replicated / ZeRO-1 grads, g = r when r > p, else p + r: the DDP bucket buffer (reduce
 //   dtype, allocated once), in which gradients accumulate when reduce_dtype is wider than
@@ -62,6 +64,7 @@ UnitMemory unit_memory(Sharding sharding, int64_t numel, int world_size, torch::
 
 struct MemoryPlan {
   int world_size = 1;
+  int dp_shard = 1;                // ranks a hybrid_shard unit is split over (its shard group)
   std::vector<UnitMemory> units;   // parallel to the unit table
   UnitMemory total;                // per rank, persistent
   double gathered_peak_bytes = 0;        // see the header comment
@@ -75,8 +78,10 @@ struct MemoryPlan {
   std::vector<std::string> warnings;
 };
 
+// dp_shard: the shard group size of hybrid_shard units (0: the world size).
 MemoryPlan plan_memory(const std::vector<UnitPlan>& units, int world_size, torch::Dtype param_dtype,
-                       torch::Dtype reduce_dtype = torch::kFloat32, bool accumulate_unsharded = false);
+                       torch::Dtype reduce_dtype = torch::kFloat32, bool accumulate_unsharded = false,
+                       int dp_shard = 0);
 
 // "1.23 GiB", "512.0 KiB", "17 B".
 std::string human_bytes(double bytes);

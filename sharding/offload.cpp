@@ -12,11 +12,12 @@ namespace vlm::sharding {
 void plan_offload(MemoryPlan& plan, const std::vector<UnitPlan>& units) {
   VLM_CHECK(plan.units.size() == units.size(), "plan_offload: the plan has ", plan.units.size(),
             " units, the unit table ", units.size(), " (hint: pass the table the plan was made from)");
-  const int64_t n = plan.world_size;
   for (size_t i = 0; i < units.size(); ++i) {
     const UnitPlan& u = units[i];
     UnitMemory& m = plan.units[i];
     if (!u.trainable()) continue;
+    // The ranks the unit is split over: its shard group under hybrid_shard, else the world.
+    const int64_t n = u.sharding == Sharding::kHybridShard ? plan.dp_shard : plan.world_size;
     const int64_t elems = u.sharding == Sharding::kReplicated ? u.numel : (u.numel + n - 1) / n;
     m.host_optim_bytes = 16.0 * static_cast<double>(elems);
     plan.total.host_optim_bytes += m.host_optim_bytes;

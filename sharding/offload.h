@@ -45,7 +45,8 @@ namespace vlm::sharding {
 // The plan with offload (units: the unit table `plan` was made from): every unit's device
 // optimizer bytes move to host_optim_bytes, which count 16 B per state element (fp32
 // master, m, v and grad staging; the elements: P for replicated units, S = ceil(P/N) for
-// ZeRO-1 / FSDP units, as memory_plan.h); offload_saved_bytes = the device bytes moved.
+// ZeRO-1 / FSDP units, N = dp_shard for hybrid_shard ones, as memory_plan.h);
+// offload_saved_bytes = the device bytes moved.
 void plan_offload(MemoryPlan& plan, const std::vector<UnitPlan>& units);
 
 // fp32 [n] zeros in host memory for state that belongs with tensors on `device`: pinned

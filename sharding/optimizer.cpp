@@ -30,7 +30,8 @@ ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const
     Group g;
     g.path = u.path;
     g.zero1 = u.sharding == Sharding::kShardOptimizer;
-    if (u.sharding == Sharding::kFullShard || u.sharding == Sharding::kShardGradOp) {
+    if (u.sharding == Sharding::kFullShard || u.sharding == Sharding::kShardGradOp ||
+        u.sharding == Sharding::kHybridShard) {
       g.fsdp = fsdp != nullptr ? fsdp->find_unit(u.path) : nullptr;
       VLM_CHECK(g.fsdp != nullptr, "optimizer: unit ", u.path, " has sharding ", sharding_name(u.sharding),
                 " but no FSDP unit (hint: build it through apply_policies, which creates the FsdpEngine)");
@@ -46,6 +47,17 @@ ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const
     g.shard = (g.numel + n - 1) / n;
     g.lo = std::min(r * g.shard, g.numel);
     g.hi = std::min((r + 1) * g.shard, g.numel);
+    g.own_lo = g.lo;
+    g.own_hi = g.hi;
+    if (g.fsdp != nullptr) {  // the unit's own split (hybrid_shard: over its shard group)
+      VLM_CHECK(g.fsdp->numel() == g.numel, "optimizer: unit ", u.path, " has ", g.numel,
+                " elements, its FSDP unit ", g.fsdp->numel());
+      g.shard = g.fsdp->shard();
+      g.lo = g.fsdp->lo();
+      g.hi = g.fsdp->hi();
+      g.own_lo = g.fsdp->own_lo();
+      g.own_hi = g.fsdp->own_hi();
+    }
     const bool sharded = g.zero1 || g.fsdp != nullptr;
     const int64_t state_lo = sharded ? g.lo : 0, state_hi = sharded ? g.hi : g.numel;
     for (size_t k = 0; k < g.params.size(); ++k) {
@@ -126,8 +138,8 @@ torch::Tensor ShardedAdamW::segment_grad(const Group& g, const Segment& s) const
 std::vector<torch::Tensor> ShardedAdamW::norm_parts() const {
   std::vector<torch::Tensor> parts;
   for (const auto& g : groups_) {
-    if (g.fsdp != nullptr) {  // the reduced shard grad covers exactly R_r
-      if (g.hi > g.lo) parts.push_back(g.fsdp->shard_grad());
+    if (g.fsdp != nullptr) {  // the reduced shard grad covers R_r; counted once over the replicas
+      if (g.own_hi > g.own_lo) parts.push_back(g.fsdp->shard_grad().narrow(0, g.own_lo - g.lo, g.own_hi - g.own_lo));
       continue;
     }
     for (size_t k = 0; k < g.params.size(); ++k) {
@@ -275,6 +287,7 @@ double ShardedAdamW::agree(double local_sumsq, const std::string& ctx) {
 
 double ShardedAdamW::clip_grad_norm(const std::string& ctx) {
   torch::NoGradGuard no_grad;
+  if (fsdp_ != nullptr) fsdp_->check_reduced(ctx);
   wait();
   const double norm = std::sqrt(agree(sum_of_squares(norm_parts()), ctx));
   if (opts_.grad_clip > 0) {
@@ -312,6 +325,7 @@ void ShardedAdamW::add_segment(Batch& b, const Group& g, const Segment& s, torch
 
 void ShardedAdamW::step(double lr_scale, const std::string& ctx) {
   torch::NoGradGuard no_grad;
+  if (fsdp_ != nullptr) fsdp_->check_reduced(ctx);
   wait();
   if (!agreed_) agree(0.0, ctx + ", gradient flags");
   agreed_ = false;
@@ -505,21 +519,24 @@ std::vector<StateSlice> ShardedAdamW::state_slices() const {
   wait();
   std::vector<StateSlice> out;
   for (const auto& g : groups_) {
-    // Every rank holds state for at least [lo, hi) (replicated: all of [0, P)).
-    StateSlice master{g.path + "/master", g.numel, g.lo, g.hi, torch::empty({g.hi - g.lo}, torch::kFloat32)};
-    StateSlice m{g.path + "/exp_avg", g.numel, g.lo, g.hi, torch::empty({g.hi - g.lo}, torch::kFloat32)};
-    StateSlice v{g.path + "/exp_avg_sq", g.numel, g.lo, g.hi, torch::empty({g.hi - g.lo}, torch::kFloat32)};
+    // Every rank holds state for at least [lo, hi) (replicated: all of [0, P)) and writes
+    // [own_lo, own_hi): R_r, or under hybrid_shard its replica's share of it, so the ranks'
+    // slices cover each vector once.
+    const int64_t lo = g.own_lo, hi = g.own_hi;
+    StateSlice master{g.path + "/master", g.numel, lo, hi, torch::empty({hi - lo}, torch::kFloat32)};
+    StateSlice m{g.path + "/exp_avg", g.numel, lo, hi, torch::empty({hi - lo}, torch::kFloat32)};
+    StateSlice v{g.path + "/exp_avg_sq", g.numel, lo, hi, torch::empty({hi - lo}, torch::kFloat32)};
     int64_t covered = 0;
     for (const auto& s : g.segments) {
-      const int64_t a = std::max(g.lo, s.flat_offset), b = std::min(g.hi, s.flat_offset + s.len);
+      const int64_t a = std::max(lo, s.flat_offset), b = std::min(hi, s.flat_offset + s.len);
       if (a >= b) continue;
-      master.data.narrow(0, a - g.lo, b - a).copy_(s.master.narrow(0, a - s.flat_offset, b - a));
-      m.data.narrow(0, a - g.lo, b - a).copy_(s.m.narrow(0, a - s.flat_offset, b - a));
-      v.data.narrow(0, a - g.lo, b - a).copy_(s.v.narrow(0, a - s.flat_offset, b - a));
+      master.data.narrow(0, a - lo, b - a).copy_(s.master.narrow(0, a - s.flat_offset, b - a));
+      m.data.narrow(0, a - lo, b - a).copy_(s.m.narrow(0, a - s.flat_offset, b - a));
+      v.data.narrow(0, a - lo, b - a).copy_(s.v.narrow(0, a - s.flat_offset, b - a));
       covered += b - a;
     }
-    VLM_CHECK(covered == g.hi - g.lo, "optimizer state of unit ", g.path, ": segments cover ", covered,
-              " of the owned range's ", g.hi - g.lo, " elements (internal error)");
+    VLM_CHECK(covered == hi - lo, "optimizer state of unit ", g.path, ": segments cover ", covered,
+              " of the written range's ", hi - lo, " elements (internal error)");
     out.push_back(std::move(master));
     out.push_back(std::move(m));
     out.push_back(std::move(v));

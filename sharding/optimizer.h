@@ -168,7 +168,9 @@ class ShardedAdamW {
     std::vector<UnitParam> params;
     std::vector<int64_t> offsets;  // flat offset of each parameter
     int64_t numel = 0, shard = 0;  // P, S
-    int64_t lo = 0, hi = 0;        // owned range R_r
+    int64_t lo = 0, hi = 0;        // owned range R_r (FSDP units: the unit's, fsdp.h)
+    int64_t own_lo = 0, own_hi = 0;  // the part of R_r this rank counts in the norm and writes:
+                                     // R_r, or under hybrid_shard its replica's share (fsdp.h)
     std::vector<Segment> segments; // parameters ∩ state range ([0,P) or R_r)
     std::vector<int64_t> ddp_index;   // per parameter: index in the DDP reducer, or -1
     std::vector<int64_t> param_steps; // per parameter: AdamW step count t

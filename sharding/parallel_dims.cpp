@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <chrono>
@@ -314,7 +315,8 @@ auto wrap(const std::string& what, const std::string& hint, F&& f) -> decltype(f
 // A Gloo group of every rank through `store`, bound to the right interface (see the header).
 c10::intrusive_ptr<c10d::Backend> make_gloo_group(const DistEnv& env, const ParallelOptions& opts,
                                                   const c10::intrusive_ptr<c10d::Store>& store,
-                                                  const std::string& who, const std::string& where) {
+                                                  const std::string& who, const std::string& where,
+                                                  int rank, int size) {
   auto o = c10d::ProcessGroupGloo::Options::create(opts.timeout);
   if (!env.gloo_ifname.empty()) {
     o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(env.gloo_ifname));
@@ -335,14 +337,14 @@ c10::intrusive_ptr<c10d::Backend> make_gloo_group(const DistEnv& env, const Para
                   opts.timeout.count() / 1000.0, " s"),
               "did every rank start, with the same WORLD_SIZE and MASTER_ADDR/PORT?", [&] {
                 return c10::intrusive_ptr<c10d::Backend>(
-                    c10::make_intrusive<c10d::ProcessGroupGloo>(store, env.rank, env.world_size, o));
+                    c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, o));
               });
 }
 
 // An NCCL group of every rank through `store` (its own communicator and stream).
 c10::intrusive_ptr<c10d::Backend> make_nccl_group(const DistEnv& env, const ParallelOptions& opts,
                                                   const c10::intrusive_ptr<c10d::Store>& store,
-                                                  const std::string& who) {
+                                                  const std::string& who, int rank, int size) {
 #ifdef USE_C10D_NCCL
   auto o = c10d::ProcessGroupNCCL::Options::create();
   // Our watchdog (ParallelDims::start_watchdog) reports a stuck op at opts.timeout with the
@@ -350,10 +352,10 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_group(const DistEnv& env, const Para
   o->timeout = opts.timeout + std::chrono::seconds(60);
   return wrap(str(who, ": NCCL process group"), "check NCCL_DEBUG=INFO output", [&] {
     return c10::intrusive_ptr<c10d::Backend>(
-        c10::make_intrusive<c10d::ProcessGroupNCCL>(store, env.rank, env.world_size, o));
+        c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, o));
   });
 #else
-  (void)env, (void)opts, (void)store;
+  (void)env, (void)opts, (void)store, (void)rank, (void)size;
   throw Error(str(who, ": device is CUDA but the LibTorch this vlmtrain was built against has no "
                   "NCCL (hint: build against the PyPI wheel torch==2.11.0, or use device = \"cpu\")"));
 #endif
@@ -380,6 +382,17 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
     p.device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank % gpus));
   }
   p.device_context_ = std::make_shared<DeviceContext>(p.device_);  // sets this thread's device
+  p.mesh_ = opts.mesh;
+  p.dp_shard_ = env.world_size;
+  if (opts.mesh) {
+    p.dp_shard_ = opts.dp_shard > 0 ? opts.dp_shard : env.local_world_size;
+    VLM_CHECK(opts.dp_shard >= 0, "dist.dp_shard: expected 0 (the ranks of one node) or a positive rank count, got ",
+              opts.dp_shard);
+    VLM_CHECK(p.dp_shard_ <= env.world_size && env.world_size % p.dp_shard_ == 0, "dist.dp_shard = ", p.dp_shard_,
+              opts.dp_shard > 0 ? "" : " (LOCAL_WORLD_SIZE)", " does not divide the world size ", env.world_size,
+              " (hint: hybrid_shard shards within groups of dp_shard ranks and replicates across world / dp_shard "
+              "of them; pick a divisor of the world size, usually the GPUs per node)");
+  }
   if (env.world_size == 1) {
     p.comm_ = std::make_shared<Comm>(c10::intrusive_ptr<c10d::Backend>(), 0, 1, Backend::kNone, opts.timeout);
     p.control_ = std::make_shared<Comm>(c10::intrusive_ptr<c10d::Backend>(), 0, 1, Backend::kNone, opts.timeout);
@@ -390,6 +403,8 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
       p.lanes_[l] = std::make_shared<Comm>(c10::intrusive_ptr<c10d::Backend>(), 0, 1, Backend::kNone, opts.timeout);
       p.lanes_[l]->set_plane(str("data/", lane_name(static_cast<Lane>(l))), p.control_.get());
     }
+    p.shard_lanes_ = {p.lanes_[static_cast<int>(Lane::kGather)], p.lanes_[static_cast<int>(Lane::kReduce)]};
+    p.replicate_ = std::make_shared<Comm>(c10::intrusive_ptr<c10d::Backend>(), 0, 1, Backend::kNone, opts.timeout);
     return p;
   }
 
@@ -419,7 +434,7 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
             "the CPU (hint: dist.device = \"cuda\", or dist.backend = \"auto\")");
   if (cuda && opts.backend != "gloo") {
 #ifdef USE_C10D_NCCL
-    p.group_ = make_nccl_group(env, opts, store, who);
+    p.group_ = make_nccl_group(env, opts, store, who, env.rank, env.world_size);
     p.backend_ = Backend::kNccl;
 #else
     throw Error(str("device is CUDA but the LibTorch this vlmtrain was built against has no "
@@ -427,7 +442,7 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
                     "\"cpu\")"));
 #endif
   } else {
-    p.group_ = make_gloo_group(env, opts, store, who, where);
+    p.group_ = make_gloo_group(env, opts, store, who, where, env.rank, env.world_size);
     p.backend_ = Backend::kGloo;
   }
   p.comm_ = std::make_shared<Comm>(p.group_, env.rank, env.world_size, p.backend_, opts.timeout);
@@ -438,14 +453,46 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
   // checkpoint barriers) on CPU tensors, over its own Gloo group: NCCL takes CUDA tensors
   // only, and a separate group keeps these ops out of the data plane's order.
   auto control_store = c10::make_intrusive<c10d::PrefixStore>("control", store);
-  p.control_group_ = make_gloo_group(env, opts, control_store, who, where);
+  p.control_group_ = make_gloo_group(env, opts, control_store, who, where, env.rank, env.world_size);
   p.control_ = std::make_shared<Comm>(p.control_group_, env.rank, env.world_size, Backend::kGloo, opts.timeout);
   p.control_->set_store(control_store);
   p.control_->set_plane("control", p.comm_.get());
   p.comm_->set_plane("data", p.control_.get());
 
+  // The shared-memory channel (CPU jobs on one host) for a Gloo comm, or the reason it is off.
+  auto attach_shm = [&](Comm& c, const c10::intrusive_ptr<c10d::Store>& st, int rank, int size) {
+    std::string why_not = "VLM_SHM_COMM=0";
+    std::shared_ptr<ShmChannel> shm;
+    if (env.shm_comm) {
+      shm = wrap(str(who, ": shared-memory set-up through ", where), "set VLM_SHM_COMM=0 to use Gloo's TCP only",
+                 [&] { return ShmChannel::create(st, rank, size, opts.timeout, &why_not); });
+    }
+    c.set_shm(shm, shm ? std::string() : "shared memory off: " + why_not);
+  };
+
+  // A data-plane comm over a group of its own: `size` ranks (this one `rank` among them)
+  // meeting under `prefix` in the store, with the main group's backend, and on Gloo the
+  // shared-memory channel when every rank is on one host. Size 1: local, no group.
+  auto make_comm = [&](const std::string& prefix, const std::string& plane, int rank, int size,
+                       c10::intrusive_ptr<c10d::Backend>* group) {
+    if (size == 1) {
+      auto c = std::make_shared<Comm>(c10::intrusive_ptr<c10d::Backend>(), 0, 1, Backend::kNone, opts.timeout);
+      c->set_plane(plane, p.control_.get());
+      return c;
+    }
+    auto sub_store = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
+    *group = p.backend_ == Backend::kNccl ? make_nccl_group(env, opts, sub_store, who, rank, size)
+                                          : make_gloo_group(env, opts, sub_store, who, where, rank, size);
+    auto c = std::make_shared<Comm>(*group, rank, size, p.backend_, opts.timeout);
+    c->set_store(sub_store);
+    c->set_plane(plane, p.control_.get());
+    if (p.backend_ == Backend::kGloo) attach_shm(*c, sub_store, rank, size);
+    return c;
+  };
+
   // ---------------------------------------------------------------- lanes
   // One group per lane (the header comment), each with the main group's transport.
+  if (p.backend_ == Backend::kGloo) attach_shm(*p.comm_, store, env.rank, env.world_size);
   p.lanes_[0] = p.comm_;
   for (int l = 1; l < kNumLanes; ++l) {
     const std::string name = lane_name(static_cast<Lane>(l));
@@ -453,27 +500,45 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
       p.lanes_[l] = p.comm_;
       continue;
     }
-    auto lane_store = c10::make_intrusive<c10d::PrefixStore>(str("lane/", name), store);
-    p.lane_groups_[l] = p.backend_ == Backend::kNccl ? make_nccl_group(env, opts, lane_store, who)
-                                                     : make_gloo_group(env, opts, lane_store, who, where);
-    p.lanes_[l] = std::make_shared<Comm>(p.lane_groups_[l], env.rank, env.world_size, p.backend_, opts.timeout);
-    p.lanes_[l]->set_store(lane_store);
-    p.lanes_[l]->set_plane(str("data/", name), p.control_.get());
+    p.lanes_[l] = make_comm(str("lane/", name), str("data/", name), env.rank, env.world_size, &p.lane_groups_[l]);
   }
 
-  // ---------------------------------------------------------------- shared memory (CPU)
-  if (p.backend_ == Backend::kGloo) {
-    for (int l = 0; l < kNumLanes; ++l) {
-      if (l > 0 && p.lanes_[l] == p.comm_) continue;
-      std::string why_not = "VLM_SHM_COMM=0";
-      std::shared_ptr<ShmChannel> shm;
-      if (env.shm_comm) {
-        shm = wrap(str(who, ": shared-memory set-up through ", where), "set VLM_SHM_COMM=0 to use Gloo's TCP only",
-                   [&] { return ShmChannel::create(store, env.rank, env.world_size, opts.timeout, &why_not); });
+  // ---------------------------------------------------------------- mesh (hybrid_shard)
+  // Without a mesh the "shard group" is the world and there is no replica.
+  p.shard_lanes_ = {p.lanes_[static_cast<int>(Lane::kGather)], p.lanes_[static_cast<int>(Lane::kReduce)]};
+  p.replicate_ = std::make_shared<Comm>(c10::intrusive_ptr<c10d::Backend>(), 0, 1, Backend::kNone, opts.timeout);
+  p.replicate_->set_plane("data/replicate", p.control_.get());
+  // rank = replica * dp_shard + shard_rank: the shard groups are runs of consecutive ranks
+  // (a node's under torchrun / Slurm when dp_shard = LOCAL_WORLD_SIZE), the replicate groups
+  // take every dp_shard-th rank.
+  if (opts.mesh) {
+    // Every rank must derive the same mesh (dp_shard 0 follows LOCAL_WORLD_SIZE, which may
+    // differ between nodes): agree on it before any rank creates a group of it.
+    torch::Tensor d = torch::tensor({static_cast<double>(p.dp_shard_), -static_cast<double>(p.dp_shard_)}, torch::kFloat64);
+    p.control_->all_reduce(d, ReduceOp::kMax, "agree on the mesh (dist.dp_shard)");
+    VLM_CHECK(d[0].item<double>() == -d[1].item<double>(), who, ": the ranks derive different mesh shapes: dp_shard is ",
+              p.dp_shard_, " here, between ", -d[1].item<double>(), " and ", d[0].item<double>(), " over the ranks",
+              opts.dp_shard > 0 ? "" : " (dist.dp_shard = 0 follows LOCAL_WORLD_SIZE, which differs between nodes)",
+              " (hint: set dist.dp_shard explicitly, the same on every node)");
+    const int replica = p.replica(), shard_rank = p.shard_rank();
+    const int dp_shard = p.dp_shard_, dp_replicate = p.dp_replicate();
+    for (int k = 0; k < 2; ++k) {
+      const Lane lane = k == 0 ? Lane::kGather : Lane::kReduce;
+      if (dp_shard == env.world_size) {  // one shard group: the world's lanes
+        p.shard_lanes_[k] = p.lanes_[static_cast<int>(lane)];
+      } else {
+        c10::intrusive_ptr<c10d::Backend> g;
+        p.shard_lanes_[k] = make_comm(str("mesh/shard", replica, "/", lane_name(lane)),
+                                      str("data/shard", replica, "/", lane_name(lane)), shard_rank, dp_shard, &g);
+        if (g) p.mesh_groups_.push_back(g);
       }
-      p.lanes_[l]->set_shm(shm, shm ? std::string() : "shared memory off: " + why_not);
     }
+    c10::intrusive_ptr<c10d::Backend> g;
+    p.replicate_ = make_comm(str("mesh/replicate", shard_rank), str("data/replicate", shard_rank), replica,
+                             dp_replicate, &g);
+    if (g) p.mesh_groups_.push_back(g);
   }
+
   if (p.backend_ == Backend::kNccl) p.start_watchdog();
   return p;
 }
@@ -488,12 +553,22 @@ const char* lane_name(Lane lane) {
   return "?";
 }
 
+std::vector<Comm*> ParallelDims::data_comms() const {
+  std::vector<Comm*> out;
+  auto add = [&out](const std::shared_ptr<Comm>& c) {
+    if (c && std::find(out.begin(), out.end(), c.get()) == out.end()) out.push_back(c.get());
+  };
+  for (const auto& c : lanes_) add(c);  // lanes off: the main comm counted once
+  for (const auto& c : shard_lanes_) add(c);
+  add(replicate_);
+  return out;
+}
+
 CommStats ParallelDims::data_stats() const {
   CommStats sum;
-  for (int l = 0; l < kNumLanes; ++l) {
-    if (l > 0 && lanes_[l] == comm_) continue;  // lanes off: the main comm counted once
+  for (const Comm* c : data_comms()) {
     for (int k = 0; k < kNumOpKinds; ++k) {
-      const OpStats& o = lanes_[l]->stats().ops[k];
+      const OpStats& o = c->stats().ops[k];
       sum.ops[k].calls += o.calls;
       sum.ops[k].logical_bytes += o.logical_bytes;
       sum.ops[k].wire_bytes += o.wire_bytes;
@@ -504,7 +579,7 @@ CommStats ParallelDims::data_stats() const {
 }
 
 void ParallelDims::reset_data_stats() const {
-  for (const auto& c : lanes_) c->reset_stats();
+  for (Comm* c : data_comms()) c->reset_stats();
 }
 
 ParallelDims ParallelDims::from_environment(const ParallelOptions& opts) {
@@ -531,9 +606,10 @@ void ParallelDims::start_watchdog() {
   std::vector<c10::intrusive_ptr<c10d::Backend>> groups = {group_};
   for (const auto& g : lane_groups_)
     if (g) groups.push_back(g);
-  for (int l = 0; l < kNumLanes; ++l) {
-    Comm& c = *lanes_[l];
-    if ((l > 0 && lanes_[l] == comm_) || c.watchdog_running()) continue;
+  for (const auto& g : mesh_groups_) groups.push_back(g);
+  for (Comm* cp : data_comms()) {
+    Comm& c = *cp;
+    if (c.world_size() == 1 || c.watchdog_running()) continue;
     // Runs on the watchdog's thread while the main thread may be blocked in the driver: no
     // exception can reach main, so the process ends here.
     c.start_watchdog([error_file = env_.error_file, groups, rank = env_.rank](const std::string& report) {

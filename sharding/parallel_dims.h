@@ -43,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -122,6 +123,13 @@ struct ParallelOptions {
   // communicator; the order of FSDP and DDP ops is then set by autograd's schedule, which
   // can differ between ranks and mismatch collectives; for comparison only).
   bool lanes = true;
+  // The data-parallel mesh dp_replicate x dp_shard for hybrid_shard units (recipe: set when a
+  // rule uses hybrid_shard): FSDP within each shard group of dp_shard consecutive ranks,
+  // gradients all-reduced across the dp_replicate = world / dp_shard groups. dp_shard 0: the
+  // ranks of one node (LOCAL_WORLD_SIZE); it must divide the world size. Without a mesh the
+  // shard group is the world and there is one replica.
+  bool mesh = false;
+  int dp_shard = 0;
 };
 
 // Copies share the store, the group and the comm. Without the agent store, rank 0's
@@ -160,7 +168,20 @@ class ParallelDims {
   // comm() is the main lane; comm(lane) the lane's own group (see the header comment).
   Comm& comm() const { return *comm_; }
   Comm& comm(Lane lane) const { return *lanes_[static_cast<int>(lane)]; }
-  // The data plane's counters summed over its lanes, and their reset.
+  // Mesh (ParallelOptions::mesh): rank = replica() * dp_shard() + shard_rank().
+  bool has_mesh() const { return mesh_; }
+  int dp_shard() const { return dp_shard_; }
+  int dp_replicate() const { return env_.world_size / dp_shard_; }
+  int shard_rank() const { return env_.rank % dp_shard_; }
+  int replica() const { return env_.rank / dp_shard_; }
+  // The shard group's lanes (kGather or kReduce; the world's lanes when dp_shard is the
+  // world size) and the replicate group's comm (this rank and the ranks with the same
+  // shard_rank in the other replicas; local when dp_replicate is 1), all on the data plane.
+  Comm& shard_comm(Lane lane) const { return *shard_lanes_[lane == Lane::kReduce ? 1 : 0]; }
+  Comm& replicate_comm() const { return *replicate_; }
+  // Every distinct data-plane comm (lanes, mesh groups).
+  std::vector<Comm*> data_comms() const;
+  // The data plane's counters summed over its comms (lanes and mesh), and their reset.
   CommStats data_stats() const;
   void reset_data_stats() const;
   // The control plane: a Gloo group of its own for small host-side agreement on CPU tensors
@@ -193,6 +214,11 @@ class ParallelDims {
   std::array<c10::intrusive_ptr<c10d::Backend>, kNumLanes> lane_groups_;  // null: the main group
   std::shared_ptr<Comm> control_;
   std::shared_ptr<DeviceContext> device_context_;
+  bool mesh_ = false;
+  int dp_shard_ = 1;
+  std::array<std::shared_ptr<Comm>, 2> shard_lanes_;  // kGather, kReduce
+  std::shared_ptr<Comm> replicate_;
+  std::vector<c10::intrusive_ptr<c10d::Backend>> mesh_groups_;
 };
 
 }  // namespace vlm::sharding

@@ -25,6 +25,7 @@ const char* strategy_name(Strategy s) {
     case Strategy::kShardGradOp: return "shard_grad_op";
     case Strategy::kNoShard: return "no_shard";
     case Strategy::kShardOptimizer: return "shard_optimizer";
+    case Strategy::kHybridShard: return "hybrid_shard";
   }
   return "?";
 }
@@ -37,6 +38,7 @@ const char* sharding_name(Sharding s) {
     case Sharding::kShardOptimizer: return "ZeRO-1";
     case Sharding::kShardGradOp: return "ZeRO-2";
     case Sharding::kFullShard: return "ZeRO-3";
+    case Sharding::kHybridShard: return "ZeRO-3 hybrid";
   }
   return "?";
 }
@@ -55,8 +57,9 @@ Strategy parse_strategy(const std::string& s) {
   if (s == "shard_grad_op") return Strategy::kShardGradOp;
   if (s == "no_shard") return Strategy::kNoShard;
   if (s == "shard_optimizer") return Strategy::kShardOptimizer;
+  if (s == "hybrid_shard") return Strategy::kHybridShard;
   throw Error(str("sharding strategy: expected one of \"\" | full_shard | shard_grad_op | no_shard | "
-                  "shard_optimizer, got '", s, "'"));
+                  "shard_optimizer | hybrid_shard, got '", s, "'"));
 }
 
 Sharding sharding_of(Policy p, Strategy s) {
@@ -73,13 +76,14 @@ Sharding sharding_of(Policy p, Strategy s) {
     case Policy::kFsdp:
       if (s == Strategy::kDefault || s == Strategy::kFullShard) return Sharding::kFullShard;
       if (s == Strategy::kShardGradOp) return Sharding::kShardGradOp;
+      if (s == Strategy::kHybridShard) return Sharding::kHybridShard;
       if (s == Strategy::kNoShard) return Sharding::kReplicated;
       if (s == Strategy::kShardOptimizer) return Sharding::kShardOptimizer;
       break;
   }
   throw Error(str("sharding: policy '", policy_name(p), "' does not take strategy '", strategy_name(s),
                   "' (hint: ddp takes \"\" or shard_optimizer; fsdp takes full_shard, shard_grad_op, "
-                  "no_shard; freeze and lora take \"\" or full_shard)"));
+                  "hybrid_shard, no_shard; freeze and lora take \"\" or full_shard)"));
 }
 
 namespace {

@@ -41,7 +41,7 @@ namespace vlm::sharding {
 
 enum class Policy { kFreeze, kDdp, kFsdp, kLora };
 // kDefault: the policy's default (ddp: replicate everything; fsdp: full_shard).
-enum class Strategy { kDefault, kFullShard, kShardGradOp, kNoShard, kShardOptimizer };
+enum class Strategy { kDefault, kFullShard, kShardGradOp, kNoShard, kShardOptimizer, kHybridShard };
 
 const char* policy_name(Policy p);
 const char* strategy_name(Strategy s);  // kDefault -> ""
@@ -56,6 +56,9 @@ enum class Sharding {
   kShardOptimizer,  // ZeRO-1: optimizer state sharded
   kShardGradOp,     // ZeRO-2: grads + optimizer state sharded
   kFullShard,       // ZeRO-3: params + grads + optimizer state sharded
+  kHybridShard,     // ZeRO-3 within a shard group (dp_shard ranks, by default a node),
+                    // replicated across the dp_replicate groups: gradients reduce-scattered
+                    // in the group, then all-reduced across the replicas (HSDP)
 };
 const char* sharding_name(Sharding s);
 // (policy, strategy) -> memory layout; throws for combinations that mean nothing
@@ -67,7 +70,7 @@ Sharding sharding_of(Policy p, Strategy s);
 struct PolicyRule {
   std::string match;     // globs, '|' = or
   std::string policy;    // freeze | ddp | fsdp | lora
-  std::string strategy;  // "" | full_shard | shard_grad_op | no_shard | shard_optimizer
+  std::string strategy;  // "" | full_shard | shard_grad_op | no_shard | shard_optimizer | hybrid_shard
   vlm::LoraOptions lora; // policy = "lora": r, alpha, dropout, rslora, init
 };
 

@@ -22,11 +22,13 @@ torch::Tensor slice_of(const torch::Tensor& flat, int64_t offset, torch::IntArra
 }  // namespace
 
 bool shards_params(Sharding s) {
-  return s == Sharding::kFullShard || s == Sharding::kShardGradOp || s == Sharding::kFrozenSharded;
+  return s == Sharding::kFullShard || s == Sharding::kShardGradOp || s == Sharding::kHybridShard ||
+         s == Sharding::kFrozenSharded;
 }
 
-ShardedLoad materialize_units(torch::nn::Module& model, const std::vector<UnitPlan>& units, int64_t rank,
-                              int64_t world, torch::Device device, torch::Dtype dtype, vlm::ParamSource& source) {
+ShardedLoad materialize_units(torch::nn::Module& model, const std::vector<UnitPlan>& units, int64_t world_rank,
+                              int64_t world_size, torch::Device device, torch::Dtype dtype, vlm::ParamSource& source,
+                              int64_t hybrid_rank, int64_t hybrid_size) {
   torch::NoGradGuard no_grad;
   vlm::ParamReplacer replacer(model);
   const auto topts = torch::TensorOptions().device(device).dtype(dtype);
@@ -48,6 +50,8 @@ ShardedLoad materialize_units(torch::nn::Module& model, const std::vector<UnitPl
       source.drop_resident_pages();
       continue;
     }
+    const bool hybrid = u.sharding == Sharding::kHybridShard && hybrid_size > 0;
+    const int64_t rank = hybrid ? hybrid_rank : world_rank, world = hybrid ? hybrid_size : world_size;
     int64_t numel = 0;
     for (const auto& p : u.params) numel += p.param.numel();
     const int64_t shard = (numel + world - 1) / world;

@@ -9,7 +9,7 @@
 //   units = resolve_units(model, opts);               // handles of the real parameters
 //   FsdpEngine(...)                                   // adopts the flat buffers below
 //
-// A sharded unit (full_shard, shard_grad_op, frozen_sharded) gets one flat buffer of
+// A sharded unit (full_shard, shard_grad_op, hybrid_shard, frozen_sharded) gets one flat buffer of
 // [N*S] elements (S = ceil(numel / N), the FSDP engine's layout, fsdp.h) whose parameters
 // are its consecutive slices, never written here (on the CPU it takes no memory; the
 // engine adopts it as the gather buffer and releases it at once), and this rank's [S]
@@ -49,8 +49,11 @@ struct ShardedLoad {
 // `device` in `dtype`, filling from `source` as described above. Parameters become new
 // tensors: resolve the units again afterwards. Throws vlm::Error (from the source) naming
 // the parameter and the file; the model is left partly materialised then (start-up fails).
+// hybrid_shard units are sharded over their shard group: rank hybrid_rank of hybrid_size
+// (ParallelDims' shard_rank(), dp_shard()); hybrid_size 0: over the world like the others.
 ShardedLoad materialize_units(torch::nn::Module& model, const std::vector<UnitPlan>& units, int64_t rank,
-                                   int64_t world, torch::Device device, torch::Dtype dtype, vlm::ParamSource& source);
+                              int64_t world, torch::Device device, torch::Dtype dtype, vlm::ParamSource& source,
+                              int64_t hybrid_rank = 0, int64_t hybrid_size = 0);
 
 // Whether `params` are consecutive slices of one storage of exactly `flat_numel` elements
 // starting at offset 0 (materialize_units' flat buffer), in order.

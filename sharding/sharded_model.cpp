@@ -175,9 +175,14 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl& model, const Shar
   attach_lora(model, opts);
   // 1. Policy table.
   sm->units_ = resolve_units(model, opts);
+  for (const auto& u : sm->units_)
+    VLM_CHECK(u.sharding != Sharding::kHybridShard || dims.has_mesh(), "apply_policies: unit ", u.path,
+              " is hybrid_shard (", u.rule, "), but ParallelDims has no mesh (hint: ParallelOptions::mesh = true, "
+              "with dp_shard = the ranks per shard group; the trainer sets it from the recipe)");
   ShardedLoad loaded;
   if (source != nullptr) {  // 1b. sharded loading: real memory for what this rank keeps
-    loaded = materialize_units(model, sm->units_, sm->rank_, sm->world_, dims.device(), opts.param_dtype, *source);
+    loaded = materialize_units(model, sm->units_, sm->rank_, sm->world_, dims.device(), opts.param_dtype, *source,
+                               dims.shard_rank(), dims.dp_shard());
     sm->load_stats_ = loaded.stats;
     sm->units_ = resolve_units(model, opts);  // the new parameter handles
   }
@@ -206,7 +211,9 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl& model, const Shar
   std::vector<std::pair<std::string, std::string>> call_order;
   for (const auto& u : model.units())
     call_order.emplace_back(u.path, u.shares_params_with.empty() ? u.path : u.shares_params_with);
-  auto fsdp = std::make_unique<FsdpEngine>(dims.comm(Lane::kGather), dims.comm(Lane::kReduce), sm->units_, call_order, opts.reduce_dtype, std::move(loaded.shards));
+  const HybridComms hybrid{&dims.shard_comm(Lane::kGather), &dims.shard_comm(Lane::kReduce), &dims.replicate_comm()};
+  auto fsdp = std::make_unique<FsdpEngine>(dims.comm(Lane::kGather), dims.comm(Lane::kReduce), sm->units_, call_order,
+                                           opts.reduce_dtype, std::move(loaded.shards), hybrid);
   fsdp->set_accumulate_unsharded(opts.fsdp_accumulate_unsharded);
   if (!fsdp->units().empty()) sm->fsdp_ = std::move(fsdp);
   // 5. DDP buckets over the trainable replicated / ZeRO-1 units (forward registration order).

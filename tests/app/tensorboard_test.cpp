@@ -212,7 +212,7 @@ TEST(TensorBoardTrain, EventsHoldMetricsJsonlAcrossAResume) {
   const TbSeries want1 = tb_expected(run_dir);
   // Every number of the step log line is there, and the eval metrics per set.
   for (const char* tag : {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/images_per_s",
-                          "train/samples_per_s", "train/mfu", "train/peak_rss_bytes", "train/data_wait_pct",
+                          "train/samples_per_s", "train/mfu", "train/peak_rss_bytes", "train/tensor_peak_bytes", "train/data_wait_pct",
                           "train/mem_params_bytes", "eval/val/cer", "eval/overall/cer"})
     EXPECT_TRUE(want1.count(tag)) << tag << " missing from metrics.jsonl's numbers";
   EXPECT_EQ(want1.at("train/loss").size(), 4u);

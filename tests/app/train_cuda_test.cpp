@@ -7,6 +7,7 @@
 //     staging (NCCL refuses two ranks per device): equal to world 1 with the same global
 //     batch within 1e-4, which exercises device placement, the copy stream and the control
 //     plane at world 2;
+//   - four ranks on one GPU over Gloo as a 2 x 2 hybrid_shard mesh: equal to world 1 within 1e-4;
 //   - a rank that dies on CUDA ends the other rank with an error naming the op.
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -88,6 +89,22 @@ TEST_F(TrainCuda, TwoRanksOneGpuOverGlooEqualWorld1) {
   auto two = train(dir / "w2", 6, {"dist.device=cuda", "dist.backend=gloo", "batch.samples_per_rank=2"}, 2);
   ASSERT_EQ(two.exit_code, 0) << two.output;
   const auto a = vlmtest::losses_by_step(dir / "w1"), b = vlmtest::losses_by_step(dir / "w2");
+  ASSERT_EQ(b.size(), 6u);
+  for (const auto& [step, loss] : a) EXPECT_LE(cuda_rel(b.at(step), loss), 1e-4) << "step " << step;
+}
+
+TEST_F(TrainCuda, HybridTwoByTwoOneGpuOverGlooEqualsWorld1) {
+  VLM_REQUIRE_CUDA();
+  TempDir dir("cuda-hybrid");
+  auto one = train(dir / "w1", 6, {"dist.device=cuda", "batch.samples_per_rank=4"});
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  // Four ranks on one GPU as a 2 x 2 mesh: vision and LLM hybrid_shard, shard groups of 2.
+  auto four = train(dir / "w4", 6,
+                    {"dist.device=cuda", "dist.backend=gloo", "batch.samples_per_rank=1", "dist.dp_shard=2",
+                     "sharding.module.0.strategy=hybrid_shard", "sharding.module.2.strategy=hybrid_shard"},
+                    4);
+  ASSERT_EQ(four.exit_code, 0) << four.output;
+  const auto a = vlmtest::losses_by_step(dir / "w1"), b = vlmtest::losses_by_step(dir / "w4");
   ASSERT_EQ(b.size(), 6u);
   for (const auto& [step, loss] : a) EXPECT_LE(cuda_rel(b.at(step), loss), 1e-4) << "step " << step;
 }

@@ -1,6 +1,7 @@
 // The trainer end to end through the vlmtrain binary (real processes, Gloo over loopback,
 // hard timeouts): resume bit-exactness at the same world size, resume onto another world
-// size, incomplete checkpoints ignored, export -> load round trip.
+// size, hybrid sharding on a 2 x 2 mesh, incomplete checkpoints ignored, export -> load
+// round trip.
 //
 // References are the trainer's own uninterrupted runs: a resumed run must log exactly the
 // losses the uninterrupted run logged for the same steps (same world size: bit for bit on
@@ -174,6 +175,27 @@ TEST_F(TrainResume, OntoAnotherWorldSizeKeepsTheLossCurve) {
         << res[0].output;
     expect_close(vlmtest::losses_by_step(dir2 / "run"), full, 4, 6, 1e-5);
   }
+}
+
+// Hybrid sharding through the binary: world 4 as a 2 x 2 mesh (dist.dp_shard = 2, the LLM
+// layers hybrid_shard) follows the world-1 run of the same global batch, and its step-3
+// checkpoint resumes at world 2 (full_shard, no mesh) on its own loss curve.
+TEST_F(TrainResume, HybridTwoByTwoEqualsWorld1AndResumesAtWorld2) {
+  TempDir dir("hybrid");
+  const std::vector<std::string> hybrid = {"sharding.module.1.strategy=hybrid_shard", "dist.dp_shard=2"};
+  auto res = train(4, recipe(dir, 1), hybrid);
+  ASSERT_TRUE(vlmtest::all_ok(res));
+  EXPECT_NE(res[0].output.find("mesh: dp_replicate 2 x dp_shard 2"), std::string::npos) << res[0].output;
+  const auto full = vlmtest::losses_by_step(dir / "run");
+  TempDir one("hybrid-w1");
+  ASSERT_TRUE(vlmtest::all_ok(train(1, recipe(one, 4))));
+  expect_close(full, vlmtest::losses_by_step(one / "run"), 1, 6, 1e-5);
+  TempDir dir2("hybrid-resume");
+  copy_run_until(dir / "run", dir2 / "run", 3);
+  auto res2 = train(2, recipe(dir2, 2));
+  ASSERT_TRUE(vlmtest::all_ok(res2));
+  EXPECT_NE(res2[0].output.find("written by 4 rank(s), now 2"), std::string::npos) << res2[0].output;
+  expect_close(vlmtest::losses_by_step(dir2 / "run"), full, 4, 6, 1e-5);
 }
 
 TEST_F(TrainResume, ExportLoadsBackToTheCheckpointTensors) {

@@ -8,11 +8,14 @@
 //   - traffic of step 1: one reduce-scatter per trainable FSDP unit, where the sharded mode
 //     (same run, option off) issues one per unit and micro-batch, so the reduce-scatter
 //     bytes are 1/3 of its;
+//   - traffic: step 1's bytes on the data plane equal the traffic plan (traffic_plan.h) in
+//     both modes;
 //   - memory: the engine's peak of unsharded accumulators equals the plan's
 //     unsharded_accum_bytes (every trainable FSDP unit's [N*S] x 4 B), and is 0 when off.
 #include <gtest/gtest.h>
 
 #include "sharding/memory_plan.h"
+#include "sharding/traffic_plan.h"
 #include "tests/sharding/fsdp_testing.h"
 
 namespace {
@@ -51,6 +54,21 @@ void check_unsharded_accumulation(ParallelDims& dims) {
                   base.step1[OpKind::kReduceScatter].logical_bytes, 1e-6)
           << tag;
 
+    // The traffic plan (traffic_plan.h) against step 1's bytes on the data plane, both modes
+    // (the main lane carries the test's two scalar all-reduces, not planned).
+    std::vector<std::pair<std::string, std::string>> call_order;
+    for (const auto& u : model->units())
+      call_order.emplace_back(u.path, u.shares_params_with.empty() ? u.path : u.shares_params_with);
+    for (const RunResult* r : {&got, &base}) {
+      const bool unsharded = r == &got;
+      const TrafficPlan tp = plan_traffic(units, call_order, MeshShape{n, 0, n}, c.dtype, c.reduce, unsharded);
+      double measured = 0;
+      for (const auto& [plane, st] : r->step1_comms)
+        if (plane != "data") measured += st.logical_bytes();
+      EXPECT_NEAR(measured, tp.group_bytes(CommGroup::kWorld, c.accum), 1e-6) << tag << (unsharded ? " unsharded" : " sharded");
+      EXPECT_DOUBLE_EQ(tp.inter_node_bytes(c.accum), 0.0);  // one node
+      if (n > 1) EXPECT_GT(measured, 0.0);
+    }
     const MemoryPlan plan = plan_memory(units, n, c.dtype, c.reduce, /*accumulate_unsharded=*/true);
     const MemoryPlan plan_off = plan_memory(units, n, c.dtype, c.reduce);
     EXPECT_GT(plan.unsharded_accum_bytes, 0.0);

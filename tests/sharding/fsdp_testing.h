@@ -145,6 +145,8 @@ struct RunResult {
   std::vector<double> losses;  // global loss per step
   std::vector<std::pair<std::string, torch::Tensor>> params;  // after the last step
   CommStats step1;              // traffic of step 1 (from the token count to zero_grad)
+  std::vector<std::pair<std::string, CommStats>> step1_comms;  // the same per data-plane comm (plane name)
+  std::vector<double> norms;    // gradient norm before clipping, per step
   MemoryReport memory;          // after the last step
   ShardedLoadStats load;        // what sharded loading did on this rank
   double seconds = 0;
@@ -186,6 +188,12 @@ inline RunResult reference_run(const Config& c, int world = 2) {
     }
     (loss_sum / static_cast<double>(tokens)).backward();
     r.losses.push_back(loss_sum.item<double>() / static_cast<double>(tokens));
+    // The norm in fp64 (clip_grad_norm_'s own, fp32 per parameter, was 2.7e-5 relative off
+    // the fp64 value on this model); the clip itself as torch does it.
+    double sumsq = 0;
+    for (const auto& p : trainable)
+      if (p.grad().defined()) sumsq += p.grad().to(torch::kFloat64).square().sum().item<double>();
+    r.norms.push_back(std::sqrt(sumsq));
     torch::nn::utils::clip_grad_norm_(trainable, kClip);
     opt.step();
     opt.zero_grad();
@@ -321,9 +329,13 @@ inline RunResult sharded_run(ParallelDims& dims, const Config& c) {
     r.losses.push_back(l.item<double>() / static_cast<double>(tokens));
     const double norm = sm->optimizer().clip_grad_norm();
     EXPECT_TRUE(std::isfinite(norm));
+    r.norms.push_back(norm);
     sm->optimizer().step();
     sm->optimizer().zero_grad();
-    if (step == c.begin + 1) r.step1 = dims.data_stats();
+    if (step == c.begin + 1) {
+      r.step1 = dims.data_stats();
+      for (Comm* dc : dims.data_comms()) r.step1_comms.emplace_back(dc->plane(), dc->stats());
+    }
   }
   r.memory = sm->memory();
   if (!c.save_dir.empty()) save_slices(sm->state_slices(), c.save_dir);
@@ -370,7 +382,8 @@ inline void compare(const RunResult& got, const RunResult& want, const std::stri
 }
 
 // VLMTEST_ONE_GROUP=1: every data-plane lane on one group (ParallelOptions::lanes = false),
-// the negative control of lanes_dist_test.cpp; VLMTEST_TIMEOUT_S: the collective timeout.
+// the negative control of lanes_dist_test.cpp; VLMTEST_TIMEOUT_S: the collective timeout;
+// VLMTEST_DP_SHARD=D: the hybrid_shard mesh with shard groups of D ranks (hybrid_dist_test.cpp).
 inline ParallelDims init_fsdp_worker() {
   ParallelOptions o;
   const char* t = std::getenv("VLMTEST_TIMEOUT_S");
@@ -378,6 +391,10 @@ inline ParallelDims init_fsdp_worker() {
   o.device = "cpu";
   const char* one = std::getenv("VLMTEST_ONE_GROUP");
   o.lanes = one == nullptr || std::string(one) != "1";
+  if (const char* d = std::getenv("VLMTEST_DP_SHARD")) {
+    o.mesh = true;
+    o.dp_shard = std::atoi(d);
+  }
   return ParallelDims::init(detect_dist_env(process_env()), o);
 }
 
