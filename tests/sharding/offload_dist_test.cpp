@@ -10,6 +10,7 @@
 //     task delayed 300 ms, step() returns before its host work is done (tasks still
 //     pending, step() < 300 ms), and the next forward still sees every updated shard /
 //     parameter: the run is still bitwise equal to on-device;
+//   - hybrid_shard (world 2 as 2 x 1): bitwise equal to on-device with delayed host tasks;
 //   - memory: the measured MemoryReport moves the optimizer bytes to host (device optim 0,
 //     host = 16 B per owned state element), and the plan (memory_plan.h) with offload is
 //     the plan without minus the optimizer bytes, which reappear in host_optim_bytes.
@@ -230,5 +231,36 @@ TEST(OffloadDist, DISABLED_Worker) {
 }
 
 TEST(OffloadDist, EqualsOnDeviceAndOverlapWorld2) { launch(2, "OffloadDist.DISABLED_Worker", 300); }
+
+// Hybrid sharding, world 2 as dp_replicate 2 x dp_shard 1 (fsdp.h: each replica holds the
+// whole unit, the shard grads are all-reduced across the replicas): frozen vision, DDP
+// merger, hybrid_shard LLM, host tasks delayed: bitwise equal to on-device, and the
+// measured host bytes equal plan_offload's with the plan's dp_shard.
+TEST(OffloadDist, DISABLED_HybridWorker) {
+  VLM_DIST_WORKER_ONLY();
+  torch::set_num_threads(1);
+  auto dims = init_fsdp_worker();
+  OffloadCase oc;
+  oc.c.strategy = "hybrid_shard";
+  oc.name = "frozen vision + ddp merger + hybrid_shard LLM (2 x 1), fp32";
+  const std::string tag = vlm::str(oc.name, ", world ", dims.world_size(), ", rank ", dims.rank());
+  const OffloadResult want = offload_run(dims, oc, /*offload=*/false);
+  const OffloadResult got = offload_run(dims, oc, /*offload=*/true, kDelayMs);
+  expect_bitwise(got, want, tag);
+  EXPECT_GE(got.pending_after_step, kOffloadSteps) << tag;
+  auto model = make_model(oc.c.dtype, oc.c.tied);
+  const auto units = resolve_units(*model, offload_options(oc, true));
+  MemoryPlan plan = plan_memory(units, dims.world_size(), oc.c.dtype, oc.c.reduce, false, dims.dp_shard());
+  const double device_optim = plan.total.optim_bytes;
+  plan_offload(plan, units);
+  EXPECT_EQ(plan.offload_saved_bytes, device_optim) << tag;
+  EXPECT_EQ(want.memory.optim_bytes, device_optim) << tag;
+  EXPECT_EQ(got.memory.host_optim_bytes, plan.total.host_optim_bytes) << tag;
+  dims.comm().barrier("end");
+}
+
+TEST(OffloadDist, HybridEqualsOnDeviceWorld2) {
+  launch(2, "OffloadDist.DISABLED_HybridWorker", 240, [](int) { return std::vector<std::string>{"VLMTEST_DP_SHARD=1"}; });
+}
 
 }  // namespace
