@@ -1,5 +1,7 @@
 // vlmtrain entry point: the one place errors are caught and turned into an exit code.
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <exception>
 
 #include "app/cli.h"
@@ -12,7 +14,10 @@ int main(int argc, char** argv) {
   // lines appear as they are printed and interleave with stderr in order.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   vlm::tune_host_malloc();  // before the first large allocation; logged by `train`
-  vlm::TensorMemoryMeter::install();  // CPU tensor bytes (the step log's mem on CPU)
+  // CPU tensor bytes (the step log's mem on CPU); VLM_TENSOR_METER=0 keeps LibTorch's own
+  // CPU allocator (mem then shows the peak RSS), e.g. to time the meter's cost.
+  const char* meter = std::getenv("VLM_TENSOR_METER");
+  if (meter == nullptr || std::string(meter) != "0") vlm::TensorMemoryMeter::install();
   try {
     return vlmtrain::run_cli(argc, argv);
   } catch (const vlm::Error& e) {
