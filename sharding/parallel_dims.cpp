@@ -138,6 +138,13 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_group(const DistEnv& env, const Para
 
 }  // namespace
 
+namespace {
+// A comm of one rank (every op is local): world 1, or a mesh group of size 1.
+std::shared_ptr<Comm> local_comm(const ParallelOptions& opts) {
+  return std::make_shared<Comm>(c10::intrusive_ptr<c10d::Backend>(), 0, 1, Backend::kNone, opts.timeout);
+}
+}  // namespace
+
 ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts) {
   ParallelDims p;
   p.env_ = env;
@@ -169,17 +176,17 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
               "of them; pick a divisor of the world size, usually the GPUs per node)");
   }
   if (env.world_size == 1) {
-    p.comm_ = std::make_shared<Comm>(c10::intrusive_ptr<c10d::Backend>(), 0, 1, Backend::kNone, opts.timeout);
-    p.control_ = std::make_shared<Comm>(c10::intrusive_ptr<c10d::Backend>(), 0, 1, Backend::kNone, opts.timeout);
+    p.comm_ = local_comm(opts);
+    p.control_ = local_comm(opts);
     p.control_->set_plane("control", p.comm_.get());
     p.comm_->set_plane("data", p.control_.get());
     p.lanes_[0] = p.comm_;
     for (int l = 1; l < kNumLanes; ++l) {
-      p.lanes_[l] = std::make_shared<Comm>(c10::intrusive_ptr<c10d::Backend>(), 0, 1, Backend::kNone, opts.timeout);
+      p.lanes_[l] = local_comm(opts);
       p.lanes_[l]->set_plane(str("data/", lane_name(static_cast<Lane>(l))), p.control_.get());
     }
     p.shard_lanes_ = {p.lanes_[static_cast<int>(Lane::kGather)], p.lanes_[static_cast<int>(Lane::kReduce)]};
-    p.replicate_ = std::make_shared<Comm>(c10::intrusive_ptr<c10d::Backend>(), 0, 1, Backend::kNone, opts.timeout);
+    p.replicate_ = local_comm(opts);
     return p;
   }
 
@@ -251,7 +258,7 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
   auto make_comm = [&](const std::string& prefix, const std::string& plane, int rank, int size,
                        c10::intrusive_ptr<c10d::Backend>* group) {
     if (size == 1) {
-      auto c = std::make_shared<Comm>(c10::intrusive_ptr<c10d::Backend>(), 0, 1, Backend::kNone, opts.timeout);
+      auto c = local_comm(opts);
       c->set_plane(plane, p.control_.get());
       return c;
     }
@@ -281,7 +288,7 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
   // ---------------------------------------------------------------- mesh (hybrid_shard)
   // Without a mesh the "shard group" is the world and there is no replica.
   p.shard_lanes_ = {p.lanes_[static_cast<int>(Lane::kGather)], p.lanes_[static_cast<int>(Lane::kReduce)]};
-  p.replicate_ = std::make_shared<Comm>(c10::intrusive_ptr<c10d::Backend>(), 0, 1, Backend::kNone, opts.timeout);
+  p.replicate_ = local_comm(opts);
   p.replicate_->set_plane("data/replicate", p.control_.get());
   // rank = replica * dp_shard + shard_rank: the shard groups are runs of consecutive ranks
   // (a node's under torchrun / Slurm when dp_shard = LOCAL_WORLD_SIZE), the replicate groups
