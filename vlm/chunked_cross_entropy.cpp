@@ -38,7 +38,8 @@ class ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinear
   }
 
   // Recomputes each chunk with autograd on (one chunk of logits alive at a time) and
-  // accumulates the weight gradient in fp32 (float64 for float64 weights).
+  // accumulates the weight gradient in fp32 (float64 for float64 weights). A frozen head
+  // (LoRA, a frozen LLM) gets none: neither the [V, d] accumulator nor its matmul.
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     const auto saved = ctx->get_saved_variables();
     const auto& hidden = saved[0];
@@ -46,19 +47,26 @@ class ChunkedLinearCrossEntropy : public torch::autograd::Function<ChunkedLinear
     const auto& labels = saved[2];
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
     const int64_t n = hidden.size(0);
+    const bool want_weight = ctx->needs_input_grad(1);
     const auto acc = weight.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
     auto grad_hidden = torch::empty_like(hidden);
-    auto grad_weight = torch::zeros(weight.sizes(), weight.options().dtype(acc));
+    torch::Tensor grad_weight;
+    if (want_weight) grad_weight = torch::zeros(weight.sizes(), weight.options().dtype(acc));
     torch::AutoGradMode grad_on(true);
-    auto w = weight.detach().requires_grad_(true);
+    auto w = weight.detach().requires_grad_(want_weight);
     for (int64_t r = 0; r < n; r += chunk) {
       const int64_t m = std::min(chunk, n - r);
       auto h = hidden.narrow(0, r, m).detach().requires_grad_(true);
       auto loss = chunk_loss(h, w, labels.narrow(0, r, m));
+      if (!want_weight) {
+        grad_hidden.narrow(0, r, m).copy_(torch::autograd::grad({loss}, {h}, {grad_out[0]})[0]);
+        continue;
+      }
       auto g = torch::autograd::grad({loss}, {h, w}, {grad_out[0]});
       grad_hidden.narrow(0, r, m).copy_(g[0]);
       grad_weight.add_(g[1].to(acc));
     }
+    if (!want_weight) return {grad_hidden, torch::Tensor(), torch::Tensor(), torch::Tensor()};
     return {grad_hidden, grad_weight.to(weight.scalar_type()), torch::Tensor(), torch::Tensor()};
   }
 };

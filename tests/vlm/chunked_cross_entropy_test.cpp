@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "vlm/chunked_cross_entropy.h"
+#include "vlm/tensor_memory.h"
 
 namespace {
 
@@ -60,6 +61,28 @@ TEST(ChunkedCrossEntropy, EqualsFullLogitsFp32) {
     EXPECT_LE(ce_rel(got.loss, ref.loss), 1e-6);
     EXPECT_LE(ce_rel(got.gh, ref.gh), 1e-6);
     EXPECT_LE(ce_rel(got.gw, ref.gw), 1e-6);
+  }
+}
+
+// A frozen head (LoRA, a frozen LLM): the hidden gradient as before, no weight gradient, and
+// no [V, d] accumulator (counted by the tensor memory meter: the backward's peak stays below
+// the weight's fp32 size).
+TEST(ChunkedCrossEntropy, FrozenWeightGetsNoGradientNorAccumulator) {
+  const CeCase c = ce_case(37, 256, 4096, torch::kFloat32, 4);
+  const CeResult ref = ce_reference(c);
+  for (int64_t chunk : {5, 100}) {
+    SCOPED_TRACE("chunk " + std::to_string(chunk));
+    auto h = c.h.clone().requires_grad_(true), w = c.w.clone();
+    auto loss = vlm::chunked_linear_cross_entropy(h, w, c.labels, chunk);
+    vlm::TensorMemoryMeter::install();
+    vlm::TensorMemoryMeter::reset_peak();
+    const int64_t before = vlm::TensorMemoryMeter::live_bytes();
+    (loss * 1.7).backward();
+    const int64_t peak = vlm::TensorMemoryMeter::peak_bytes() - before;
+    EXPECT_LE(ce_rel(h.grad(), ref.gh), 1e-5);
+    EXPECT_TRUE(torch::equal(h.grad(), ce_chunked(c, chunk).gh)) << "differs from the trained-weight path";
+    EXPECT_FALSE(w.grad().defined());
+    EXPECT_LT(peak, static_cast<int64_t>(w.numel()) * 4) << "a [V, d] fp32 accumulator was allocated";
   }
 }
 
