@@ -24,6 +24,7 @@
 #include "app/perf_counters.h"
 #include "app/progress.h"
 #include "app/sharding_options.h"
+#include "app/step_memory.h"
 #include "sharding/memory_plan.h"
 #include "app/tensorboard.h"
 #include "app/train_data.h"
@@ -245,18 +246,23 @@ TrainSummary run_training(const Recipe& recipe) {
     lm.source.reset();  // unmaps the checkpoint
     log_sharded_load(sm->load_stats(), sm->memory(), rss_before_model, dims, lm.random_init,
                      recipe.model.sharded_load);
+    const vlm::sharding::ShardingOptions so = sharding_options(recipe);
+    vlm::sharding::MemoryPlan plan =
+        vlm::sharding::plan_memory(sm->unit_table(), world, so.param_dtype, so.reduce_dtype,
+                                   so.fsdp_accumulate_unsharded, dims.has_mesh() ? dims.dp_shard() : 0);
+    if (so.optimizer_offload) vlm::sharding::plan_offload(plan, sm->unit_table());  // optimizer bytes -> host
+    // The step log's "plan": this memory plan plus the micro-batches' activations (step_memory.h).
+    const StepMemoryModel step_memory(*model, plan, sm->unit_table(), so.param_dtype,
+                                      dims.device().is_cuda() ? vlm::AttentionPath::cuda : vlm::AttentionPath::cpu,
+                                      recipe.data.prefetch * recipe.batch.samples_per_rank);
     if (main) {
       const vlm::sharding::MemoryReport m0 = sm->memory();
       const vlm::sharding::ParamCounts pc = vlm::sharding::count_params(sm->unit_table());
-      const vlm::sharding::ShardingOptions so = sharding_options(recipe);
-      vlm::sharding::MemoryPlan plan =
-          vlm::sharding::plan_memory(sm->unit_table(), world, so.param_dtype, so.reduce_dtype,
-                                     so.fsdp_accumulate_unsharded, dims.has_mesh() ? dims.dp_shard() : 0);
-      if (so.optimizer_offload) vlm::sharding::plan_offload(plan, sm->unit_table());  // optimizer bytes -> host
       spdlog::info("unit table:\n{}params: total {}, trainable {}\nmemory per rank: params {} + grads {} + "
                    "optimizer {} (persistent){}; plan: {} persistent + {} transient (gathered units, reduce-scatter "
                    "buffers, unsharded sums) = {} before activations; the step log's mem is the measured peak "
-                   "of tensor bytes on the device",
+                   "of tensor bytes on the device, next to the plan for the micro-batches the window ran "
+                   "(inputs and activations added; app/step_memory.h)",
                    vlm::sharding::unit_table_text(sm->unit_table()), pc.total, pc.trainable,
                    human_bytes(m0.param_bytes), human_bytes(m0.grad_bytes), human_bytes(m0.optim_bytes),
                    m0.host_optim_bytes > 0 ? fmt::format("; optimizer state in host memory {} (sharding.optimizer_offload)",
@@ -358,7 +364,7 @@ TrainSummary run_training(const Recipe& recipe) {
                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     };
     int64_t last_saved = st.step;
-    double window_seconds = 0, window_wait = 0, window_flops = 0;
+    double window_seconds = 0, window_wait = 0, window_flops = 0, window_planned = 0;
     int64_t window_steps = 0, window_tokens = 0, window_images = 0, window_samples = 0;
     vlm::collate::PaddingCount window_padding;  // all ranks: micro-batch tokens, padding among them
     bar.restart(st.step);
@@ -420,6 +426,15 @@ TrainSummary run_training(const Recipe& recipe) {
         }
       }
       batches.clear();
+      const StepMemory planned = step_memory.step(sd.micro_batches);
+      if (main && st.step == 0)
+        spdlog::info("memory plan of step 1 (app/step_memory.h): persistent {} + inputs {} + max(sharding buffers "
+                     "{} + activations {} + a unit's parameter gradient {}, gradients until the optimizer {}) = {} "
+                     "(measured: the step log's mem)",
+                     human_bytes(planned.persistent), human_bytes(planned.inputs), human_bytes(planned.sharding),
+                     human_bytes(planned.activations), human_bytes(planned.grads), human_bytes(planned.step_grads),
+                     human_bytes(planned.total()));
+      window_planned = std::max(window_planned, planned.total());
 
       // Prefetch (CUDA): the next step's micro-batches are read and their host -> device
       // copies issued while this step's kernels still run. On CPU there is nothing to
@@ -500,6 +515,7 @@ TrainSummary run_training(const Recipe& recipe) {
                             {"micro_batches", sd.micro_batches.size()},
                             {"peak_rss_bytes", peak_rss_bytes()},
                             {"tensor_peak_bytes", tensor_peak},
+                            {"tensor_peak_planned_bytes", window_planned},
                             {"mem_params_bytes", mem.param_bytes},
                             {"mem_grads_bytes", mem.grad_bytes},
                             {"mem_optim_bytes", mem.optim_bytes},
@@ -512,11 +528,12 @@ TrainSummary run_training(const Recipe& recipe) {
         bar.clear();
         if (main)
           spdlog::info("step {:>5}/{} | ep {:.2f} | loss {:.4f} | gnorm {:.3f} | lr {:.2e} | tok/s {:.0f} | img/s {:.1f} "
-                       "| smp/s {:.1f} | pad {:.1f}% | mfu {:.2f}% | mem {} | data {:.0f}% | eta {}{}",
+                       "| smp/s {:.1f} | pad {:.1f}% | mfu {:.2f}% | mem {} (plan {}) | data {:.0f}% | eta {}{}",
                        st.step, steps_total, epoch, loss, gnorm, lr, window_tokens / window_seconds,
                        window_images / window_seconds, window_samples / window_seconds,
                        100 * window_padding.fraction(), 100 * mfu,
                        human_bytes(static_cast<double>(tensor_peak > 0 ? tensor_peak : peak_rss_bytes())),
+                       human_bytes(window_planned),
                        100.0 * window_wait / window_seconds,
                        human_seconds(bar.eta_seconds(st.step)), bad ? " | SKIPPED" : "");
         metrics.write(j);
@@ -524,6 +541,7 @@ TrainSummary run_training(const Recipe& recipe) {
         window_seconds = window_wait = window_flops = 0;
         window_steps = window_tokens = window_images = window_samples = 0;
         window_padding = {};
+        window_planned = 0;
       }
       bar.update(st.step);
 

@@ -62,6 +62,8 @@ MemoryPlan plan_memory(const std::vector<UnitPlan>& units, int world_size, torch
     plan.total.grad_bytes += m.grad_bytes;
     plan.total.optim_bytes += m.optim_bytes;
     const double bytes = p * static_cast<double>(u.numel);
+    const bool ddp_grad = u.sharding == Sharding::kReplicated || u.sharding == Sharding::kShardOptimizer;
+    if (ddp_grad && r <= p) plan.backward_grad_bytes += bytes;  // the .grad beside the bucket
     const double shard = static_cast<double>((u.numel + n - 1) / n);
     const double flat = shard * n;  // [N*S]
     const bool sharded_params = u.sharding == Sharding::kFullShard || u.sharding == Sharding::kHybridShard ||

@@ -71,6 +71,11 @@ struct MemoryPlan {
   double reduce_scatter_peak_bytes = 0;  // see the header comment
   double unsharded_accum_bytes = 0;      // see the header comment
   double offload_saved_bytes = 0;  // device optimizer bytes moved to the host (plan_offload)
+  // The part of total.grad_bytes that exists only from a unit's backward until the
+  // optimizer's zero_grad: a DDP parameter's .grad (param dtype) when gradients accumulate
+  // in .grad (reduce dtype no wider than param dtype, ddp.h). app/step_memory.h places it
+  // in the step.
+  double backward_grad_bytes = 0;
   // Persistent + the transient peaks (an upper bound on the step's sharding memory).
   double peak_bytes() const {
     return total.total() + gathered_peak_bytes + reduce_scatter_peak_bytes + unsharded_accum_bytes;

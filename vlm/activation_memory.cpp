@@ -144,6 +144,7 @@ UnitActivation vision_block(const VlmConfig& cfg, Op o, const std::string& b, bo
   u.output_bytes = o.p * e;
   u.kept_bytes = o.kept + u.output_bytes;
   u.needs_grad = out;
+  if (out) u.backward_bytes = 3 * o.p * iv;
   return u;
 }
 
@@ -167,6 +168,7 @@ UnitActivation merger(const VlmConfig& cfg, Op o, const std::string& m, bool rg,
   if (h) o.kept += o.p * merged;                   // GELU's input
   if (o.keeps_input(fc2)) o.kept += o.p * merged;  // GELU's output
   u.needs_grad = o.linear(fc2, merged, h);
+  if (u.needs_grad) u.backward_bytes = 3 * o.p * merged;
   u.output_bytes = o.p * static_cast<double>(v.out_hidden_size);
   u.kept_bytes = o.kept + u.output_bytes;
   return u;
@@ -196,6 +198,7 @@ UnitActivation decoder_layer(const TextConfig& tc, Op o, const std::string& l, b
   const bool n2 = o.rms(l + ".post_attention_layernorm", d, h, true);
   if (o.keeps_input(l + ".mlp.gate_proj") || o.keeps_input(l + ".mlp.up_proj")) o.kept += o.p * d;
   u.needs_grad = mlp(o, MlpType::gated_silu, l + ".mlp", d, inter, n2) || h;
+  if (u.needs_grad) u.backward_bytes = 3 * o.p * inter;
   u.output_bytes = o.p * d;
   u.kept_bytes = o.kept + u.output_bytes;
   return u;
@@ -205,6 +208,7 @@ UnitActivation scaled(std::string path, UnitActivation u, double rows, int input
   u.path = std::move(path);
   u.kept_bytes *= rows;
   u.output_bytes *= rows;
+  u.backward_bytes *= rows;
   u.input_from = input_from;
   return u;
 }
@@ -332,11 +336,14 @@ double ActivationPlan::forward_bytes(const std::function<bool(const std::string&
 
 double ActivationPlan::peak_bytes(const std::function<bool(const std::string&)>& ckpt) const {
   double peak = forward_bytes(ckpt) + std::max(head_chunk_bytes, head_backward_bytes);
-  // Backward of a checkpointed unit: what the units before it keep, and its full set again.
+  // u's backward: what the units before it keep, its own set (all of it again when
+  // checkpointed) and its working set.
   double before = shared_bytes;
   for (size_t i = 0; i < units.size(); ++i) {
-    if (ckpt(units[i].path)) peak = std::max(peak, before + units[i].kept_bytes);
-    before += unit_bytes(units, i, ckpt);
+    const auto& u = units[i];
+    const double own = unit_bytes(units, i, ckpt);
+    peak = std::max(peak, before + (ckpt(u.path) ? u.kept_bytes : own) + u.backward_bytes);
+    before += own;
   }
   return peak;
 }

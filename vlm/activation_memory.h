@@ -62,6 +62,8 @@ struct UnitActivation {
   bool keeps_input = false;  // whether the unit's own forward keeps its input alive
   int input_from = -1;       // the unit whose output is this unit's input (-1: none)
   bool needs_grad = false;   // the output needs a gradient (something before or in it trains)
+  double backward_bytes = 0; // its backward's own working set: gradients of its activations
+                             // (an MLP's backward holds three of its hidden width at once)
 };
 
 struct ActivationPlan {
@@ -75,7 +77,8 @@ struct ActivationPlan {
   // only its output), minus outputs nobody keeps, plus the inputs checkpointing keeps.
   double forward_bytes(const std::function<bool(const std::string&)>& checkpointed) const;
   // The most activation bytes alive at once during forward and backward: the forward's end
-  // plus the head's transients, or, in backward, the units before u plus u's recomputed set.
+  // plus the head's transients, or, in u's backward, what the units before u keep, u's own
+  // set (recomputed when checkpointed) and u's working set.
   double peak_bytes(const std::function<bool(const std::string&)>& checkpointed) const;
 };
 

@@ -1,0 +1,76 @@
+// Planned step memory (see step_memory.h).
+#include "app/step_memory.h"
+
+#include <algorithm>
+
+namespace vlmtrain {
+
+StepMemoryModel::StepMemoryModel(vlm::Qwen2VLImpl& model, const vlm::sharding::MemoryPlan& plan,
+                                 const std::vector<vlm::sharding::UnitPlan>& units, torch::Dtype param_dtype,
+                                 vlm::AttentionPath path, int64_t prefetch_samples)
+    : model_(&model), dtype_(param_dtype), path_(path) {
+  step_grads_ = plan.backward_grad_bytes + plan.unsharded_accum_bytes;
+  persistent_ = plan.total.total() - plan.backward_grad_bytes;
+  sharding_ = plan.gathered_peak_bytes + plan.reduce_scatter_peak_bytes;
+  reduce_ = plan.reduce_scatter_peak_bytes;
+  // On the CPU the device is the host: the offloaded optimizer state and the loader's
+  // decoded samples are in the same memory.
+  if (path == vlm::AttentionPath::cpu) {
+    persistent_ += plan.total.host_optim_bytes;
+    prefetch_samples_ = prefetch_samples;
+  }
+  const double p = static_cast<double>(c10::elementSize(param_dtype));
+  for (const auto& u : units) {
+    if (u.checkpointed) checkpointed_.push_back(u.path);
+    if (u.trainable()) grads_ = std::max(grads_, p * static_cast<double>(u.numel));
+  }
+}
+
+vlm::MicroBatchShape StepMemoryModel::shape_of(const vlm::collate::MicroBatch& mb) {
+  const auto& b = mb.batch;
+  vlm::MicroBatchShape s;
+  s.rows = b.input_ids.size(0);
+  s.seq_len = b.input_ids.size(1);
+  s.patches = b.pixel_values.defined() ? b.pixel_values.size(0) : 0;
+  s.loss_rows = mb.supervised_tokens;
+  s.packed = b.text_cu_seqlens.defined();
+  return s;
+}
+
+double StepMemoryModel::input_bytes(const vlm::MicroBatchShape& s) const {
+  const auto& v = model_->cfg.vision;
+  const double tokens = static_cast<double>(s.tokens());
+  return tokens * (3 + 3) * 8 + static_cast<double>(s.loss_rows) * 8 +
+         static_cast<double>(s.patches) * static_cast<double>(v.patch_dim()) *
+             static_cast<double>(c10::elementSize(dtype_));
+}
+
+double StepMemoryModel::activations(const vlm::MicroBatchShape& shape) const {
+  const auto plan = vlm::plan_activations(*model_, shape, dtype_, path_);
+  return plan.peak_bytes([this](const std::string& path) {
+    return std::find(checkpointed_.begin(), checkpointed_.end(), path) != checkpointed_.end();
+  });
+}
+
+StepMemory StepMemoryModel::step(const std::vector<vlm::collate::MicroBatch>& micro_batches) const {
+  StepMemory m{persistent_, 0, sharding_, 0, grads_, step_grads_, reduce_,
+               static_cast<int64_t>(micro_batches.size())};
+  int64_t samples = 0;
+  for (const auto& mb : micro_batches) {
+    const vlm::MicroBatchShape s = shape_of(mb);
+    m.inputs += input_bytes(s);
+    m.activations = std::max(m.activations, activations(s));
+    samples += static_cast<int64_t>(mb.indices.size());
+  }
+  if (samples > 0) m.persistent += m.inputs * static_cast<double>(prefetch_samples_) / static_cast<double>(samples);
+  return m;
+}
+
+StepMemory StepMemoryModel::step(const vlm::MicroBatchShape& shape, int64_t count, int64_t samples) const {
+  StepMemory m{persistent_, static_cast<double>(count) * input_bytes(shape), sharding_, activations(shape), grads_,
+               step_grads_, reduce_, count};
+  if (samples > 0) m.persistent += m.inputs * static_cast<double>(prefetch_samples_) / static_cast<double>(samples);
+  return m;
+}
+
+}  // namespace vlmtrain

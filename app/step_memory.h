@@ -1,0 +1,79 @@
+// The planned peak of a rank's device memory over one training step, next to which the step
+// log prints the measured one: `plan` for the recipe's largest micro-batch, the trainer for
+// the micro-batches it really runs.
+//
+//   peak = persistent (params, optimizer state, DDP buckets, FSDP shard grads:
+//          sharding/memory_plan.h; on the CPU also the offloaded optimizer state and the
+//          loader's window of decoded samples, the host being the device)
+//        + the step's inputs on the device (all its micro-batches are staged at once)
+//        + the larger of two moments:
+//          in backward: sharding transients (gathered units, reduce-scatter buffers)
+//            + the largest micro-batch's activation peak (vlm/activation_memory.h,
+//              checkpointed units as the policy table says)
+//            + the largest trainable unit's parameter gradient in param_dtype (autograd's
+//              .grad before the engine folds it into a bucket or reduce-scatters it)
+//            + with several micro-batches, the gradients accumulating across them
+//          at the end of backward: the reduce-scatter buffers and the step's gradients
+//            (DDP .grad in param dtype, FSDP unsharded sums), activations gone
+//
+// Peaks of parts that need not coincide are added, so the plan leans high; the bench row
+// (scripts/bench/memory_plan.py) measures how close it comes for each policy mix.
+#pragma once
+#include <algorithm>
+#include <vector>
+
+#include "collate/micro_batch.h"
+#include "sharding/memory_plan.h"
+#include "sharding/policy.h"
+#include "vlm/activation_memory.h"
+
+namespace vlmtrain {
+
+struct StepMemory {
+  double persistent = 0;   // params, optimizer state, gradient buffers (+ the CPU's host parts)
+  double inputs = 0;       // the step's micro-batches on the device
+  double sharding = 0;     // gathered units and reduce-scatter buffers in flight
+  double activations = 0;  // the largest micro-batch's activation peak
+  double grads = 0;        // the largest unit's parameter gradient in param_dtype
+  double step_grads = 0;   // gradients alive until the optimizer: DDP .grad, FSDP unsharded sums
+  double reduce = 0;       // reduce-scatter buffers (part of `sharding`)
+  int64_t micro_batches = 1;
+  double total() const {
+    const double accumulating = micro_batches > 1 ? step_grads : 0.0;
+    return persistent + inputs +
+           std::max(sharding + activations + grads + accumulating, reduce + step_grads);
+  }
+};
+
+class StepMemoryModel {
+ public:
+  // model: after the policies (requires_grad and adapters as they train); plan: its memory
+  // plan; units: the unit table (activation checkpointing per unit); prefetch_samples: the
+  // loader's window (data.prefetch x batch.samples_per_rank), counted on the CPU only.
+  StepMemoryModel(vlm::Qwen2VLImpl& model, const vlm::sharding::MemoryPlan& plan,
+                  const std::vector<vlm::sharding::UnitPlan>& units, torch::Dtype param_dtype,
+                  vlm::AttentionPath path, int64_t prefetch_samples);
+
+  // A step of these micro-batches.
+  StepMemory step(const std::vector<vlm::collate::MicroBatch>& micro_batches) const;
+  // A step of `count` micro-batches of this shape holding `samples` samples in all (plan:
+  // the recipe's budget).
+  StepMemory step(const vlm::MicroBatchShape& shape, int64_t count, int64_t samples) const;
+
+  // Bytes of one micro-batch's tensors: ids, labels, mask [B, L] int64, positions [3, B, L]
+  // int64, pixel_values [P, patch_dim] in param_dtype, loss rows.
+  double input_bytes(const vlm::MicroBatchShape& shape) const;
+  static vlm::MicroBatchShape shape_of(const vlm::collate::MicroBatch& mb);
+
+ private:
+  double activations(const vlm::MicroBatchShape& shape) const;
+
+  vlm::Qwen2VLImpl* model_;
+  torch::Dtype dtype_;
+  vlm::AttentionPath path_;
+  std::vector<std::string> checkpointed_;
+  double persistent_ = 0, sharding_ = 0, reduce_ = 0, grads_ = 0, step_grads_ = 0;
+  int64_t prefetch_samples_ = 0;
+};
+
+}  // namespace vlmtrain
