@@ -15,6 +15,9 @@
 
 #include "app/commands.h"
 #include "app/sharding_options.h"
+#include "app/step_memory.h"
+#include "sharding/sharded_model.h"
+#include "vlm/activation_memory.h"
 #include "sharding/lora.h"
 #include "sharding/memory_plan.h"
 #include "sharding/offload.h"
@@ -42,7 +45,37 @@ struct PlanArgs {
   std::optional<long long> nproc_per_node;  // --nproc-per-node L (default: the world size, one node)
   bool json = false;
   bool leaves = false;                 // --leaves (with --preset alone)
+  std::optional<long long> tokens;     // --tokens T: the micro-batch (default batch.max_tokens)
+  std::optional<long long> image_tokens;  // --image-tokens M (default min(batch.max_image_tokens, T))
+  std::optional<std::string> device;   // --device cpu|cuda: whose kernels' activations (default cuda
+                                       // unless dist.device = "cpu")
 };
+
+// The micro-batch `plan` sizes activations for: the recipe's budget unless overridden.
+struct PlannedBatch {
+  vlm::MicroBatchShape shape;
+  int64_t image_tokens = 0;
+  std::string device;
+};
+
+PlannedBatch planned_batch(const PlanArgs& a, const Recipe& recipe, const vlm::VlmConfig& cfg) {
+  PlannedBatch pb;
+  const long long tokens = a.tokens.value_or(recipe.batch.max_tokens);
+  VLM_CHECK(tokens >= 1 && tokens <= (1LL << 31), "vlmtrain plan: --tokens: expected a positive count, got ", tokens);
+  const long long images = a.image_tokens.value_or(std::min<long long>(recipe.batch.max_image_tokens, tokens));
+  VLM_CHECK(images >= 0 && images <= tokens, "vlmtrain plan: --image-tokens: expected 0..", tokens,
+            " (at most the micro-batch's tokens), got ", images);
+  pb.image_tokens = images;
+  pb.shape.rows = 1;
+  pb.shape.seq_len = tokens;
+  pb.shape.patches = images * cfg.vision.merge_unit();
+  pb.shape.loss_rows = tokens - images;  // at most every text token supervised
+  pb.shape.packed = recipe.batch.packing;
+  pb.device = a.device.value_or(recipe.dist.device == "cpu" ? "cpu" : "cuda");
+  VLM_CHECK(pb.device == "cpu" || pb.device == "cuda", "vlmtrain plan: --device: expected cpu or cuda, got '",
+            pb.device, "'");
+  return pb;
+}
 
 int plan_recipe(const PlanArgs& a);
 
@@ -161,6 +194,26 @@ int plan_recipe(const PlanArgs& a) {
     call_order.emplace_back(u.path, u.shares_params_with.empty() ? u.path : u.shares_params_with);
   const sh::TrafficPlan traffic = sh::plan_traffic(units, call_order, mesh, opts.param_dtype, opts.reduce_dtype,
                                                    opts.fsdp_accumulate_unsharded);
+  // Activations and the step's peak for one micro-batch of the budget (app/step_memory.h).
+  sh::apply_freeze(units);  // requires_grad as the policies set it: what autograd keeps follows
+  const PlannedBatch pb = planned_batch(a, recipe, cfg);
+  const vlm::AttentionPath apath = pb.device == "cuda" ? vlm::AttentionPath::cuda : vlm::AttentionPath::cpu;
+  const StepMemoryModel step_model(*model, mem, units, opts.param_dtype, apath,
+                                   recipe.data.prefetch * recipe.batch.samples_per_rank);
+  const StepMemory step = step_model.step(pb.shape, 1, recipe.batch.samples_per_rank);
+  const vlm::ActivationPlan act = vlm::plan_activations(*model, pb.shape, opts.param_dtype, apath);
+  auto checkpointed = [&units](const std::string& path) {
+    for (const auto& u : units)
+      if (u.path == path) return u.checkpointed;
+    return false;
+  };
+  // A unit's activation bytes at the end of the forward (a tied lm_head's rows join its unit).
+  auto unit_activation = [&](const sh::UnitPlan& u) {
+    if (!u.adapter_of.empty()) return 0.0;
+    double b = act.unit_forward_bytes(u.path, checkpointed);
+    if (!u.aliases.empty()) b += act.unit_forward_bytes(u.aliases, checkpointed);
+    return b;
+  };
   const int64_t total = vlm::count_parameters(*model);
   const char* pdtype = recipe.precision.param_dtype.c_str();
 
@@ -184,7 +237,8 @@ int plan_recipe(const PlanArgs& a) {
                      {"rule", u.rule}, {"params", u.numel}, {"trainable", u.trainable()},
                      {"param_bytes", m.param_bytes},
                      {"grad_bytes", m.grad_bytes}, {"optim_bytes", m.optim_bytes}, {"total_bytes", m.total()},
-                     {"host_optim_bytes", m.host_optim_bytes}, {"activation_checkpointing", u.checkpointed}});
+                     {"host_optim_bytes", m.host_optim_bytes}, {"activation_checkpointing", u.checkpointed},
+                     {"activation_bytes", unit_activation(u)}});
     }
     j["totals"] = {{"param_bytes", mem.total.param_bytes}, {"grad_bytes", mem.total.grad_bytes},
                    {"optim_bytes", mem.total.optim_bytes}, {"total_bytes", mem.total.total()},
@@ -195,6 +249,13 @@ int plan_recipe(const PlanArgs& a) {
     j["reduce_scatter_peak_bytes"] = mem.reduce_scatter_peak_bytes;
     j["unsharded_accum_bytes"] = mem.unsharded_accum_bytes;
     j["peak_bytes"] = mem.peak_bytes();
+    j["activations"] = {{"tokens", pb.shape.tokens()}, {"image_tokens", pb.image_tokens},
+                        {"patches", pb.shape.patches}, {"packed", pb.shape.packed}, {"device", pb.device},
+                        {"forward_bytes", act.forward_bytes(checkpointed)}, {"peak_bytes", act.peak_bytes(checkpointed)}};
+    j["step_peak"] = {{"persistent_bytes", step.persistent}, {"inputs_bytes", step.inputs},
+                      {"sharding_bytes", step.sharding}, {"activations_bytes", step.activations},
+                      {"unit_grad_bytes", step.grads}, {"step_grad_bytes", step.step_grads},
+                      {"total_bytes", step.total()}};
     auto& ops = j["traffic"]["ops"] = nlohmann::json::array();
     for (const auto& o : traffic.ops)
       ops.push_back({{"unit", o.unit}, {"op", o.op}, {"group", sh::comm_group_name(o.group)},
@@ -215,28 +276,41 @@ int plan_recipe(const PlanArgs& a) {
               recipe.source.c_str(), source.c_str(), vlm::family_name(cfg.family).c_str(), world, pdtype,
               recipe.precision.reduce_dtype.c_str());
   const int w = static_cast<int>(width);
-  std::printf("%-*s %-7s %-16s %-16s %15s %11s %11s %11s %11s  %s\n", w, "unit", "policy", "strategy", "sharding",
-              "params", "params/rank", "grads/rank", "optim/rank", "total/rank", "act.ckpt");
+  std::printf("%-*s %-7s %-16s %-16s %15s %11s %11s %11s %11s %11s  %s\n", w, "unit", "policy", "strategy",
+              "sharding", "params", "params/rank", "grads/rank", "optim/rank", "total/rank", "activations", "act.ckpt");
   for (size_t i = 0; i < units.size(); ++i) {
     const auto& u = units[i];
     const auto& m = mem.units[i];
     const std::string name = u.aliases.empty() ? u.path : u.path + " (" + u.aliases + ")";
-    std::printf("%-*s %-7s %-16s %-16s %15s %11s %11s %11s %11s  %s\n", w, name.c_str(), sh::policy_name(u.policy),
-                sh::strategy_name(u.strategy), sh::sharding_name(u.sharding), with_commas(u.numel).c_str(),
-                sh::human_bytes(m.param_bytes).c_str(), sh::human_bytes(m.grad_bytes).c_str(),
-                sh::human_bytes(m.optim_bytes).c_str(), sh::human_bytes(m.total()).c_str(),
+    std::printf("%-*s %-7s %-16s %-16s %15s %11s %11s %11s %11s %11s  %s\n", w, name.c_str(),
+                sh::policy_name(u.policy), sh::strategy_name(u.strategy), sh::sharding_name(u.sharding),
+                with_commas(u.numel).c_str(), sh::human_bytes(m.param_bytes).c_str(),
+                sh::human_bytes(m.grad_bytes).c_str(), sh::human_bytes(m.optim_bytes).c_str(),
+                sh::human_bytes(m.total()).c_str(), sh::human_bytes(unit_activation(u)).c_str(),
                 u.checkpointed ? "yes" : "no");
   }
-  std::printf("\n%-*s %-7s %-16s %-16s %15s %11s %11s %11s %11s\n", w, "total per rank", "", "", "",
+  std::printf("\n%-*s %-7s %-16s %-16s %15s %11s %11s %11s %11s %11s\n", w, "total per rank", "", "", "",
               with_commas(total).c_str(), sh::human_bytes(mem.total.param_bytes).c_str(),
               sh::human_bytes(mem.total.grad_bytes).c_str(), sh::human_bytes(mem.total.optim_bytes).c_str(),
-              sh::human_bytes(mem.total.total()).c_str());
+              sh::human_bytes(mem.total.total()).c_str(), sh::human_bytes(act.forward_bytes(checkpointed)).c_str());
   if (mem.gathered_peak_bytes > 0 || mem.reduce_scatter_peak_bytes > 0)
     std::printf("\ntransient: gathered flat parameters %s (every shard_grad_op unit + the three largest full_shard "
                 "units: running + two prefetched), reduce-scatter buffers in flight %s (the two largest trainable "
-                "fsdp units, reduce dtype); peak per rank %s (activations not included)\n",
+                "fsdp units, reduce dtype); peak per rank %s before activations (below)\n",
                 sh::human_bytes(mem.gathered_peak_bytes).c_str(), sh::human_bytes(mem.reduce_scatter_peak_bytes).c_str(),
                 sh::human_bytes(mem.peak_bytes()).c_str());
+  std::printf("\nactivations for one micro-batch of %lld tokens (%lld image tokens = %lld patches%s; %s kernels; "
+              "--tokens / --image-tokens to change): %s kept at the end of the forward (column above), peak %s "
+              "through backward\n",
+              static_cast<long long>(pb.shape.tokens()), static_cast<long long>(pb.image_tokens),
+              static_cast<long long>(pb.shape.patches), pb.shape.packed ? ", packed" : "", pb.device.c_str(),
+              sh::human_bytes(act.forward_bytes(checkpointed)).c_str(), sh::human_bytes(act.peak_bytes(checkpointed)).c_str());
+  std::printf("step peak per rank (app/step_memory.h): persistent %s + inputs %s + max(sharding buffers %s + "
+              "activations %s + a unit's parameter gradient %s, gradients until the optimizer %s) = %s\n",
+              sh::human_bytes(step.persistent).c_str(), sh::human_bytes(step.inputs).c_str(),
+              sh::human_bytes(step.sharding).c_str(), sh::human_bytes(step.activations).c_str(),
+              sh::human_bytes(step.grads).c_str(), sh::human_bytes(step.step_grads).c_str(),
+              sh::human_bytes(step.total()).c_str());
   if (mem.unsharded_accum_bytes > 0)
     std::printf("fsdp_accumulate = \"unsharded\": unsharded gradient sums %s during gradient accumulation "
                 "(every trainable fsdp unit, reduce dtype; included in the peak), one reduce-scatter per unit "
@@ -274,7 +348,8 @@ int plan_recipe(const PlanArgs& a) {
 
 CommandRun declare_plan(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
-  app.description(R"(usage: vlmtrain plan RECIPE [--preset NAME] [--world-size N] [--nproc-per-node L] [--json] [--set KEY=VALUE]...
+  app.description(R"(usage: vlmtrain plan RECIPE [--preset NAME] [--world-size N] [--nproc-per-node L]
+                         [--tokens T] [--image-tokens M] [--device cpu|cuda] [--json] [--set KEY=VALUE]...
        vlmtrain plan --preset NAME [--json] [--leaves]
 
 Builds the model on the meta device and prints every module with its parameter count,
@@ -294,12 +369,19 @@ policy and bytes per rank, plus totals.
            "instead total_params and trainable_params (LoRA adapters included),\n"
            "world_size, param_dtype, units [{path, aliases, policy, strategy, sharding,\n"
            "rule, params, trainable, param_bytes, grad_bytes, optim_bytes, total_bytes,\n"
-           "host_optim_bytes, activation_checkpointing}], totals {...}, gathered_peak_bytes,\n"
+           "host_optim_bytes, activation_checkpointing, activation_bytes}], totals {...}, gathered_peak_bytes,\n"
            "reduce_scatter_peak_bytes, unsharded_accum_bytes, peak_bytes, optimizer_offload,\n"
            "offload_saved_bytes, mesh {nproc_per_node, dp_shard, dp_replicate}, traffic {ops [{unit,\n"
            "op, group, inter_node, bytes, per_micro_batch, per_step}], step_1mb,\n"
-           "per_extra_micro_batch}, warnings");
+           "per_extra_micro_batch}, activations {tokens, image_tokens, patches, packed, device,\n"
+           "forward_bytes, peak_bytes}, step_peak {persistent_bytes, inputs_bytes, sharding_bytes,\n"
+           "activations_bytes, unit_grad_bytes, step_grad_bytes, total_bytes}, warnings");
   add_flag(app, "--leaves", a->leaves, "list every parameter-owning layer instead of the sharding units");
+  add_value(app, "--tokens", a->tokens, "T", "activations for a micro-batch of T tokens (default batch.max_tokens)");
+  add_value(app, "--image-tokens", a->image_tokens, "M",
+            "of which M merged image tokens (default min(batch.max_image_tokens, T))");
+  add_value(app, "--device", a->device, "cpu|cuda",
+            "whose kernels' activations (default cuda, cpu when dist.device = \"cpu\")");
   app.footer(R"(Bytes per rank as the engine allocates them (P unit parameters, N ranks, p / r bytes of
 precision.param_dtype / reduce_dtype, S = ceil(P/N); sharding/memory_plan.h):
   freeze pP | ddp pP + grads + 12P (bf16; fp32: 8P); grads = rP (the bucket, where they

@@ -334,6 +334,13 @@ double ActivationPlan::forward_bytes(const std::function<bool(const std::string&
   return total;
 }
 
+double ActivationPlan::unit_forward_bytes(const std::string& path,
+                                          const std::function<bool(const std::string&)>& ckpt) const {
+  for (size_t i = 0; i < units.size(); ++i)
+    if (units[i].path == path) return unit_bytes(units, i, ckpt);
+  return 0.0;
+}
+
 double ActivationPlan::peak_bytes(const std::function<bool(const std::string&)>& ckpt) const {
   double peak = forward_bytes(ckpt) + std::max(head_chunk_bytes, head_backward_bytes);
   // u's backward: what the units before it keep, its own set (all of it again when

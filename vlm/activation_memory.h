@@ -76,6 +76,9 @@ struct ActivationPlan {
   // run under activation checkpointing: each unit's kept bytes (a checkpointed one keeps
   // only its output), minus outputs nobody keeps, plus the inputs checkpointing keeps.
   double forward_bytes(const std::function<bool(const std::string&)>& checkpointed) const;
+  // One unit's share of forward_bytes (0 for a path not in the plan).
+  double unit_forward_bytes(const std::string& path,
+                            const std::function<bool(const std::string&)>& checkpointed) const;
   // The most activation bytes alive at once during forward and backward: the forward's end
   // plus the head's transients, or, in u's backward, what the units before u keep, u's own
   // set (recomputed when checkpointed) and u's working set.
