@@ -374,6 +374,31 @@ def packing_section(md):
     md.append("")
 
 
+def memory_plan_section(md):
+    """Issue #29: the trainer's planned peak per rank vs the measured one, per policy mix."""
+    import memory_plan
+    md.append("## 12. Planned vs measured peak memory per rank (scripts/bench/memory_plan.py)\n")
+    md.append("`vlmtrain` on the tiny recipe, 4 steps per policy mix, each step's measured peak of tensor bytes "
+              "(tensor_peak_bytes: on the CPU every storage the CPU allocator hands out, vlm/tensor_memory.h) "
+              "next to the plan for the micro-batches that step ran (tensor_peak_planned_bytes: app/step_memory.h "
+              "= sharding/memory_plan.h + vlm/activation_memory.h). Rank 0's figures; target: within 10% at every "
+              "step. Byte counts, so the machine's load does not move them.\n")
+    md.append("| policy mix | world | measured peak | planned | planned / measured (per step) | within 10% |")
+    md.append("|---|---|---|---|---|---|")
+    args = types.SimpleNamespace(vlmtrain=os.path.join(BUILD, "vlmtrain"), steps=4,
+                                 out=os.path.join(OUT, "memory_plan"))
+    os.makedirs(args.out, exist_ok=True)
+    results = []
+    for i, mix in enumerate(memory_plan.MIXES):
+        r = memory_plan.run_mix(args, i, mix[0], mix[1], mix[2], mix[3] if len(mix) > 3 else None)
+        commands.append(r["command"])
+        results.append(r)
+        md.append(f"| {r['mix']} | {r['world']} | {r['measured_max'] / 2**20:.1f} MiB | {r['planned_max'] / 2**20:.1f} MiB "
+                  f"| {', '.join(f'{x:.3f}' for x in r['ratios'])} | {'yes' if r['within_10pct'] else '**no**'} |")
+    json.dump(results, open(os.path.join(OUT, "memory_plan.json"), "w"), indent=1)
+    md.append("")
+
+
 def header():
     cpu = "unknown"
     try:
@@ -392,7 +417,7 @@ def header():
 SECTIONS = [("ratios", None, ["1"]), ("matrix", None, ["2", "3"]), ("train", None, ["4"]), ("data", None, ["5"]),
             ("hf_step", hf_sections.hf_step, ["6"]), ("image_hf", hf_sections.image_hf, ["7"]),
             ("tokenizer_hf", hf_sections.tokenizer_hf, ["8"]), ("hf_dist", hf_sections.hf_dist, ["9"]),
-            ("loader", hf_sections.loader, ["10"]), ("packing", None, ["11"])]
+            ("loader", hf_sections.loader, ["10"]), ("packing", None, ["11"]), ("memory_plan", None, ["12"])]
 
 
 def previous_sections(path):
@@ -461,6 +486,13 @@ def summary(md):
                             f"(CPU s/rank); exposed comm s/step | **{a['step_s'] / b['step_s']:.2f}x** "
                             f"({a['cpu_s_per_rank'] / b['cpu_s_per_rank']:.2f}x); {a['comm_wait_s_per_step']:.3f} vs "
                             f"{b['comm_wait_s_per_step']:.3f} | | | 1 |")
+    j = load("memory_plan")
+    if j:
+        worst = [r["worst"] for r in j]
+        rows.append(f"| #29 planned / measured peak memory per rank, {len(j)} policy mixes, world 1-2 | vlmtrain plan / "
+                    f"vlmtrain measured | **{min(worst):.2f}x-{max(worst):.2f}x** (worst step per mix) | within 10% | "
+                    f"{'met' if all(r['within_10pct'] for r in j) else 'missed'} in {sum(r['within_10pct'] for r in j)} "
+                    f"of {len(j)} | 12 |")
     if rows:
         md.append("## Summary: issue #30, vlmtrain next to what users would run instead\n")
         md.append("| row | ratio | measured | target | | section |")
@@ -527,7 +559,7 @@ def main():
         comm_section(body, rows)
 
     fns = {"ratios": ratios, "matrix": matrix_and_comm, "train": train_section, "data": data_section,
-           "packing": packing_section}
+           "packing": packing_section, "memory_plan": memory_plan_section}
     ran = []
     for name, fn, _ in SECTIONS:
         if name not in SKIP and not (RENDER_ONLY and not os.path.exists(os.path.join(OUT, name + ".md"))):
