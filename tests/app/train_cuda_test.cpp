@@ -8,7 +8,9 @@
 //     batch within 1e-4, which exercises device placement, the copy stream and the control
 //     plane at world 2;
 //   - four ranks on one GPU over Gloo as a 2 x 2 hybrid_shard mesh: equal to world 1 within 1e-4;
-//   - a rank that dies on CUDA ends the other rank with an error naming the op.
+//   - a rank that dies on CUDA ends the other rank with an error naming the op;
+//   - the step log's planned peak (app/step_memory.h, CUDA kernels' activations) within 10% of
+//     the caching allocator's measured peak at every step, fp32 and bf16 (issue #29).
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
@@ -65,6 +67,26 @@ TEST_F(TrainCuda, Fp32StepsEqualCpu) {
   ASSERT_EQ(a.size(), 8u);
   ASSERT_EQ(b.size(), 8u);
   for (const auto& [step, loss] : a) EXPECT_LE(cuda_rel(b.at(step), loss), 1e-4) << "step " << step;
+}
+
+TEST_F(TrainCuda, PlannedPeakWithin10PercentOfMeasured) {
+  VLM_REQUIRE_CUDA();
+  TempDir dir("cuda-memplan");
+  for (const char* dtype : {"fp32", "bf16"}) {
+    SCOPED_TRACE(dtype);
+    const std::string run = dir / dtype;
+    auto r = train(run, 3, {"dist.device=cuda", std::string("precision.param_dtype=") + dtype, "batch.samples_per_rank=8"});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    int steps = 0;
+    for (const auto& j : vlmtest::metrics_lines(run)) {
+      if (!j.contains("tensor_peak_planned_bytes")) continue;
+      const double measured = j["tensor_peak_bytes"].get<double>(), planned = j["tensor_peak_planned_bytes"].get<double>();
+      EXPECT_NEAR(planned / measured, 1.0, 0.10) << "step " << j["step"] << ": planned " << planned << ", measured "
+                                                 << measured;
+      ++steps;
+    }
+    EXPECT_EQ(steps, 3);
+  }
 }
 
 TEST_F(TrainCuda, Bf16FollowsFp32) {
