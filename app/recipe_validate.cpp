@@ -69,17 +69,18 @@ void Recipe::validate(Purpose purpose) const {
   auto check_strategy = [&](const std::string& policy, const std::string& strategy,
                             const std::string& key, const std::string& where_key) {
     bool ok = true;
-    if (policy == "freeze") ok = strategy.empty() || strategy == "full_shard" || strategy == "no_shard";
+    if (policy == "freeze" || policy == "lora")
+      ok = strategy.empty() || strategy == "full_shard" || strategy == "hybrid_shard" || strategy == "no_shard";
     else if (policy == "ddp") ok = strategy.empty() || strategy == "shard_optimizer";
     else if (policy == "fsdp") ok = strategy.empty() || strategy == "full_shard" ||
                                    strategy == "shard_grad_op" || strategy == "hybrid_shard" ||
                                    strategy == "no_shard";
-    else if (policy == "lora") ok = strategy.empty() || strategy == "full_shard" || strategy == "no_shard";
     if (!ok)
       throw vlm::Error(location(where_key) + ": key '" + key + "': strategy \"" + strategy +
                        "\" does not apply to policy \"" + policy +
                        "\" (fsdp: full_shard | shard_grad_op | hybrid_shard | no_shard; ddp: shard_optimizer; "
-                       "freeze and lora: full_shard (the frozen weights sharded) | no_shard)");
+                       "freeze and lora: full_shard (the frozen weights sharded) | hybrid_shard (sharded within "
+                       "groups of dist.dp_shard ranks) | no_shard)");
   };
   check_strategy(sharding.default_policy, sharding.default_strategy, "sharding.default_strategy",
                  "sharding.default_strategy");

@@ -43,7 +43,8 @@ struct UnitBackwardHook : public torch::autograd::Function<UnitBackwardHook> {
 
 // Everything but shard_grad_op frees its parameters between forward and backward.
 bool frees_after_forward(Sharding s) {
-  return s == Sharding::kFullShard || s == Sharding::kHybridShard || s == Sharding::kFrozenSharded;
+  return s == Sharding::kFullShard || s == Sharding::kHybridShard || s == Sharding::kFrozenSharded ||
+         s == Sharding::kFrozenHybrid;
 }
 
 // A released flat buffer's StorageImpl is told to throw on any data access with the unit's
@@ -107,13 +108,16 @@ FsdpEngine::FsdpEngine(Comm& comm, Comm& reduce, const std::vector<UnitPlan>& un
     auto u = std::make_unique<FsdpUnit>();
     u->gather_comm_ = &comm;
     u->reduce_comm_ = &reduce;
-    if (plan.sharding == Sharding::kHybridShard) {
+    const bool in_groups = plan.sharding == Sharding::kHybridShard || plan.sharding == Sharding::kFrozenHybrid;
+    if (in_groups) {
       VLM_CHECK(hybrid.gather != nullptr && hybrid.reduce != nullptr && hybrid.replicate != nullptr,
                 "fsdp: unit ", plan.path, " is hybrid_shard, but no mesh was set up (hint: ParallelOptions::mesh = "
                 "true; the trainer sets it when a rule uses hybrid_shard)");
       u->gather_comm_ = hybrid.gather;
       u->reduce_comm_ = hybrid.reduce;
-      if (hybrid.replicate->world_size() > 1) u->replicate_comm_ = hybrid.replicate;
+      // Only a trained unit's gradient crosses the replicas; a frozen one just gathers.
+      if (plan.sharding == Sharding::kHybridShard && hybrid.replicate->world_size() > 1)
+        u->replicate_comm_ = hybrid.replicate;
     }
     const int64_t n = u->gather_comm_->world_size(), r = u->gather_comm_->rank();
     u->path_ = plan.path;
@@ -134,8 +138,8 @@ FsdpEngine::FsdpEngine(Comm& comm, Comm& reduce, const std::vector<UnitPlan>& un
     u->hi_ = std::min((r + 1) * u->shard_, u->numel_);
     u->own_lo_ = u->lo_;
     u->own_hi_ = u->hi_;
-    if (u->replicate_comm_ != nullptr) {  // this replica's share of R_r
-      const int64_t reps = u->replicate_comm_->world_size(), rep = u->replicate_comm_->rank();
+    if (in_groups && hybrid.replicate->world_size() > 1) {  // this replica's share of R_r
+      const int64_t reps = hybrid.replicate->world_size(), rep = hybrid.replicate->rank();
       const int64_t len = u->hi_ - u->lo_, part = (len + reps - 1) / reps;
       u->own_lo_ = u->lo_ + std::min(rep * part, len);
       u->own_hi_ = u->lo_ + std::min((rep + 1) * part, len);

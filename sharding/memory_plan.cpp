@@ -23,7 +23,8 @@ UnitMemory unit_memory(Sharding sharding, int64_t numel, int world_size, torch::
   UnitMemory m;
   switch (sharding) {
     case Sharding::kFrozen: m.param_bytes = p * full; break;
-    case Sharding::kFrozenSharded: m.param_bytes = p * shard; break;
+    case Sharding::kFrozenSharded:
+    case Sharding::kFrozenHybrid: m.param_bytes = p * shard; break;
     case Sharding::kReplicated: m = {p * full, ddp_grad * full, optim_per_elem * full}; break;
     case Sharding::kShardOptimizer: m = {p * full, ddp_grad * full, optim_per_elem * shard}; break;
     case Sharding::kShardGradOp:
@@ -55,7 +56,8 @@ MemoryPlan plan_memory(const std::vector<UnitPlan>& units, int world_size, torch
   std::vector<double> regathered, reduce_scattered;  // per unit: [N*S] x p, ([N*S] + [S]) x r
   for (const auto& u : units) {
     // The ranks the unit is split over: its shard group under hybrid_shard, else the world.
-    const int n = u.sharding == Sharding::kHybridShard ? plan.dp_shard : world_size;
+    const bool in_groups = u.sharding == Sharding::kHybridShard || u.sharding == Sharding::kFrozenHybrid;
+    const int n = in_groups ? plan.dp_shard : world_size;
     UnitMemory m = unit_memory(u.sharding, u.numel, n, param_dtype, reduce_dtype);
     plan.units.push_back(m);
     plan.total.param_bytes += m.param_bytes;
@@ -67,7 +69,7 @@ MemoryPlan plan_memory(const std::vector<UnitPlan>& units, int world_size, torch
     const double shard = static_cast<double>((u.numel + n - 1) / n);
     const double flat = shard * n;  // [N*S]
     const bool sharded_params = u.sharding == Sharding::kFullShard || u.sharding == Sharding::kHybridShard ||
-                                u.sharding == Sharding::kFrozenSharded;
+                                u.sharding == Sharding::kFrozenSharded || u.sharding == Sharding::kFrozenHybrid;
     const bool fsdp = sharded_params || u.sharding == Sharding::kShardGradOp;
     const bool sharded_any = fsdp || u.sharding == Sharding::kShardOptimizer;
     if (sharded_params) regathered.push_back(p * flat);

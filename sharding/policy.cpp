@@ -34,6 +34,7 @@ const char* sharding_name(Sharding s) {
   switch (s) {
     case Sharding::kFrozen: return "frozen";
     case Sharding::kFrozenSharded: return "frozen, sharded";
+    case Sharding::kFrozenHybrid: return "frozen, hybrid";
     case Sharding::kReplicated: return "replicated";
     case Sharding::kShardOptimizer: return "ZeRO-1";
     case Sharding::kShardGradOp: return "ZeRO-2";
@@ -68,6 +69,7 @@ Sharding sharding_of(Policy p, Strategy s) {
     case Policy::kLora:  // the frozen base
       if (s == Strategy::kDefault || s == Strategy::kNoShard) return Sharding::kFrozen;
       if (s == Strategy::kFullShard) return Sharding::kFrozenSharded;
+      if (s == Strategy::kHybridShard) return Sharding::kFrozenHybrid;
       break;
     case Policy::kDdp:
       if (s == Strategy::kDefault || s == Strategy::kNoShard) return Sharding::kReplicated;
@@ -83,7 +85,7 @@ Sharding sharding_of(Policy p, Strategy s) {
   }
   throw Error(str("sharding: policy '", policy_name(p), "' does not take strategy '", strategy_name(s),
                   "' (hint: ddp takes \"\" or shard_optimizer; fsdp takes full_shard, shard_grad_op, "
-                  "hybrid_shard, no_shard; freeze and lora take \"\" or full_shard)"));
+                  "hybrid_shard, no_shard; freeze and lora take \"\", full_shard or hybrid_shard)"));
 }
 
 namespace {

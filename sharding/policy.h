@@ -52,6 +52,8 @@ Strategy parse_strategy(const std::string& s);  // "" -> kDefault
 enum class Sharding {
   kFrozen,          // freeze (not sharded): params only
   kFrozenSharded,   // freeze + fsdp: params sharded, gathered for forward
+  kFrozenHybrid,    // freeze + hybrid_shard: params sharded within a shard group (dp_shard
+                    // ranks), replicated across the groups; gathered within the group
   kReplicated,      // ddp, fsdp no_shard: params, grads, optimizer state on every rank
   kShardOptimizer,  // ZeRO-1: optimizer state sharded
   kShardGradOp,     // ZeRO-2: grads + optimizer state sharded
@@ -63,7 +65,8 @@ enum class Sharding {
 const char* sharding_name(Sharding s);
 // (policy, strategy) -> memory layout; throws for combinations that mean nothing
 // (ddp + full_shard, freeze + a strategy other than ""/full_shard/no_shard). lora: the
-// sharding of the frozen base ("" / no_shard: frozen, full_shard: frozen sharded).
+// sharding of the frozen base ("" / no_shard: frozen, full_shard: frozen sharded,
+// hybrid_shard: frozen, sharded within the shard group).
 Sharding sharding_of(Policy p, Strategy s);
 
 // One `[[sharding.module]]` row.
@@ -134,7 +137,9 @@ struct UnitPlan {
   bool checkpointed = false;   // activation checkpointing on this unit
   std::string adapter_of;      // LoRA adapter row: the unit whose forward computes with it
   bool has_adapters = false;   // LoRA base row: its adapters are the next row
-  bool trainable() const { return sharding != Sharding::kFrozen && sharding != Sharding::kFrozenSharded; }
+  bool trainable() const {
+    return sharding != Sharding::kFrozen && sharding != Sharding::kFrozenSharded && sharding != Sharding::kFrozenHybrid;
+  }
 };
 
 // Resolves the policy table and the optimizer groups over the model's units (in forward

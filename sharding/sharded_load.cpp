@@ -23,7 +23,7 @@ torch::Tensor slice_of(const torch::Tensor& flat, int64_t offset, torch::IntArra
 
 bool shards_params(Sharding s) {
   return s == Sharding::kFullShard || s == Sharding::kShardGradOp || s == Sharding::kHybridShard ||
-         s == Sharding::kFrozenSharded;
+         s == Sharding::kFrozenSharded || s == Sharding::kFrozenHybrid;
 }
 
 ShardedLoad materialize_units(torch::nn::Module& model, const std::vector<UnitPlan>& units, int64_t world_rank,
@@ -50,7 +50,8 @@ ShardedLoad materialize_units(torch::nn::Module& model, const std::vector<UnitPl
       source.drop_resident_pages();
       continue;
     }
-    const bool hybrid = u.sharding == Sharding::kHybridShard && hybrid_size > 0;
+    const bool hybrid =
+        (u.sharding == Sharding::kHybridShard || u.sharding == Sharding::kFrozenHybrid) && hybrid_size > 0;
     const int64_t rank = hybrid ? hybrid_rank : world_rank, world = hybrid ? hybrid_size : world_size;
     int64_t numel = 0;
     for (const auto& p : u.params) numel += p.param.numel();

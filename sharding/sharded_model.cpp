@@ -130,8 +130,12 @@ std::vector<StateSlice> ShardedModel::state_slices() const {
   for (const auto& u : units_) {
     if (u.trainable() || !stores_frozen()) continue;
     const auto [lo, hi] = owned_range(u.numel, world_, rank_);
-    if (FsdpUnit* f = fsdp_ ? fsdp_->find_unit(u.path) : nullptr) {  // sharded: R_r is the local shard
-      out.push_back({u.path + "/param", u.numel, lo, hi, f->shard_param().to(torch::kCPU).clone()});
+    if (FsdpUnit* f = fsdp_ ? fsdp_->find_unit(u.path) : nullptr) {
+      // Sharded: this rank's part of its shard R_r (under hybrid_shard its replica's share, so
+      // the replicas of a shard write it once between them).
+      const int64_t a = f->own_lo(), b = f->own_hi();
+      out.push_back({u.path + "/param", u.numel, a, b,
+                     f->shard_param().narrow(0, a - f->lo(), b - a).to(torch::kCPU).clone()});
       continue;
     }
     StateSlice s{u.path + "/param", u.numel, lo, hi, torch::empty({hi - lo}, u.params.front().param.options().device(torch::kCPU))};
@@ -176,7 +180,8 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::Qwen2VLImpl& model, const Shar
   // 1. Policy table.
   sm->units_ = resolve_units(model, opts);
   for (const auto& u : sm->units_)
-    VLM_CHECK(u.sharding != Sharding::kHybridShard || dims.has_mesh(), "apply_policies: unit ", u.path,
+    VLM_CHECK((u.sharding != Sharding::kHybridShard && u.sharding != Sharding::kFrozenHybrid) || dims.has_mesh(),
+              "apply_policies: unit ", u.path,
               " is hybrid_shard (", u.rule, "), but ParallelDims has no mesh (hint: ParallelOptions::mesh = true, "
               "with dp_shard = the ranks per shard group; the trainer sets it from the recipe)");
   ShardedLoad loaded;

@@ -68,7 +68,7 @@ TrafficPlan plan_traffic(const std::vector<UnitPlan>& units,
     plan.ops.push_back({u.path, op, g, TrafficPlan::spans_nodes(mesh, g), bytes, per_mb, per_step});
   };
   for (const auto& u : units) {
-    const bool hybrid = u.sharding == Sharding::kHybridShard;
+    const bool hybrid = u.sharding == Sharding::kHybridShard || u.sharding == Sharding::kFrozenHybrid;
     const CommGroup g = hybrid ? CommGroup::kShard : CommGroup::kWorld;
     const double n = hybrid ? mesh.shard() : mesh.world;
     const double shard = static_cast<double>((u.numel + static_cast<int64_t>(n) - 1) / static_cast<int64_t>(n));

@@ -128,6 +128,7 @@ struct Config {
   bool ddp_late_rank0 = false;
   bool merger_ddp = false;  // with frozen_vision false: visual.merger on DDP, the rest FSDP
   bool unsharded_accum = false;  // ShardingOptions::fsdp_accumulate_unsharded
+  std::string frozen_strategy = "full_shard";  // with frozen_vision: the frozen tower's strategy
   // How the weights arrive: "" materialised on every rank (rank 1 perturbed) and broadcast
   // by apply_policies; "init" sharded loading of make_model's random init; a path: sharded
   // loading from that HF checkpoint (sharded_load.h).
@@ -205,7 +206,7 @@ inline RunResult reference_run(const Config& c, int world = 2) {
 inline ShardingOptions options(const Config& c) {
   ShardingOptions o;
   if (c.frozen_vision) {
-    o.rules = {{"visual.patch_embed|visual.blocks.*", "freeze", "full_shard"},
+    o.rules = {{"visual.patch_embed|visual.blocks.*", "freeze", c.frozen_strategy},
                {"visual.merger", "ddp", ""},
                {"model.*|lm_head", "fsdp", c.strategy}};
     if (c.ckpt) o.checkpoint_match = "model.layers.*|model.embed_tokens|visual.merger";

@@ -5,17 +5,19 @@
 // and {1,3} replicate), fp32, clipping active:
 //   - losses, gradient norms and final parameters equal the single-process reference (1e-5
 //     relative loss and norm, 1e-5 absolute parameters) for frozen-vision (frozen sharded
-//     vision over the world, DDP merger, hybrid LLM) with 2 micro-batches and all-hybrid
+//     vision over the world, DDP merger, hybrid LLM) with 2 micro-batches, the same with the
+//     frozen vision hybrid-sharded too (gathered within its shard group only), and all-hybrid
 //     (vision trained too) with unsharded accumulation; a norm that counted each replicated
-//     shard twice would clip differently and miss both;
+//     shard twice would clip differently and miss them;
 //   - traffic of step 1 per process group equals the traffic plan exactly (traffic_plan.h):
 //     the shard groups carry the hybrid units' gathers and reduce-scatters, the replicate
 //     groups one fp32 all-reduce per unit and step, the world's lanes the rest; planned as
 //     2 nodes x 2 ranks, the shard groups stay within a node and the rest crosses nodes;
 //   - memory: persistent bytes per rank equal plan_memory with dp_shard 2;
 //   - checkpoint state written at 2 x 2 covers every vector exactly once (the test reader
-//     fails on overlaps or gaps) and resumes at world 2 full_shard (another mesh, another
-//     strategy) into the same trajectory as the reference.
+//     fails on overlaps or gaps), the frozen hybrid tower's weights included, and resumes at
+//     world 2 full_shard (another mesh, another strategy) into the same trajectory as the
+//     reference.
 // Ranks that derive different mesh shapes stop with an error naming it (world 2). Without
 // processes: a dp_shard that does not divide the world size is refused, and apply_policies
 // refuses hybrid_shard units without a mesh.
@@ -32,10 +34,12 @@ using namespace fsdp_testing;
 
 std::string ckpt_dir() { return (fs::temp_directory_path() / "vlmtest_hybrid_ckpt").string(); }
 
-Config hybrid_config(bool frozen_vision) {
+// frozen_hybrid: the frozen tower hybrid-sharded too (else full_shard over the world).
+Config hybrid_config(bool frozen_vision, bool frozen_hybrid = false) {
   Config c;
   c.strategy = "hybrid_shard";
   c.frozen_vision = frozen_vision;
+  if (frozen_hybrid) c.frozen_strategy = "hybrid_shard";
   c.accum = 2;
   c.unsharded_accum = !frozen_vision;
   return c;
@@ -58,10 +62,10 @@ std::map<CommGroup, double> measured_by_group(const RunResult& r, double* main_l
   return out;
 }
 
-void check_hybrid(ParallelDims& dims, bool frozen_vision) {
+void check_hybrid(ParallelDims& dims, bool frozen_vision, bool frozen_hybrid = false) {
   ASSERT_EQ(dims.world_size(), 4);
   ASSERT_EQ(dims.dp_shard(), 2);
-  Config c = hybrid_config(frozen_vision);
+  Config c = hybrid_config(frozen_vision, frozen_hybrid);
   const RunResult want = reference_run(c, 4);
   const RunResult got = sharded_run(dims, c);
   const std::string tag = rank_tag(dims, c);
@@ -109,6 +113,7 @@ TEST(HybridDist, DISABLED_Worker) {
   torch::set_num_threads(1);
   auto dims = init_fsdp_worker();
   check_hybrid(dims, /*frozen_vision=*/true);
+  check_hybrid(dims, /*frozen_vision=*/true, /*frozen_hybrid=*/true);
   check_hybrid(dims, /*frozen_vision=*/false);
   dims.comm().barrier("end");
 }
@@ -118,11 +123,19 @@ TEST(HybridDist, TwoByTwoEqualsOneProcessWorld4) {
 }
 
 // Steps [0, 3) at 2 x 2, state saved; steps [3, 5) resumed from it at world 2, full_shard.
+// VLMTEST_FROZEN_HYBRID=1: the frozen-vision config with the tower hybrid-sharded (its
+// weights are checkpoint state too), else all-hybrid.
+Config save_config() {
+  const char* f = std::getenv("VLMTEST_FROZEN_HYBRID");
+  const bool frozen = f != nullptr && std::string(f) == "1";
+  return hybrid_config(frozen, frozen);
+}
+
 TEST(HybridDist, DISABLED_SaveWorker) {
   VLM_DIST_WORKER_ONLY();
   torch::set_num_threads(1);
   auto dims = init_fsdp_worker();
-  Config c = hybrid_config(/*frozen_vision=*/false);
+  Config c = save_config();
   c.end = 3;
   c.save_dir = ckpt_dir();
   const RunResult got = sharded_run(dims, c);
@@ -134,12 +147,13 @@ TEST(HybridDist, DISABLED_ResumeWorker) {
   VLM_DIST_WORKER_ONLY();
   torch::set_num_threads(1);
   auto dims = init_fsdp_worker();
-  Config c = hybrid_config(/*frozen_vision=*/false);
+  Config c = save_config();
   c.strategy = "full_shard";
+  c.frozen_strategy = "full_shard";
   c.begin = 3;
   c.load_dir = ckpt_dir();
   // The reference of the 2 x 2 run: its samples were split over 4 ranks.
-  Config ref = hybrid_config(false);
+  Config ref = save_config();
   const RunResult want = reference_run(ref, 4);
   const RunResult got = sharded_run(dims, c);
   EXPECT_EQ(got.losses.size(), 2u);
@@ -147,9 +161,11 @@ TEST(HybridDist, DISABLED_ResumeWorker) {
   dims.comm().barrier("end");
 }
 
-TEST(HybridDist, CheckpointFromTwoByTwoResumesAtWorld2) {
+void check_checkpoint_from_two_by_two(bool frozen_hybrid) {
   fs::remove_all(ckpt_dir());
-  launch(4, "HybridDist.DISABLED_SaveWorker", 300, [](int) { return std::vector<std::string>{"VLMTEST_DP_SHARD=2"}; });
+  const std::string env = std::string("VLMTEST_FROZEN_HYBRID=") + (frozen_hybrid ? "1" : "0");
+  launch(4, "HybridDist.DISABLED_SaveWorker", 300,
+         [&](int) { return std::vector<std::string>{"VLMTEST_DP_SHARD=2", env}; });
   // Every vector once: per key, the slices' lengths sum to its numel (the reader below also
   // fails on a gap or an overlap).
   std::map<std::string, int64_t> covered;
@@ -159,17 +175,28 @@ TEST(HybridDist, CheckpointFromTwoByTwoResumesAtWorld2) {
     covered[name.substr(0, dot1)] += std::stoll(name.substr(dot2 + 1)) - std::stoll(name.substr(dot1 + 1, dot2 - dot1 - 1));
   }
   auto model = make_model();
-  const auto units = resolve_units(*model, options(hybrid_config(false)));
+  const auto units = resolve_units(*model, options(hybrid_config(frozen_hybrid, frozen_hybrid)));
+  int frozen = 0;
   for (const auto& u : units) {
-    if (!u.trainable()) continue;
+    if (!u.trainable()) {
+      ++frozen;
+      EXPECT_EQ(u.sharding, frozen_hybrid ? Sharding::kFrozenHybrid : Sharding::kFrozen) << u.path;
+      EXPECT_EQ(covered[u.path + "#param"], u.numel) << u.path << ": frozen weights written once per shard index";
+      continue;
+    }
     for (const char* kind : {"master", "exp_avg", "exp_avg_sq"}) {
       std::string key = u.path + "#" + kind;
       EXPECT_EQ(covered[key], u.numel) << key << ": written once per shard index";
     }
   }
-  launch(2, "HybridDist.DISABLED_ResumeWorker", 240);
+  EXPECT_EQ(frozen > 0, frozen_hybrid);
+  launch(2, "HybridDist.DISABLED_ResumeWorker", 240, [&](int) { return std::vector<std::string>{env}; });
   fs::remove_all(ckpt_dir());
 }
+
+TEST(HybridDist, CheckpointFromTwoByTwoResumesAtWorld2) { check_checkpoint_from_two_by_two(false); }
+
+TEST(HybridDist, CheckpointWithFrozenHybridTowerResumesAtWorld2) { check_checkpoint_from_two_by_two(true); }
 
 // Rank 0 asks for dp_shard 1, rank 1 for 2 (as dp_shard = 0 would on nodes with different
 // LOCAL_WORLD_SIZE): both stop with the same clear error instead of hanging in group set-up.

@@ -157,5 +157,12 @@ TEST(LoraPolicy, Errors) {
     o.default_policy = "lora";
     EXPECT_NE(lora_error_of([&] { resolve_units(*m, o); }).find("cannot be the default"), std::string::npos);
     EXPECT_THROW(sharding_of(Policy::kLora, Strategy::kShardGradOp), vlm::Error);
+    // The frozen base (and a frozen unit) may be sharded over the world or in shard groups.
+    EXPECT_EQ(sharding_of(Policy::kLora, Strategy::kHybridShard), Sharding::kFrozenHybrid);
+    EXPECT_EQ(sharding_of(Policy::kFreeze, Strategy::kHybridShard), Sharding::kFrozenHybrid);
+    EXPECT_EQ(sharding_of(Policy::kFreeze, Strategy::kFullShard), Sharding::kFrozenSharded);
+    UnitPlan frozen;
+    frozen.sharding = Sharding::kFrozenHybrid;
+    EXPECT_FALSE(frozen.trainable());
   }
 }
