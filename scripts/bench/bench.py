@@ -377,26 +377,9 @@ def packing_section(md):
 def memory_plan_section(md):
     """Issue #29: the trainer's planned peak per rank vs the measured one, per policy mix."""
     import memory_plan
-    md.append("## 12. Planned vs measured peak memory per rank (scripts/bench/memory_plan.py)\n")
-    md.append("`vlmtrain` on the tiny recipe, 4 steps per policy mix, each step's measured peak of tensor bytes "
-              "(tensor_peak_bytes: on the CPU every storage the CPU allocator hands out, vlm/tensor_memory.h) "
-              "next to the plan for the micro-batches that step ran (tensor_peak_planned_bytes: app/step_memory.h "
-              "= sharding/memory_plan.h + vlm/activation_memory.h). Rank 0's figures; target: within 10% at every "
-              "step. Byte counts, so the machine's load does not move them.\n")
-    md.append("| policy mix | world | measured peak | planned | planned / measured (per step) | within 10% |")
-    md.append("|---|---|---|---|---|---|")
-    args = types.SimpleNamespace(vlmtrain=os.path.join(BUILD, "vlmtrain"), steps=4,
-                                 out=os.path.join(OUT, "memory_plan"))
-    os.makedirs(args.out, exist_ok=True)
-    results = []
-    for i, mix in enumerate(memory_plan.MIXES):
-        r = memory_plan.run_mix(args, i, mix[0], mix[1], mix[2], mix[3] if len(mix) > 3 else None)
-        commands.append(r["command"])
-        results.append(r)
-        md.append(f"| {r['mix']} | {r['world']} | {r['measured_max'] / 2**20:.1f} MiB | {r['planned_max'] / 2**20:.1f} MiB "
-                  f"| {', '.join(f'{x:.3f}' for x in r['ratios'])} | {'yes' if r['within_10pct'] else '**no**'} |")
+    results = memory_plan.report_section(md, os.path.join(BUILD, "vlmtrain"), os.path.join(OUT, "memory_plan"),
+                                         commands.append)
     json.dump(results, open(os.path.join(OUT, "memory_plan.json"), "w"), indent=1)
-    md.append("")
 
 
 def header():

@@ -106,6 +106,29 @@ def run_mix(args, i, name, world, block, sets):
             "command": " ".join(cmd)}
 
 
+def report_section(md, vlmtrain, out, record_cmd, steps=4):
+    """Section 12 of bench/RESULTS.md (scripts/bench/bench.py): every mix, a table row each."""
+    md.append("## 12. Planned vs measured peak memory per rank (scripts/bench/memory_plan.py)\n")
+    md.append("`vlmtrain` on the tiny recipe, 4 steps per policy mix, each step's measured peak of tensor bytes "
+              "(tensor_peak_bytes: on the CPU every storage the CPU allocator hands out, vlm/tensor_memory.h) "
+              "next to the plan for the micro-batches that step ran (tensor_peak_planned_bytes: app/step_memory.h "
+              "= sharding/memory_plan.h + vlm/activation_memory.h). Rank 0's figures; target: within 10% at every "
+              "step. Byte counts, so the machine's load does not move them.\n")
+    md.append("| policy mix | world | measured peak | planned | planned / measured (per step) | within 10% |")
+    md.append("|---|---|---|---|---|---|")
+    args = argparse.Namespace(vlmtrain=vlmtrain, steps=steps, out=out)
+    os.makedirs(out, exist_ok=True)
+    results = []
+    for i, mix in enumerate(MIXES):
+        r = run_mix(args, i, mix[0], mix[1], mix[2], mix[3] if len(mix) > 3 else None)
+        record_cmd(r["command"])
+        results.append(r)
+        md.append(f"| {r['mix']} | {r['world']} | {r['measured_max'] / 2**20:.1f} MiB | {r['planned_max'] / 2**20:.1f} MiB "
+                  f"| {', '.join(f'{x:.3f}' for x in r['ratios'])} | {'yes' if r['within_10pct'] else '**no**'} |")
+    md.append("")
+    return results
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vlmtrain", default=os.path.join(ROOT, "build", "vlmtrain"))
