@@ -90,6 +90,13 @@ struct Op {
   }
 };
 
+// Whether attention over packed segments runs as one flash varlen call (attention.cpp's
+// flash_varlen_applies: CUDA, 16-bit activations, head_dim a multiple of 8 up to 256); else
+// per group of equal-length segments through SDPA, outputs concatenated.
+bool flash_varlen(const Op& o, int64_t head_dim) {
+  return o.cuda && o.p == 2 && head_dim % 8 == 0 && head_dim <= 256;
+}
+
 bool norm_keeps_input(bool rms_kind, double p, bool rg, bool trained_weight) {
   return rms_kind ? (rg && p == kF) : (rg || trained_weight);
 }
@@ -119,7 +126,7 @@ struct AttnShape {
   double q, kv, heads;  // q width H*D, k / v width Hkv*D, query heads
 };
 
-UnitActivation vision_block(const VlmConfig& cfg, Op o, const std::string& b, bool rg, AttentionPath path) {
+UnitActivation vision_block(const VlmConfig& cfg, Op o, const std::string& b, bool rg) {
   const auto& v = cfg.vision;
   const double e = static_cast<double>(v.embed_dim), iv = static_cast<double>(v.intermediate_size);
   const bool rms = cfg.family == Family::qwen2_5_vl;
@@ -131,11 +138,12 @@ UnitActivation vision_block(const VlmConfig& cfg, Op o, const std::string& b, bo
   const bool n1 = o.norm(rms, b + ".norm1", e, rg, false);
   if (o.keeps_input(b + ".attn.qkv")) o.kept += o.p * e;
   const bool qkv = o.linear(b + ".attn.qkv", e, n1);
-  // CPU: the qkv output (v is a view of it), rotated q and k, each group's output; CUDA:
-  // rotated q, k, a contiguous v, the kernel's output. Then the concatenation (CPU), kept by
-  // proj; on CUDA proj keeps the kernel's output itself.
-  if (qkv) o.kept += (path == AttentionPath::cpu ? 6 : 4) * o.p * e + kF * static_cast<double>(v.num_heads);
-  if (o.keeps_input(b + ".attn.proj") && (path == AttentionPath::cpu || !qkv)) o.kept += o.p * e;
+  // Per group: the qkv output (v is a view of it), rotated q and k, each group's output, then
+  // their concatenation, kept by proj. Flash varlen: rotated q, k, a contiguous v and the
+  // kernel's output, which proj keeps itself.
+  const bool varlen = flash_varlen(o, v.head_dim());
+  if (qkv) o.kept += (varlen ? 4 : 6) * o.p * e + kF * static_cast<double>(v.num_heads);
+  if (o.keeps_input(b + ".attn.proj") && (!varlen || !qkv)) o.kept += o.p * e;
   const bool h = o.linear(b + ".attn.proj", e, qkv) || rg;
   const bool n2 = o.norm(rms, b + ".norm2", e, h, true);
   const std::string fc1 = b + (type == MlpType::gated_silu ? ".mlp.gate_proj" : type == MlpType::quick_gelu ? ".mlp.fc1" : ".mlp.linear_fc1");
@@ -174,8 +182,7 @@ UnitActivation merger(const VlmConfig& cfg, Op o, const std::string& m, bool rg,
   return u;
 }
 
-UnitActivation decoder_layer(const TextConfig& tc, Op o, const std::string& l, bool rg, AttentionPath path,
-                             bool packed) {
+UnitActivation decoder_layer(const TextConfig& tc, Op o, const std::string& l, bool rg, bool packed) {
   const double d = static_cast<double>(tc.hidden_size), inter = static_cast<double>(tc.intermediate_size);
   const double heads = static_cast<double>(tc.num_attention_heads), kvh = static_cast<double>(tc.num_key_value_heads);
   const double hd = heads * static_cast<double>(tc.head_dim()), kvd = kvh * static_cast<double>(tc.head_dim());
@@ -192,7 +199,7 @@ UnitActivation decoder_layer(const TextConfig& tc, Op o, const std::string& l, b
   }
   const bool attn = q || k || v;
   if (attn) o.kept += o.p * (2 * hd + 2 * kvd) + kF * heads;  // rotated q, k; v; out; logsumexp
-  if (attn && packed && path == AttentionPath::cpu) o.kept += o.p * hd;  // per-sample outputs, then cat
+  if (attn && packed && !flash_varlen(o, tc.head_dim())) o.kept += o.p * hd;  // per-sample outputs, then cat
   if (!attn && o.keeps_input(a + ".o_proj")) o.kept += o.p * hd;
   const bool h = o.linear(a + ".o_proj", hd, attn) || rg;
   const bool n2 = o.rms(l + ".post_attention_layernorm", d, h, true);
@@ -252,7 +259,7 @@ ActivationPlan plan_activations(Qwen2VLImpl& model, const MicroBatchShape& shape
   bool rg = units.back().needs_grad, tower_grad = false;
   for (int64_t i = 0; i < v.depth; ++i) {
     const std::string b = "visual.blocks." + std::to_string(i);
-    const UnitActivation blk = vision_block(cfg, op, b, rg, path);
+    const UnitActivation blk = vision_block(cfg, op, b, rg);
     const int at = add(b, blk, patches, prev);
     const auto& ds = v.deepstack_visual_indexes;
     const auto it = std::find(ds.begin(), ds.end(), i);
@@ -274,7 +281,7 @@ ActivationPlan plan_activations(Qwen2VLImpl& model, const MicroBatchShape& shape
   rg = emb.needs_grad;
   for (int64_t i = 0; i < tc.num_hidden_layers; ++i) {
     const std::string l = "model.layers." + std::to_string(i);
-    const UnitActivation layer = decoder_layer(tc, op, l, rg, path, shape.packed);
+    const UnitActivation layer = decoder_layer(tc, op, l, rg, shape.packed);
     prev = add(l, layer, tokens, prev);
     rg = layer.needs_grad;
   }

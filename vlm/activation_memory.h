@@ -8,7 +8,7 @@
 //     q/k/v input       p d                               (kept by the three Linears)
 //     qk_norm (Qwen3)   (f + p)(H + Hkv) D + f (H + Hkv)  (fp32 input, normed, rsqrt)
 //     attention         p (2 H D + 2 Hkv D) + f H        (rotated q, k; v; out; logsumexp)
-//                       + p H D packed on the CPU        (the per-sample copies)
+//                       + p H D packed, unless flash varlen (the per-sample outputs' cat)
 //     residual h        f d                               (post_attention_layernorm's fp32 input)
 //     post_attn norm    p d + f, its output p d
 //     MLP (gated SiLU)  4 p I                             (gate, silu, up, product)
@@ -16,7 +16,8 @@
 //   vision block, per patch (E width, Iv MLP width, on the CPU's per-image attention):
 //     norm1 (+ its stats), qkv output 3 p E (v is a view of it), rotated q, k, per-image
 //     outputs and their concatenation 4 p E, residual, norm2, MLP (quick_gelu 3 p Iv, gated
-//     SiLU 4 p Iv, tanh GELU 2 p Iv), output p E. On CUDA (flash varlen) q, k, v, out: 4 p E.
+//     SiLU 4 p Iv, tanh GELU 2 p Iv), output p E. Flash varlen (CUDA, bf16 / fp16) keeps
+//     rotated q, k, a contiguous v and its output instead: 4 p E.
 //
 // Autograd saves a tensor only for an input or weight that needs a gradient, so what is kept
 // depends on what trains: a frozen tower whose input needs no gradient keeps nothing; a
@@ -51,8 +52,9 @@ struct MicroBatchShape {
   int64_t tokens() const { return rows * seq_len; }
 };
 
-// Where attention runs: the CPU's SDPA over per-image / per-sample groups (their outputs
-// concatenated), or CUDA's flash varlen kernel over the packed sequence.
+// Whose kernels run: the CPU's, or CUDA's (flash varlen over packed segments for 16-bit
+// activations, else SDPA per group of segments as on the CPU; LayerNorm statistics in fp32;
+// dropout's bool mask).
 enum class AttentionPath { cpu, cuda };
 
 struct UnitActivation {
