@@ -485,6 +485,10 @@ def summary(md):
                   "table); the load each ran under is at the end of its section. Speed ratios are wall time, "
                   "measured interleaved; a ratio taken while the load exceeded the cores is marked where that "
                   "invalidates it.\n")
+        why = os.path.join(ROOT, "bench", "notes", "why_misses.md")
+        if os.path.exists(why):  # hand-written, from profiles (bench/notes/profile_step.md)
+            md.append("### Why the misses\n")
+            md.append(open(why).read().rstrip() + "\n")
 
 
 def main():
