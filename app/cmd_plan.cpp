@@ -253,9 +253,10 @@ int plan_recipe(const PlanArgs& a) {
                         {"patches", pb.shape.patches}, {"packed", pb.shape.packed}, {"device", pb.device},
                         {"forward_bytes", act.forward_bytes(checkpointed)}, {"peak_bytes", act.peak_bytes(checkpointed)}};
     j["step_peak"] = {{"persistent_bytes", step.persistent}, {"inputs_bytes", step.inputs},
-                      {"sharding_bytes", step.sharding}, {"activations_bytes", step.activations},
-                      {"unit_grad_bytes", step.grads}, {"step_grad_bytes", step.step_grads},
-                      {"total_bytes", step.total()}};
+                      {"gathered_bytes", step.gathered}, {"reduce_scatter_bytes", step.reduce},
+                      {"loss_backward_activation_bytes", step.act_head},
+                      {"unit_backward_activation_bytes", step.act_units}, {"unit_grad_bytes", step.grads},
+                      {"step_grad_bytes", step.step_grads}, {"total_bytes", step.total()}};
     auto& ops = j["traffic"]["ops"] = nlohmann::json::array();
     for (const auto& o : traffic.ops)
       ops.push_back({{"unit", o.unit}, {"op", o.op}, {"group", sh::comm_group_name(o.group)},
@@ -305,10 +306,12 @@ int plan_recipe(const PlanArgs& a) {
               static_cast<long long>(pb.shape.tokens()), static_cast<long long>(pb.image_tokens),
               static_cast<long long>(pb.shape.patches), pb.shape.packed ? ", packed" : "", pb.device.c_str(),
               sh::human_bytes(act.forward_bytes(checkpointed)).c_str(), sh::human_bytes(act.peak_bytes(checkpointed)).c_str());
-  std::printf("step peak per rank (app/step_memory.h): persistent %s + inputs %s + max(sharding buffers %s + "
-              "activations %s + a unit's parameter gradient %s, gradients until the optimizer %s) = %s\n",
+  std::printf("step peak per rank (app/step_memory.h): persistent %s + inputs %s + max(gathered units %s + "
+              "max(loss backward %s, reduce-scatter buffers %s + unit backward %s) + a unit's parameter gradient %s, "
+              "gradients until the optimizer %s) = %s\n",
               sh::human_bytes(step.persistent).c_str(), sh::human_bytes(step.inputs).c_str(),
-              sh::human_bytes(step.sharding).c_str(), sh::human_bytes(step.activations).c_str(),
+              sh::human_bytes(step.gathered).c_str(), sh::human_bytes(step.act_head).c_str(),
+              sh::human_bytes(step.reduce).c_str(), sh::human_bytes(step.act_units).c_str(),
               sh::human_bytes(step.grads).c_str(), sh::human_bytes(step.step_grads).c_str(),
               sh::human_bytes(step.total()).c_str());
   if (mem.unsharded_accum_bytes > 0)

@@ -11,7 +11,7 @@ StepMemoryModel::StepMemoryModel(vlm::Qwen2VLImpl& model, const vlm::sharding::M
     : model_(&model), dtype_(param_dtype), path_(path) {
   step_grads_ = plan.backward_grad_bytes + plan.unsharded_accum_bytes;
   persistent_ = plan.total.total() - plan.backward_grad_bytes;
-  sharding_ = plan.gathered_peak_bytes + plan.reduce_scatter_peak_bytes;
+  gathered_ = plan.gathered_peak_bytes;
   reduce_ = plan.reduce_scatter_peak_bytes;
   // On the CPU the device is the host: the offloaded optimizer state and the loader's
   // decoded samples are in the same memory.
@@ -45,21 +45,28 @@ double StepMemoryModel::input_bytes(const vlm::MicroBatchShape& s) const {
              static_cast<double>(c10::elementSize(dtype_));
 }
 
-double StepMemoryModel::activations(const vlm::MicroBatchShape& shape) const {
+void StepMemoryModel::add_activations(StepMemory& m, const vlm::MicroBatchShape& shape) const {
   const auto plan = vlm::plan_activations(*model_, shape, dtype_, path_);
-  return plan.peak_bytes([this](const std::string& path) {
+  auto ckpt = [this](const std::string& path) {
     return std::find(checkpointed_.begin(), checkpointed_.end(), path) != checkpointed_.end();
-  });
+  };
+  m.act_head = std::max(m.act_head, plan.head_peak_bytes(ckpt));
+  m.act_units = std::max(m.act_units, plan.units_peak_bytes(ckpt));
 }
 
 StepMemory StepMemoryModel::step(const std::vector<vlm::collate::MicroBatch>& micro_batches) const {
-  StepMemory m{persistent_, 0, sharding_, 0, grads_, step_grads_, reduce_,
-               static_cast<int64_t>(micro_batches.size())};
+  StepMemory m;
+  m.persistent = persistent_;
+  m.gathered = gathered_;
+  m.reduce = reduce_;
+  m.grads = grads_;
+  m.step_grads = step_grads_;
+  m.micro_batches = static_cast<int64_t>(micro_batches.size());
   int64_t samples = 0;
   for (const auto& mb : micro_batches) {
     const vlm::MicroBatchShape s = shape_of(mb);
     m.inputs += input_bytes(s);
-    m.activations = std::max(m.activations, activations(s));
+    add_activations(m, s);
     samples += static_cast<int64_t>(mb.indices.size());
   }
   if (samples > 0) m.persistent += m.inputs * static_cast<double>(prefetch_samples_) / static_cast<double>(samples);
@@ -67,8 +74,15 @@ StepMemory StepMemoryModel::step(const std::vector<vlm::collate::MicroBatch>& mi
 }
 
 StepMemory StepMemoryModel::step(const vlm::MicroBatchShape& shape, int64_t count, int64_t samples) const {
-  StepMemory m{persistent_, static_cast<double>(count) * input_bytes(shape), sharding_, activations(shape), grads_,
-               step_grads_, reduce_, count};
+  StepMemory m;
+  m.persistent = persistent_;
+  m.gathered = gathered_;
+  m.reduce = reduce_;
+  m.grads = grads_;
+  m.step_grads = step_grads_;
+  m.micro_batches = count;
+  m.inputs = static_cast<double>(count) * input_bytes(shape);
+  add_activations(m, shape);
   if (samples > 0) m.persistent += m.inputs * static_cast<double>(prefetch_samples_) / static_cast<double>(samples);
   return m;
 }

@@ -6,15 +6,17 @@
 //          sharding/memory_plan.h; on the CPU also the offloaded optimizer state and the
 //          loader's window of decoded samples, the host being the device)
 //        + the step's inputs on the device (all its micro-batches are staged at once)
-//        + the larger of two moments:
-//          in backward: sharding transients (gathered units, reduce-scatter buffers)
-//            + the largest micro-batch's activation peak (vlm/activation_memory.h,
-//              checkpointed units as the policy table says)
-//            + the largest trainable unit's parameter gradient in param_dtype (autograd's
-//              .grad before the engine folds it into a bucket or reduce-scatters it)
-//            + with several micro-batches, the gradients accumulating across them
-//          at the end of backward: the reduce-scatter buffers and the step's gradients
-//            (DDP .grad in param dtype, FSDP unsharded sums), activations gone
+//        + the largest of three moments:
+//          the loss's backward: gathered units + the forward's activations and the head's
+//            transients (vlm/activation_memory.h, checkpointed units as the policy table
+//            says); no unit has reduced yet
+//          a unit's backward: gathered units + reduce-scatter buffers in flight + what the
+//            units before it keep and its own (recomputed) set and working set
+//          both + the largest trainable unit's parameter gradient in param_dtype (autograd's
+//            .grad before the engine folds it into a bucket or reduce-scatters it) and, with
+//            several micro-batches, the gradients accumulating across them
+//          the end of backward: the reduce-scatter buffers and the step's gradients (DDP
+//            .grad in param dtype, FSDP unsharded sums), activations gone
 //
 // Peaks of parts that need not coincide are added, so the plan leans high; the bench row
 // (scripts/bench/memory_plan.py) measures how close it comes for each policy mix.
@@ -32,16 +34,18 @@ namespace vlmtrain {
 struct StepMemory {
   double persistent = 0;   // params, optimizer state, gradient buffers (+ the CPU's host parts)
   double inputs = 0;       // the step's micro-batches on the device
-  double sharding = 0;     // gathered units and reduce-scatter buffers in flight
-  double activations = 0;  // the largest micro-batch's activation peak
+  double gathered = 0;     // gathered units (running + prefetched)
+  double reduce = 0;       // reduce-scatter buffers in flight
+  double act_head = 0;     // the largest micro-batch's activations through the loss's backward
+  double act_units = 0;    // ... and through the largest unit backward
   double grads = 0;        // the largest unit's parameter gradient in param_dtype
   double step_grads = 0;   // gradients alive until the optimizer: DDP .grad, FSDP unsharded sums
-  double reduce = 0;       // reduce-scatter buffers (part of `sharding`)
   int64_t micro_batches = 1;
+  double activations() const { return std::max(act_head, act_units); }
   double total() const {
     const double accumulating = micro_batches > 1 ? step_grads : 0.0;
-    return persistent + inputs +
-           std::max(sharding + activations + grads + accumulating, reduce + step_grads);
+    const double head = gathered + act_head, units = gathered + reduce + act_units;
+    return persistent + inputs + std::max(std::max(head, units) + grads + accumulating, reduce + step_grads);
   }
 };
 
@@ -66,13 +70,14 @@ class StepMemoryModel {
   static vlm::MicroBatchShape shape_of(const vlm::collate::MicroBatch& mb);
 
  private:
-  double activations(const vlm::MicroBatchShape& shape) const;
+  // Adds one micro-batch's activation peaks (loss, units) to m's maxima.
+  void add_activations(StepMemory& m, const vlm::MicroBatchShape& shape) const;
 
   vlm::Qwen2VLImpl* model_;
   torch::Dtype dtype_;
   vlm::AttentionPath path_;
   std::vector<std::string> checkpointed_;
-  double persistent_ = 0, sharding_ = 0, reduce_ = 0, grads_ = 0, step_grads_ = 0;
+  double persistent_ = 0, gathered_ = 0, reduce_ = 0, grads_ = 0, step_grads_ = 0;
   int64_t prefetch_samples_ = 0;
 };
 

@@ -428,12 +428,12 @@ TrainSummary run_training(const Recipe& recipe) {
       batches.clear();
       const StepMemory planned = step_memory.step(sd.micro_batches);
       if (main && st.step == 0)
-        spdlog::info("memory plan of step 1 (app/step_memory.h): persistent {} + inputs {} + max(sharding buffers "
-                     "{} + activations {} + a unit's parameter gradient {}, gradients until the optimizer {}) = {} "
-                     "(measured: the step log's mem)",
-                     human_bytes(planned.persistent), human_bytes(planned.inputs), human_bytes(planned.sharding),
-                     human_bytes(planned.activations), human_bytes(planned.grads), human_bytes(planned.step_grads),
-                     human_bytes(planned.total()));
+        spdlog::info("memory plan of step 1 (app/step_memory.h): persistent {} + inputs {} + max(gathered units {} "
+                     "+ max(loss backward {}, reduce-scatter buffers {} + unit backward {}) + a unit's parameter "
+                     "gradient {}, gradients until the optimizer {}) = {} (measured: the step log's mem)",
+                     human_bytes(planned.persistent), human_bytes(planned.inputs), human_bytes(planned.gathered),
+                     human_bytes(planned.act_head), human_bytes(planned.reduce), human_bytes(planned.act_units),
+                     human_bytes(planned.grads), human_bytes(planned.step_grads), human_bytes(planned.total()));
       window_planned = std::max(window_planned, planned.total());
 
       // Prefetch (CUDA): the next step's micro-batches are read and their host -> device

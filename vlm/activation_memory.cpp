@@ -18,7 +18,10 @@ constexpr double kF = 4.0;  // fp32 bytes
 class Trained {
  public:
   explicit Trained(Qwen2VLImpl& model) {
-    for (const auto& p : model.named_parameters()) params_[p.key()] = p.value().requires_grad();
+    for (const auto& p : model.named_parameters()) {
+      params_[p.key()] = p.value().requires_grad();
+      if (p.value().requires_grad()) trained_numel_[p.key()] = static_cast<double>(p.value().numel());
+    }
     for (const auto& [path, lin] : lora_modules(model)) lora_[path] = lin->lora_options;
   }
   // Does a parameter of the module at `path` (not its adapters) need a gradient?
@@ -32,6 +35,14 @@ class Trained {
     VLM_CHECK(found, "activation plan: the model has no parameters under '", path, "' (hint: a module renamed?)");
     return any;
   }
+  // Elements of the parameters under `path` that need a gradient (adapters included).
+  double trained_numel(const std::string& path) const {
+    double n = 0;
+    for (auto it = trained_numel_.lower_bound(path + ".");
+         it != trained_numel_.end() && it->first.rfind(path + ".", 0) == 0; ++it)
+      n += it->second;
+    return n;
+  }
   const LoraOptions* lora(const std::string& path) const {
     auto it = lora_.find(path);
     return it == lora_.end() ? nullptr : &it->second;
@@ -39,6 +50,7 @@ class Trained {
 
  private:
   std::map<std::string, bool> params_;
+  std::map<std::string, double> trained_numel_;
   std::map<std::string, LoraOptions> lora_;
 };
 
@@ -296,6 +308,12 @@ ActivationPlan plan_activations(Qwen2VLImpl& model, const MicroBatchShape& shape
   head.kept_bytes = p * d;
   add("lm_head", head, static_cast<double>(shape.loss_rows), -1);
 
+  // A unit's backward working set beyond its parameters' gradients, which the step's plan
+  // counts apart (app/step_memory.h): measured, a trained decoder layer's backward peaks at
+  // about its parameter gradients (its saved tensors free as fast as new gradients come),
+  // a LoRA layer's at three MLP-width tensors.
+  for (auto& u : units) u.backward_bytes = std::max(0.0, u.backward_bytes - p * t.trained_numel(u.path));
+
   // Text rotary cos / sin [B, L, D] (activation dtype), M-RoPE ids [3, B, L] int64, the image
   // token mask; vision rotary cos / sin [S, Dv] fp32 (kept by the rotations when the tower
   // builds a graph).
@@ -348,11 +366,14 @@ double ActivationPlan::unit_forward_bytes(const std::string& path,
   return 0.0;
 }
 
-double ActivationPlan::peak_bytes(const std::function<bool(const std::string&)>& ckpt) const {
-  double peak = forward_bytes(ckpt) + std::max(head_chunk_bytes, head_backward_bytes);
+double ActivationPlan::head_peak_bytes(const std::function<bool(const std::string&)>& ckpt) const {
+  return forward_bytes(ckpt) + std::max(head_chunk_bytes, head_backward_bytes);
+}
+
+double ActivationPlan::units_peak_bytes(const std::function<bool(const std::string&)>& ckpt) const {
   // u's backward: what the units before it keep, its own set (all of it again when
   // checkpointed) and its working set.
-  double before = shared_bytes;
+  double peak = 0, before = shared_bytes;
   for (size_t i = 0; i < units.size(); ++i) {
     const auto& u = units[i];
     const double own = unit_bytes(units, i, ckpt);
@@ -360,6 +381,10 @@ double ActivationPlan::peak_bytes(const std::function<bool(const std::string&)>&
     before += own;
   }
   return peak;
+}
+
+double ActivationPlan::peak_bytes(const std::function<bool(const std::string&)>& ckpt) const {
+  return std::max(head_peak_bytes(ckpt), units_peak_bytes(ckpt));
 }
 
 }  // namespace vlm

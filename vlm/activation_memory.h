@@ -65,7 +65,8 @@ struct UnitActivation {
   int input_from = -1;       // the unit whose output is this unit's input (-1: none)
   bool needs_grad = false;   // the output needs a gradient (something before or in it trains)
   double backward_bytes = 0; // its backward's own working set: gradients of its activations
-                             // (an MLP's backward holds three of its hidden width at once)
+                             // (an MLP's backward holds three of its hidden width at once),
+                             // less its parameters' gradients (counted by the step's plan)
 };
 
 struct ActivationPlan {
@@ -85,6 +86,10 @@ struct ActivationPlan {
   // plus the head's transients, or, in u's backward, what the units before u keep, u's own
   // set (recomputed when checkpointed) and u's working set.
   double peak_bytes(const std::function<bool(const std::string&)>& checkpointed) const;
+  // The two candidates of peak_bytes: the loss's (forward end + the head's transients), which
+  // comes before any unit's backward, and the largest of the units' backwards.
+  double head_peak_bytes(const std::function<bool(const std::string&)>& checkpointed) const;
+  double units_peak_bytes(const std::function<bool(const std::string&)>& checkpointed) const;
 };
 
 // dtype: the activations' dtype (param_dtype). Reads which parameters require grad and

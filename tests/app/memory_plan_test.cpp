@@ -106,11 +106,16 @@ TEST(Plan, ActivationsFollowTheMicroBatchAndThePolicies) {
   EXPECT_LT(fwd, units * 1.05);
   EXPECT_GE(j["activations"]["peak_bytes"].get<double>(), fwd);
   const auto& s = j["step_peak"];
+  const double gathered = s["gathered_bytes"].get<double>(), reduce = s["reduce_scatter_bytes"].get<double>();
   EXPECT_DOUBLE_EQ(s["total_bytes"].get<double>(),
                    s["persistent_bytes"].get<double>() + s["inputs_bytes"].get<double>() +
-                       std::max(s["sharding_bytes"].get<double>() + s["activations_bytes"].get<double>() +
+                       std::max(gathered + std::max(s["loss_backward_activation_bytes"].get<double>(),
+                                                    reduce + s["unit_backward_activation_bytes"].get<double>()) +
                                     s["unit_grad_bytes"].get<double>(),
-                                s["step_grad_bytes"].get<double>()));
+                                reduce + s["step_grad_bytes"].get<double>()));
+  EXPECT_DOUBLE_EQ(std::max(s["loss_backward_activation_bytes"].get<double>(),
+                            s["unit_backward_activation_bytes"].get<double>()),
+                   j["activations"]["peak_bytes"].get<double>());
   // Twice the tokens: twice a layer's activations.
   auto j2 = plan_json({"--tokens", "2000", "--image-tokens", "100"});
   EXPECT_EQ(unit_activation(j2, "model.layers.0"), 2 * unit_activation(j, "model.layers.0"));
