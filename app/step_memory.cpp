@@ -54,14 +54,23 @@ void StepMemoryModel::add_activations(StepMemory& m, const vlm::MicroBatchShape&
   m.act_units = std::max(m.act_units, plan.units_peak_bytes(ckpt));
 }
 
-StepMemory StepMemoryModel::step(const std::vector<vlm::collate::MicroBatch>& micro_batches) const {
+StepMemory StepMemoryModel::base(int64_t micro_batches) const {
   StepMemory m;
   m.persistent = persistent_;
   m.gathered = gathered_;
   m.reduce = reduce_;
   m.grads = grads_;
   m.step_grads = step_grads_;
-  m.micro_batches = static_cast<int64_t>(micro_batches.size());
+  m.micro_batches = micro_batches;
+  return m;
+}
+
+void StepMemoryModel::add_loader_window(StepMemory& m, int64_t samples) const {
+  if (samples > 0) m.persistent += m.inputs * static_cast<double>(prefetch_samples_) / static_cast<double>(samples);
+}
+
+StepMemory StepMemoryModel::step(const std::vector<vlm::collate::MicroBatch>& micro_batches) const {
+  StepMemory m = base(static_cast<int64_t>(micro_batches.size()));
   int64_t samples = 0;
   for (const auto& mb : micro_batches) {
     const vlm::MicroBatchShape s = shape_of(mb);
@@ -69,21 +78,15 @@ StepMemory StepMemoryModel::step(const std::vector<vlm::collate::MicroBatch>& mi
     add_activations(m, s);
     samples += static_cast<int64_t>(mb.indices.size());
   }
-  if (samples > 0) m.persistent += m.inputs * static_cast<double>(prefetch_samples_) / static_cast<double>(samples);
+  add_loader_window(m, samples);
   return m;
 }
 
 StepMemory StepMemoryModel::step(const vlm::MicroBatchShape& shape, int64_t count, int64_t samples) const {
-  StepMemory m;
-  m.persistent = persistent_;
-  m.gathered = gathered_;
-  m.reduce = reduce_;
-  m.grads = grads_;
-  m.step_grads = step_grads_;
-  m.micro_batches = count;
+  StepMemory m = base(count);
   m.inputs = static_cast<double>(count) * input_bytes(shape);
   add_activations(m, shape);
-  if (samples > 0) m.persistent += m.inputs * static_cast<double>(prefetch_samples_) / static_cast<double>(samples);
+  add_loader_window(m, samples);
   return m;
 }
 

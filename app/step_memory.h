@@ -70,8 +70,12 @@ class StepMemoryModel {
   static vlm::MicroBatchShape shape_of(const vlm::collate::MicroBatch& mb);
 
  private:
+  // The step's parts that do not depend on its micro-batches.
+  StepMemory base(int64_t micro_batches) const;
   // Adds one micro-batch's activation peaks (loss, units) to m's maxima.
   void add_activations(StepMemory& m, const vlm::MicroBatchShape& shape) const;
+  // The CPU's loader window: prefetch_samples decoded samples, at the step's bytes per sample.
+  void add_loader_window(StepMemory& m, int64_t samples) const;
 
   vlm::Qwen2VLImpl* model_;
   torch::Dtype dtype_;
