@@ -133,11 +133,6 @@ bool mlp(Op& o, MlpType type, const std::string& m, double w, double inter, bool
   return o.linear(fc2, inter, h);
 }
 
-// Attention core: rotated q and k, v, the output (+ the CPU's per-group copies).
-struct AttnShape {
-  double q, kv, heads;  // q width H*D, k / v width Hkv*D, query heads
-};
-
 UnitActivation vision_block(const VlmConfig& cfg, Op o, const std::string& b, bool rg) {
   const auto& v = cfg.vision;
   const double e = static_cast<double>(v.embed_dim), iv = static_cast<double>(v.intermediate_size);
