@@ -1,9 +1,25 @@
 #include "data/loader.h"
 
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+
 #include "data/image.h"
 #include "data/image_source.h"
 
 namespace vlm::data {
+
+void use_one_intra_op_thread() {
+  // ATen's first parallel op on a thread sets that thread's OpenMP team size to the process's
+  // intra-op thread count; get_num_threads() runs that initialisation now, so it cannot undo
+  // the setting below later. omp_set_num_threads changes only the calling thread's value
+  // (an OpenMP ICV); it is looked up in the OpenMP runtime libtorch loaded, not linked, so that
+  // no second runtime enters the process. Without OpenMP (or without the symbol) ATen has no
+  // per-thread teams and nothing needs doing.
+  (void)at::get_num_threads();
+  using SetFn = void (*)(int);
+  static const auto set = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+  if (set) set(1);
+}
 
 RecordImages load_record_images(const Record& record, const PixelConfig& cfg,
                                 const std::vector<vlm::ImageSize>& targets) {

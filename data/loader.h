@@ -7,6 +7,12 @@
 //
 // The unit of work is generic so the trainer can plug in "decode + resize to the budget
 // collate chose + tokenize"; load_record_images() is the image part of that.
+//
+// Each worker thread runs its ATen ops on one intra-op thread (use_one_intra_op_thread):
+// a worker is one core's worth of loading, and a second OpenMP team next to the training
+// step's makes libgomp stop spinning its idle workers at every fork/join of the step
+// (more threads managed than CPUs), which cost the step 10-15% on 2 cores (issue #30,
+// bench/notes/profile_step.md).
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -24,6 +30,10 @@
 #include "vlm/check.h"
 
 namespace vlm::data {
+
+// Makes ATen ops called from this thread run on one thread (no OpenMP team of their own);
+// other threads keep their setting. Call at a thread's start.
+void use_one_intra_op_thread();
 
 struct LoaderOptions {
   int64_t workers = 2;    // 0: produce on the consumer thread (no threads)
@@ -92,6 +102,7 @@ class OrderedLoader {
   }
 
   void work() {
+    use_one_intra_op_thread();
     for (;;) {
       int64_t pos;
       {

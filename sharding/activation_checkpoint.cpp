@@ -16,6 +16,7 @@ std::atomic<int64_t> g_recomputes{0};
 // What the backward needs besides x: fn, the pre-recompute hook, the forward's RNG states.
 struct CheckpointState : public torch::CustomClassHolder {
   std::function<torch::Tensor(const torch::Tensor&)> fn;
+  std::function<torch::Tensor(const torch::Tensor&)> recompute;  // fn when empty
   std::function<void()> before_recompute;
   torch::Tensor cpu_rng;     // CPU generator state at forward
   c10::Device device{torch::kCPU};
@@ -84,7 +85,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
       const RngState now = save_rng(st->device);
       restore_rng(st->device, st->cpu_rng, st->device_rng);
       torch::AutoGradMode enable(true);
-      y = st->fn(xd);
+      y = st->recompute ? st->recompute(xd) : st->fn(xd);
       restore_rng(st->device, now.cpu, now.dev);
     }
     ++g_recomputes;
@@ -108,7 +109,8 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
 
 torch::Tensor checkpoint_unit(const torch::Tensor& x, const std::vector<torch::Tensor>& params,
                               std::function<torch::Tensor(const torch::Tensor&)> fn,
-                              std::function<void()> before_recompute) {
+                              std::function<void()> before_recompute,
+                              std::function<torch::Tensor(const torch::Tensor&)> recompute) {
   VLM_CHECK(x.defined(), "activation checkpointing: the unit's input is undefined");
   std::vector<torch::Tensor> trainable;
   for (const auto& p : params)
@@ -117,6 +119,7 @@ torch::Tensor checkpoint_unit(const torch::Tensor& x, const std::vector<torch::T
   auto st = c10::make_intrusive<CheckpointState>();
   st->fn = std::move(fn);
   st->before_recompute = std::move(before_recompute);
+  st->recompute = std::move(recompute);
   st->x_requires_grad = x.requires_grad();
   st->n_params = trainable.size();
   return CheckpointFunction::apply(x, at::TensorList(trainable), st);

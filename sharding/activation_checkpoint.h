@@ -28,11 +28,15 @@
 namespace vlm::sharding {
 
 // x: the unit's input (any dtype); params: the unit's parameters (those not requiring grad
-// are ignored); fn: the unit's forward; before_recompute may be empty. Under NoGradGuard,
-// or when neither x nor a parameter requires grad, the call is just fn(x).
+// are ignored); fn: the unit's forward; before_recompute may be empty; recompute, when
+// given, replaces fn in step 3: a forward with the same graph whose output value may differ
+// (ShardedModel passes fn under vlm::RecomputeTail, vlm/recompute_tail.h, which skips the
+// unit's last matmul). Under NoGradGuard, or when neither x nor a parameter requires grad,
+// the call is just fn(x).
 torch::Tensor checkpoint_unit(const torch::Tensor& x, const std::vector<torch::Tensor>& params,
                               std::function<torch::Tensor(const torch::Tensor&)> fn,
-                              std::function<void()> before_recompute);
+                              std::function<void()> before_recompute,
+                              std::function<torch::Tensor(const torch::Tensor&)> recompute = {});
 
 // Number of recomputations run so far in this process (tests).
 int64_t checkpoint_recomputes();

@@ -8,6 +8,7 @@
 #include "sharding/lora.h"
 #include "sharding/sharded_load.h"
 #include "vlm/check.h"
+#include "vlm/recompute_tail.h"
 
 namespace vlm::sharding {
 
@@ -64,7 +65,13 @@ torch::Tensor PolicyRunner::run(const std::string& path, torch::nn::Module& unit
       before_recompute = [fsdp, pos] { fsdp->pre_backward(pos); };
     }
     ++checkpointed_calls_;
-    out = checkpoint_unit(x, unit.parameters(), fn, std::move(before_recompute));
+    // The recompute differentiates the output without reading it: the unit may skip its
+    // last matmul (vlm/recompute_tail.h).
+    auto recompute = [fn, u = static_cast<const torch::nn::Module*>(&unit)](const torch::Tensor& xr) {
+      vlm::RecomputeTail tail(u);
+      return fn(xr);
+    };
+    out = checkpoint_unit(x, unit.parameters(), fn, std::move(before_recompute), recompute);
   } else {
     out = fn(x);
   }

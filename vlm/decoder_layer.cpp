@@ -1,5 +1,7 @@
 #include "vlm/decoder_layer.h"
 
+#include "vlm/recompute_tail.h"
+
 namespace vlm {
 
 DecoderLayerImpl::DecoderLayerImpl(const TextConfig& cfg, const torch::TensorOptions& opts) {
@@ -16,7 +18,7 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
                                         const torch::Tensor& sin, const torch::Tensor& mask,
                                         LayerKv* cache, const std::vector<int64_t>* cu_seqlens) {
   auto h = x + self_attn(input_layernorm(x), cos, sin, mask, cache, cu_seqlens);
-  return h + mlp(post_attention_layernorm(h));
+  return residual_linear(this, h, mlp->hidden(post_attention_layernorm(h)), mlp->out_proj());
 }
 
 }  // namespace vlm

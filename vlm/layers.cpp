@@ -24,9 +24,13 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool with_bias
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   torch::Tensor y = bias.defined() ? torch::linear(x, weight, bias) : torch::linear(x, weight);
   if (!lora_A) return y;
+  return y + lora_delta(x).to(y.scalar_type());
+}
+
+torch::Tensor LinearImpl::lora_delta(const torch::Tensor& x) {
   torch::Tensor h = lora_dropout > 0 ? torch::dropout(x, lora_dropout, is_training()) : x;
   h = torch::linear(torch::linear(h.to(lora_A->weight.scalar_type()), lora_A->weight), lora_B->weight);
-  return y + (h * lora_scaling).to(y.scalar_type());
+  return h * lora_scaling;
 }
 
 ParamInit LinearImpl::init_rule(const std::string& name) const {

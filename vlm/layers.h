@@ -54,6 +54,9 @@ class LinearImpl : public LayerBase {
   LinearImpl(int64_t in_features, int64_t out_features, bool bias, const torch::TensorOptions& opts);
   // x: [..., in] -> [..., out]
   torch::Tensor forward(const torch::Tensor& x);
+  // The adapter's term scaling * dropout(x) A^T B^T in the adapter's dtype (needs lora_A).
+  // x: [..., in] -> [..., out]
+  torch::Tensor lora_delta(const torch::Tensor& x);
   ParamInit init_rule(const std::string& name) const override;
   torch::Tensor weight, bias;  // bias undefined when built without
   // LoRA adapter (vlm/lora.h): null without one.

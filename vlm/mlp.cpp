@@ -17,13 +17,17 @@ MlpImpl::MlpImpl(MlpKind k, int64_t dim, int64_t hidden, bool bias, const torch:
   }
 }
 
-torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) { return out_proj().forward(hidden(x)); }
+
+torch::Tensor MlpImpl::hidden(const torch::Tensor& x) {
   if (kind == MlpKind::quick_gelu) {
     auto h = fc1(x);
-    return fc2(h * torch::sigmoid(1.702 * h));
+    return h * torch::sigmoid(1.702 * h);
   }
-  if (kind == MlpKind::gelu_tanh) return fc2(torch::gelu(fc1(x), "tanh"));
-  return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+  if (kind == MlpKind::gelu_tanh) return torch::gelu(fc1(x), "tanh");
+  return torch::silu(gate_proj(x)) * up_proj(x);
 }
+
+LinearImpl& MlpImpl::out_proj() { return kind == MlpKind::gated_silu ? *down_proj : *fc2; }
 
 }  // namespace vlm

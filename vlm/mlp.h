@@ -18,8 +18,12 @@ enum class MlpKind {
 class MlpImpl : public torch::nn::Module {
  public:
   MlpImpl(MlpKind kind, int64_t dim, int64_t hidden, bool bias, const torch::TensorOptions& opts);
-  // x: [..., dim] -> [..., dim]
+  // x: [..., dim] -> [..., dim]; = out_proj()(hidden(x))
   torch::Tensor forward(const torch::Tensor& x);
+  // The input of the last Linear: x: [..., dim] -> [..., hidden]
+  torch::Tensor hidden(const torch::Tensor& x);
+  // The last Linear (fc2 / linear_fc2 / down_proj).
+  LinearImpl& out_proj();
   MlpKind kind;
   Linear fc1{nullptr}, fc2{nullptr};  // quick_gelu ("fc1", "fc2"), gelu_tanh ("linear_fc1", "linear_fc2")
   Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};  // gated_silu

@@ -6,6 +6,7 @@
 #include "vlm/check.h"
 #include "vlm/rotary.h"
 #include "vlm/vision_encoder.h"
+#include "vlm/recompute_tail.h"
 
 namespace vlm {
 
@@ -19,7 +20,7 @@ Qwen3VisionBlockImpl::Qwen3VisionBlockImpl(const VisionConfig& v, const torch::T
 torch::Tensor Qwen3VisionBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                             const torch::Tensor& sin, const std::vector<int64_t>& cu) {
   auto h = x + attn(norm1(x), cos, sin, cu);
-  return h + mlp(norm2(h));
+  return residual_linear(this, h, mlp->hidden(norm2(h)), mlp->out_proj());
 }
 
 Qwen3MergerImpl::Qwen3MergerImpl(const VisionConfig& v, bool postshuffle_norm, const torch::TensorOptions& opts)

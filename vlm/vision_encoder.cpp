@@ -4,6 +4,7 @@
 
 #include "vlm/check.h"
 #include "vlm/rotary.h"
+#include "vlm/recompute_tail.h"
 
 namespace vlm {
 
@@ -21,7 +22,7 @@ VisionBlockImpl::VisionBlockImpl(const VlmConfig& cfg, const torch::TensorOption
 torch::Tensor VisionBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                        const torch::Tensor& sin, const std::vector<int64_t>& cu) {
   auto h = x + attn(norm1(x), cos, sin, cu);
-  return h + mlp(norm2(h));
+  return residual_linear(this, h, mlp->hidden(norm2(h)), mlp->out_proj());
 }
 
 std::vector<int64_t> image_cu_seqlens(const torch::Tensor& grid_thw) {

@@ -1,12 +1,18 @@
 // Loader: output order equals the item order whatever the thread timing (1 and 4
 // workers), bounded prefetch, worker errors surface with the item's description, early
-// destruction joins cleanly; record image loading.
+// destruction joins cleanly; record image loading; a worker's ATen ops run on one
+// intra-op thread while the consumer keeps its own count.
 #include <gtest/gtest.h>
+
+#include <ATen/Parallel.h>
 
 #include <opencv2/imgcodecs.hpp>
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
+#include <filesystem>
+#include <set>
 #include <thread>
 
 #include "data/image.h"
@@ -66,6 +72,42 @@ TEST(Loader, DeterministicOrderWithOneAndFourWorkers) {
       EXPECT_EQ(got[k].text, "item" + std::to_string(want[k]));
     }
   }
+}
+
+// Threads of this process now (/proc/self/task entries).
+int64_t process_threads() {
+  int64_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) n += e.is_directory();
+  return n;
+}
+
+// Threads an elementwise op on 4M floats adds to the process: a thread whose ATen ops may use
+// 2 intra-op threads starts an OpenMP team of its own (one more thread, kept while it lives).
+int64_t threads_added_by_an_aten_op() {
+  const int64_t before = process_threads();
+  torch::Tensor y = torch::ones({1 << 22}) * 3.0f;
+  const int64_t after = process_threads();
+  EXPECT_EQ(y[5].item<float>(), 3.0f);
+  return after - before;
+}
+
+TEST(Loader, WorkersRunAtenOnOneIntraOpThread) {
+  const int before = at::get_num_threads();
+  at::set_num_threads(2);
+  // The check has teeth: a plain thread's first op starts a team of 2.
+  int64_t added = -1;
+  std::thread([&] { added = threads_added_by_an_aten_op(); }).join();
+  ASSERT_EQ(added, 1) << "a plain thread should start an OpenMP team of its own";
+  // One worker: while it produces, the consumer waits and no other thread starts.
+  OrderedLoader<std::pair<int64_t, int64_t>> loader(std::vector<int64_t>{0, 1, 2}, [](int64_t) {
+    return std::make_pair(int64_t(at::get_num_threads()), threads_added_by_an_aten_op());
+  }, LoaderOptions{1, 1});
+  while (auto r = loader.next()) {
+    EXPECT_EQ(r->first, 1) << "intra-op threads seen by a loader worker";
+    EXPECT_EQ(r->second, 0) << "threads a loader worker's ATen op started";
+  }
+  EXPECT_EQ(at::get_num_threads(), 2);  // the consumer's setting is untouched
+  at::set_num_threads(before);
 }
 
 TEST(Loader, PrefetchIsBounded) {

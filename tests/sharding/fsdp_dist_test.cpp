@@ -42,6 +42,7 @@
 #include "vlm/check.h"
 #include "vlm/meta_init.h"
 #include "vlm/qwen2_vl.h"
+#include "vlm/recompute_tail.h"
 
 using namespace vlm::sharding;
 using namespace fsdp_testing;
@@ -107,7 +108,8 @@ TEST(FsdpDist, SingleProcess) {
 // ---------------------------------------------------------------- activation checkpointing
 
 // One process, ddp everywhere, every unit checkpointed: the gradients of one backward equal
-// a plain model's (1e-6 of the largest gradient), and every unit was recomputed.
+// a plain model's (1e-6 of the largest gradient), every unit was recomputed, and every
+// block's recompute stopped before its last matmul (vlm/recompute_tail.h).
 TEST(FsdpDist, CheckpointGradientsMatchPlain) {
   auto dims = ParallelDims::init(DistEnv{}, ParallelOptions{});
   auto plain = make_model();
@@ -117,10 +119,14 @@ TEST(FsdpDist, CheckpointGradientsMatchPlain) {
   auto sm = apply_policies(*model, o, dims);
   const vlm::Batch batch = pack({make_sample(model->cfg, 0, 0), make_sample(model->cfg, 0, 1)});
   const int64_t before = checkpoint_recomputes();
+  const int64_t tails_before = vlm::recompute_tails_skipped();
   auto out = model->forward(batch);
+  EXPECT_EQ(vlm::recompute_tails_skipped(), tails_before) << "the forward itself computes every output";
   (out.loss_sum / static_cast<double>(out.n_tokens)).backward();
   sm->finish_backward("ckpt test");
   const int64_t recomputed = checkpoint_recomputes() - before;
+  EXPECT_EQ(vlm::recompute_tails_skipped() - tails_before,
+            model->cfg.vision.depth + model->cfg.text.num_hidden_layers);
   auto ref = plain->forward(batch);
   (ref.loss_sum / static_cast<double>(ref.n_tokens)).backward();
   EXPECT_EQ(out.loss_sum.item<double>(), ref.loss_sum.item<double>());
