@@ -3,6 +3,10 @@
 
 #include <ATen/TensorIterator.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <utility>
 
@@ -61,14 +65,63 @@ void for_each_piece(const std::vector<int64_t>& start, int64_t total,
 
 // sum of squares of every element of CPU tensors `parts` in fp64, piece by piece in
 // parallel (a whole-tensor fp64 norm first converts the tensor to fp64 in memory, then
-// reduces it on one thread): each piece's fp64 norm (its conversion in cache), squared; the
-// pieces summed in order, so the result does not depend on the thread count.
+// reduces it on one thread); the pieces summed in order, so the result does not depend on the
+// thread count. fp32 pieces go through fp32_sum_of_squares (one pass, no fp64 copy; 40M
+// elements on one thread: 8 ms against 22 for copy + ATen norm); other dtypes are copied to fp64 (exact) and ATen's norm squared.
 namespace {
+
+// sum over x[0..n) of double(x[i])^2, in 16 fixed lanes (lane i % 16), summed in a fixed tree:
+// the same bits whichever instruction set runs it.
+double fp32_sum_of_squares_scalar(const float* x, int64_t n) {
+  double acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; ++k) acc[k] += double(x[i + k]) * double(x[i + k]);
+  for (int k = 0; i < n; ++i, ++k) acc[k] += double(x[i]) * double(x[i]);
+  for (int w = 8; w >= 1; w /= 2)
+    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
+  return acc[0];
+}
+
+#if defined(__x86_64__)
+// The same lanes in four AVX registers of four doubles (lanes 0-3, 4-7, 8-11, 12-15); a
+// multiply then an add (no FMA), as the scalar loop rounds.
+__attribute__((target("avx2"))) double fp32_sum_of_squares_avx2(const float* x, int64_t n) {
+  __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256d v0 = _mm256_cvtps_pd(_mm_loadu_ps(x + i)), v1 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+    const __m256d v2 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 8)), v3 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 12));
+    a0 = _mm256_add_pd(a0, _mm256_mul_pd(v0, v0));
+    a1 = _mm256_add_pd(a1, _mm256_mul_pd(v1, v1));
+    a2 = _mm256_add_pd(a2, _mm256_mul_pd(v2, v2));
+    a3 = _mm256_add_pd(a3, _mm256_mul_pd(v3, v3));
+  }
+  double acc[16];
+  _mm256_storeu_pd(acc, a0);
+  _mm256_storeu_pd(acc + 4, a1);
+  _mm256_storeu_pd(acc + 8, a2);
+  _mm256_storeu_pd(acc + 12, a3);
+  for (int k = 0; i < n; ++i, ++k) acc[k] += double(x[i]) * double(x[i]);
+  for (int w = 8; w >= 1; w /= 2)
+    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
+  return acc[0];
+}
+#endif
+
+double fp32_sum_of_squares(const float* x, int64_t n) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return fp32_sum_of_squares_avx2(x, n);
+#endif
+  return fp32_sum_of_squares_scalar(x, n);
+}
+
 double cpu_sum_of_squares(const std::vector<torch::Tensor>& parts) {
   std::vector<torch::Tensor> flat;
   std::vector<int64_t> lens, start;
   for (const auto& t : parts) {
-    flat.push_back(t.reshape({-1}));
+    flat.push_back(t.reshape({-1}).contiguous());
     lens.push_back(t.numel());
   }
   int64_t total = 0;
@@ -76,9 +129,14 @@ double cpu_sum_of_squares(const std::vector<torch::Tensor>& parts) {
   std::vector<double> sq(pieces.size(), 0.0);
   for_each_piece(start, total, [&](size_t p, torch::Tensor& scratch) {
     const Piece& pc = pieces[p];
+    const torch::Tensor& t = flat[pc.tensor];
+    if (t.scalar_type() == torch::kFloat32) {
+      sq[p] = fp32_sum_of_squares(t.data_ptr<float>() + pc.offset, pc.len);
+      return;
+    }
     if (!scratch.defined()) scratch = torch::empty({kPiece}, torch::kFloat64);
     torch::Tensor x = scratch.narrow(0, 0, pc.len);
-    x.copy_(flat[pc.tensor].narrow(0, pc.offset, pc.len));  // exact: fp32 / bf16 / fp16 -> fp64
+    x.copy_(t.narrow(0, pc.offset, pc.len));  // exact: bf16 / fp16 / fp64 -> fp64
     const double n = at::linalg_vector_norm(x, 2).item<double>();
     sq[p] = n * n;
   });
@@ -86,6 +144,7 @@ double cpu_sum_of_squares(const std::vector<torch::Tensor>& parts) {
   for (double x : sq) sumsq += x;
   return sumsq;
 }
+
 }  // namespace
 
 // sum of squares of every element of `parts` (any devices / float dtypes), in fp64: on CPU
