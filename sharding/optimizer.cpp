@@ -226,9 +226,8 @@ void ShardedAdamW::step(double lr_scale, const std::string& ctx) {
       if (!g.active[s.param]) continue;  // no gradient on any rank: skipped (torch.optim.AdamW)
       const UnitParam& up = g.params[s.param];
       torch::Tensor grad = segment_grad(g, s);
-      const bool cuda_fp32 = s.master.is_cuda() && grad.is_cuda() && grad.scalar_type() == torch::kFloat32;
       const bool cpu = s.master.is_cpu() && grad.is_cpu();
-      Batch& b = (kernel_ == AdamWKernel::kFused || (kernel_ == AdamWKernel::kAuto && cuda_fp32)) ? fused
+      Batch& b = (kernel_ == AdamWKernel::kFused || (kernel_ == AdamWKernel::kAuto && fused_fits(s.master, grad))) ? fused
                  : (kernel_ == AdamWKernel::kBlocked || (kernel_ == AdamWKernel::kAuto && cpu)) ? blocked
                                                                                                  : foreach;
       add_segment(b, g, s, std::move(grad), lr_scale);
@@ -274,7 +273,7 @@ void ShardedAdamW::step_offload(double lr_scale, const std::string& ctx) {
     const CopyFence fence = CopyFence::record(targets.front().device());
     g.ticket = queue_->submit([this, b, targets = std::move(targets), masters = std::move(masters), fence] {
       fence.wait();  // the gradients have arrived in host memory
-      update_blocked(*b);
+      update_host(*b);
       copy_back(targets, masters);
     });
     if (g.fsdp == nullptr) unsharded_ticket_ = g.ticket;
@@ -314,6 +313,24 @@ void ShardedAdamW::update_foreach(Batch& b) {
 // one pass over memory instead of one per op, and the small tensors (biases, norms) run
 // beside the large ones. Every element gets the same ATen ops in the same order as in
 // update_foreach, so the same bits.
+// at::_fused_adamw_ takes master, grad, m and v of one dtype and device: fp32 here (m and v
+// are fp32 and on the master's device).
+bool ShardedAdamW::fused_fits(const torch::Tensor& master, const torch::Tensor& grad) {
+  return master.scalar_type() == torch::kFloat32 && grad.scalar_type() == torch::kFloat32 &&
+         master.device() == grad.device() && (master.is_cpu() || master.is_cuda());
+}
+
+// The offload's host update: the kernel step() would pick for host tensors.
+void ShardedAdamW::update_host(Batch& b) {
+  bool fused = kernel_ == AdamWKernel::kFused;
+  if (kernel_ == AdamWKernel::kAuto) {
+    fused = true;
+    for (size_t i = 0; i < b.master.size(); ++i) fused = fused && fused_fits(b.master[i], b.grad[i]);
+  }
+  if (fused) update_fused(b);
+  else update_blocked(b);
+}
+
 void ShardedAdamW::update_blocked(Batch& b) {
   const double b1 = opts_.beta1, b2 = opts_.beta2, eps = opts_.eps;
   std::vector<int64_t> lens, start;

@@ -195,10 +195,12 @@ TEST(OptimizerDist, FusedKernelMatchesTorchAdamW) {
     }
 }
 
-// The CPU default (kAuto = kBlocked: the foreach ops on 256K-element pieces in one
-// parallel_for) on parameters of several pieces with ragged ends, fp32 and bf16: bitwise
-// equal to torch::optim::AdamW and to kForeach, at 1 and 2 intra-op threads; the grad norm
-// (fp64, pieces in parallel) within 1e-12 of an fp64 sum of squares.
+// kBlocked (the foreach ops on 256K-element pieces in one parallel_for) on parameters of
+// several pieces with ragged ends, fp32 and bf16: bitwise equal to torch::optim::AdamW and
+// to kForeach, at 1 and 2 intra-op threads; the grad norm (fp64, pieces in parallel) within
+// 1e-12 of an fp64 sum of squares. The CPU default (kAuto: fp32 masters and gradients) is
+// the fused kernel: bitwise equal to kFused (whose distance to torch::optim::AdamW
+// FusedKernelMatchesTorchAdamW bounds).
 TEST(OptimizerDist, BlockedKernelMatchesTorchAdamWOnLargeParams) {
   auto dims = ParallelDims::init(DistEnv{}, ParallelOptions{});
   const int threads = torch::get_num_threads();
@@ -221,11 +223,15 @@ TEST(OptimizerDist, BlockedKernelMatchesTorchAdamWOnLargeParams) {
         }
         return std::vector<UnitPlan>{u};
       };
-      auto units = make(), units_fe = make();
+      auto units = make(), units_fe = make(), units_auto = make(), units_fused = make();
       AdamWOptions o;
       o.grad_clip = 0;
       ShardedAdamW opt(dims.comm(), units, o), opt_fe(dims.comm(), units_fe, o);
+      ShardedAdamW opt_auto(dims.comm(), units_auto, o), opt_fused(dims.comm(), units_fused, o);
+      opt.set_kernel(AdamWKernel::kBlocked);
       opt_fe.set_kernel(AdamWKernel::kForeach);
+      opt_fused.set_kernel(AdamWKernel::kFused);
+      ASSERT_EQ(opt_auto.kernel(), AdamWKernel::kAuto);
       std::vector<torch::Tensor> ref;
       std::vector<torch::optim::OptimizerParamGroup> groups;
       for (const auto& p : units[0].params) {
@@ -241,6 +247,8 @@ TEST(OptimizerDist, BlockedKernelMatchesTorchAdamWOnLargeParams) {
           torch::Tensor g = grad_for(step, static_cast<int>(k), units[0].params[k].param);
           units[0].params[k].param.mutable_grad() = g;
           units_fe[0].params[k].param.mutable_grad() = g.clone();
+          units_auto[0].params[k].param.mutable_grad() = g.clone();
+          units_fused[0].params[k].param.mutable_grad() = g.clone();
           ref[k].mutable_grad() = g.to(torch::kFloat32);
           sumsq += g.to(torch::kDouble).pow(2).sum().item<double>();
         }
@@ -248,13 +256,21 @@ TEST(OptimizerDist, BlockedKernelMatchesTorchAdamWOnLargeParams) {
         EXPECT_NEAR(norm, std::sqrt(sumsq), 1e-12 * std::sqrt(sumsq)) << "threads " << nt;
         opt.step();
         opt_fe.step();
+        opt_auto.step();
+        opt_fused.step();
         ropt.step();
       }
+      bool kernels_differ = false;
       for (size_t k = 0; k < ref.size(); ++k) {
         const torch::Tensor got = units[0].params[k].param.detach();
         EXPECT_TRUE(torch::equal(got, ref[k].detach().to(dt))) << units[0].params[k].name << " threads " << nt;
         EXPECT_TRUE(torch::equal(got, units_fe[0].params[k].param.detach())) << units[0].params[k].name;
+        const torch::Tensor fused = units_fused[0].params[k].param.detach();
+        EXPECT_TRUE(torch::equal(units_auto[0].params[k].param.detach(), fused)) << units[0].params[k].name << " (kAuto)";
+        kernels_differ = kernels_differ || !torch::equal(fused, got);
       }
+      // kAuto is not kBlocked on fp32 (in some bit), so the kAuto == kFused check has teeth.
+      if (dt == torch::kFloat32) EXPECT_TRUE(kernels_differ) << "threads " << nt;
     }
   }
   torch::set_num_threads(threads);
