@@ -308,11 +308,6 @@ void ShardedAdamW::update_foreach(Batch& b) {
   at::_foreach_addcdiv_(b.master, b.m, denom, step_size);
 }
 
-// update_foreach's ops with the same scalars, run piece by piece (for_each_piece): each
-// piece's master, grad, m, v and denominator stay in cache from the first op to the last,
-// one pass over memory instead of one per op, and the small tensors (biases, norms) run
-// beside the large ones. Every element gets the same ATen ops in the same order as in
-// update_foreach, so the same bits.
 // at::_fused_adamw_ takes master, grad, m and v of one dtype and device: fp32 here (m and v
 // are fp32 and on the master's device).
 bool ShardedAdamW::fused_fits(const torch::Tensor& master, const torch::Tensor& grad) {
@@ -331,6 +326,11 @@ void ShardedAdamW::update_host(Batch& b) {
   else update_blocked(b);
 }
 
+// update_foreach's ops with the same scalars, run piece by piece (for_each_piece): each
+// piece's master, grad, m, v and denominator stay in cache from the first op to the last,
+// one pass over memory instead of one per op, and the small tensors (biases, norms) run
+// beside the large ones. Every element gets the same ATen ops in the same order as in
+// update_foreach, so the same bits.
 void ShardedAdamW::update_blocked(Batch& b) {
   const double b1 = opts_.beta1, b2 = opts_.beta2, eps = opts_.eps;
   std::vector<int64_t> lens, start;
