@@ -19,12 +19,21 @@ extern char** environ;
 
 namespace vlmtest {
 
-std::string source_dir() { return VLMTRAIN_SOURCE_DIR; }
-std::string binary_dir() { return VLMTRAIN_BINARY_DIR; }
-std::string vlmtrain_bin() { return VLMTRAIN_BIN; }
+namespace {
+// The compiled-in path, or the environment's when a packed build runs elsewhere
+// (scripts/gpu/pack.sh: the tests travel to the GPU machine without their build tree).
+std::string path_or_env(const char* var, const char* built) {
+  const char* v = std::getenv(var);
+  return v != nullptr && *v != '\0' ? std::string(v) : std::string(built);
+}
+}  // namespace
+
+std::string source_dir() { return path_or_env("VLMTEST_SOURCE_DIR", VLMTRAIN_SOURCE_DIR); }
+std::string binary_dir() { return path_or_env("VLMTEST_BINARY_DIR", VLMTRAIN_BINARY_DIR); }
+std::string vlmtrain_bin() { return path_or_env("VLMTEST_VLMTRAIN_BIN", VLMTRAIN_BIN); }
 
 std::string python_tool(const std::string& name) {
-  const fs::path python = VLMTRAIN_PYTHON;
+  const fs::path python = path_or_env("VLMTEST_PYTHON", VLMTRAIN_PYTHON);
   const fs::path tool = name == "python" ? python : python.parent_path() / name;
   if (python.empty() || !fs::exists(tool))
     throw std::runtime_error("reference tool '" + name + "' not found at '" + tool.string() +

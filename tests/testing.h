@@ -9,7 +9,10 @@
 
 namespace vlmtest {
 
-// Absolute path of the source tree / build tree / built vlmtrain binary.
+// Absolute path of the source tree / build tree / built vlmtrain binary: the build's, or
+// VLMTEST_SOURCE_DIR / VLMTEST_BINARY_DIR / VLMTEST_VLMTRAIN_BIN where set (a packed build
+// run on another machine, scripts/gpu/pack.sh). VLMTEST_PYTHON likewise replaces
+// VLMTRAIN_PYTHON in python_tool.
 std::string source_dir();
 std::string binary_dir();
 std::string vlmtrain_bin();

@@ -12,7 +12,7 @@
 namespace {
 
 nlohmann::json plan_offload_json(bool offload) {
-  const std::string recipe = std::string(VLMTRAIN_SOURCE_DIR) + "/recipes/ocr_qwen.toml";
+  const std::string recipe = vlmtest::source_dir() + "/recipes/ocr_qwen.toml";
   auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "plan", recipe, "--preset", "qwen2-vl-2b", "--world-size", "8",
                          "--json", "--set", std::string("sharding.optimizer_offload=") + (offload ? "true" : "false")});
   EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -53,7 +53,7 @@ TEST(PlanOffload, OptimizerBytesMoveToHost) {
 }
 
 TEST(PlanOffload, HumanTableShowsHostBytesAndSaving) {
-  const std::string recipe = std::string(VLMTRAIN_SOURCE_DIR) + "/recipes/ocr_qwen.toml";
+  const std::string recipe = vlmtest::source_dir() + "/recipes/ocr_qwen.toml";
   auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "plan", recipe, "--preset", "qwen2-vl-2b", "--world-size", "8",
                          "--set", "sharding.optimizer_offload=true"});
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -60,7 +60,7 @@ TEST(Plan, MissingRecipeFileIsAClearError) {
 // bf16 params, fp32 reduce): frozen 2P, ddp 2P + 4P + 12P = 18P (the fp32 bucket is the
 // gradient: it accumulates there, no bf16 .grad is kept), ZeRO-3 (2 + 4 + 12)P/N = 18P/N with fp32 shard grads (every 2B unit is divisible by 8).
 TEST(Plan, OcrQwenRecipeAtWorld8MatchesZeroFormulas) {
-  const std::string recipe = std::string(VLMTRAIN_SOURCE_DIR) + "/recipes/ocr_qwen.toml";
+  const std::string recipe = vlmtest::source_dir() + "/recipes/ocr_qwen.toml";
   auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "plan", recipe, "--preset", "qwen2-vl-2b", "--world-size", "8",
                          "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -112,7 +112,7 @@ TEST(Plan, OcrQwenRecipeAtWorld8MatchesZeroFormulas) {
 }
 
 TEST(Plan, OcrQwenHumanTable) {
-  const std::string recipe = std::string(VLMTRAIN_SOURCE_DIR) + "/recipes/ocr_qwen.toml";
+  const std::string recipe = vlmtest::source_dir() + "/recipes/ocr_qwen.toml";
   auto r = vlmtest::run({vlmtest::vlmtrain_bin(), "plan", recipe, "--preset", "qwen2-vl-2b", "--world-size", "8"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("model.embed_tokens (lm_head)"), std::string::npos) << r.output;
@@ -123,7 +123,7 @@ TEST(Plan, OcrQwenHumanTable) {
 }
 
 TEST(Plan, RuleMatchingNothingFailsNamingTheRule) {
-  const std::string path = std::string(VLMTRAIN_BINARY_DIR) + "/plan_bad_rule.toml";
+  const std::string path = vlmtest::binary_dir() + "/plan_bad_rule.toml";
   FILE* f = std::fopen(path.c_str(), "w");
   ASSERT_NE(f, nullptr);
   std::fputs("[model]\npreset = \"tiny\"\n[[sharding.module]]\nmatch = \"visual.mergr\"\npolicy = \"ddp\"\n", f);
