@@ -18,6 +18,9 @@
 //   frozen      visual.patch_embed|visual.blocks.* freeze, visual.merger ddp, the rest fsdp
 //               (full_shard)
 //   full_shard  everything fsdp full_shard
+//   lora        recipes/ocr_qwen_lora.toml's shape (as bench/lora_bench): adapters of rank
+//               --lora-r (default 8, alpha 2r, dropout 0) on q/k/v/o and gate/up/down of every
+//               LLM layer, their frozen base fsdp full_shard, visual.merger ddp, the rest frozen
 // --ckpt adds activation checkpointing on model.layers.* (checkpoint_match).
 // FSDP and activation checkpointing run as the sharding engine runs them today; its notes
 // (e.g. "fsdp units run as ddp no_shard") are printed in the result.
@@ -33,7 +36,12 @@
 // 12 x layers x L x hidden (attention); per patch 6 x P_trained (vision blocks +
 // patch_embed) + 12 x depth x patches_per_image x embed_dim, the merger per 4 patches;
 // a frozen unit counts 2 x P (forward only). Recompute under checkpointing is not counted.
-// Peak: --peak-tflops (per rank) or VLMTRAIN_PEAK_TFLOPS; MFU is omitted without one.
+// Peak: --peak-tflops (per rank) or VLMTRAIN_PEAK_TFLOPS; MFU is omitted without one, and
+// for --mix lora (its frozen base still runs the input-gradient matmuls; no convention here).
+//
+// --profile FILE: the measured steps run under the torch profiler (Kineto, CPU and CUDA
+// activities), each inside a "vlmtrain_step" annotation; the Chrome trace goes to FILE
+// (scripts/gpu/trace_summary.py reads it). Profiled step times are not the bench's times.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -48,14 +56,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "app/step_memory.h"
 #include "sharding/comm.h"
 #include "sharding/ddp.h"
+#include "sharding/memory_plan.h"
 #include "sharding/parallel_dims.h"
 #include "sharding/sharded_model.h"
 #include "vlm/check.h"
@@ -65,7 +77,9 @@
 #include "vlm/meta_init.h"
 #include "vlm/qwen2_vl.h"
 
+#include <ATen/record_function.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 
 extern char** environ;
 
@@ -75,7 +89,8 @@ using vlm::sharding::OpKind;
 
 struct Options {
   std::string preset = "small";
-  std::string mix = "ddp";  // ddp | frozen | full_shard
+  std::string mix = "ddp";  // ddp | frozen | full_shard | lora
+  int64_t lora_r = 8;       // adapter rank of --mix lora
   bool ckpt = false;
   int world = 1;
   int threads = 0;          // intra-op threads per rank; 0 = cores / world
@@ -89,14 +104,16 @@ struct Options {
   double peak_tflops = 0;
   bool json = false;
   std::string dump_config;  // write the preset's HF config.json here and exit
+  std::string profile;      // Chrome trace of the measured steps (torch profiler)
 };
 
 [[noreturn]] void usage(const char* argv0) {
   std::fprintf(stderr,
-               "usage: %s [--preset small] [--mix ddp|frozen|full_shard] [--ckpt] [--world N]\n"
+               "usage: %s [--preset small] [--mix ddp|frozen|full_shard|lora] [--lora-r R] [--ckpt] [--world N]\n"
                "          [--threads T] [--samples B] [--text T] [--image-tokens K] [--steps S]\n"
                "          [--warmup W] [--dtype fp32|bf16] [--device cpu|cuda] [--peak-tflops X] [--json]\n"
-               "          [--dump-config FILE]   (the preset's HF config.json, e.g. for the HF timing script)\n",
+               "          [--profile TRACE.json] [--dump-config FILE]   (the preset's HF config.json, e.g. for\n"
+               "          the HF timing script)\n",
                argv0);
   std::exit(2);
 }
@@ -111,6 +128,8 @@ Options parse(int argc, char** argv) {
     };
     if (a == "--preset") o.preset = val();
     else if (a == "--mix") o.mix = val();
+    else if (a == "--lora-r") o.lora_r = std::stoll(val());
+    else if (a == "--profile") o.profile = val();
     else if (a == "--ckpt") o.ckpt = true;
     else if (a == "--world") o.world = std::stoi(val());
     else if (a == "--threads") o.threads = std::stoi(val());
@@ -128,8 +147,9 @@ Options parse(int argc, char** argv) {
   }
   if (o.peak_tflops == 0 && std::getenv("VLMTRAIN_PEAK_TFLOPS") != nullptr)
     o.peak_tflops = std::atof(std::getenv("VLMTRAIN_PEAK_TFLOPS"));
-  VLM_CHECK(o.mix == "ddp" || o.mix == "frozen" || o.mix == "full_shard", "--mix: expected ddp, frozen or ",
-            "full_shard, got '", o.mix, "'");
+  VLM_CHECK(o.mix == "ddp" || o.mix == "frozen" || o.mix == "full_shard" || o.mix == "lora",
+            "--mix: expected ddp, frozen, full_shard or lora, got '", o.mix, "'");
+  VLM_CHECK(o.lora_r >= 1, "--lora-r: expected >= 1, got ", o.lora_r);
   VLM_CHECK(o.world >= 1 && o.samples >= 1 && o.steps >= 1 && o.warmup >= 0 && o.text >= 2 && o.image_tokens >= 1,
             "bad sizes (world, samples, steps >= 1; warmup >= 0; text >= 2; image-tokens >= 1)");
   return o;
@@ -143,6 +163,13 @@ vlm::sharding::ShardingOptions sharding_for(const Options& o) {
     s.rules = {{"visual.patch_embed|visual.blocks.*", "freeze", ""}, {"visual.merger", "ddp", ""}};
     s.default_policy = "fsdp";
     s.default_strategy = "full_shard";
+  } else if (o.mix == "lora") {
+    s.default_policy = "freeze";
+    vlm::sharding::PolicyRule adapters{"model.layers.*.self_attn.*_proj|model.layers.*.mlp.*_proj", "lora",
+                                       "full_shard", {}};
+    adapters.lora.r = o.lora_r;
+    adapters.lora.alpha = 2.0 * static_cast<double>(o.lora_r);
+    s.rules = {{"visual.merger", "ddp", "", {}}, adapters};
   } else {
     s.default_policy = "fsdp";
     s.default_strategy = "full_shard";
@@ -211,6 +238,7 @@ double median(std::vector<double> v) {
 
 // Model FLOPs of one step on one rank (convention in the header comment).
 double step_flops(const std::vector<vlm::sharding::UnitPlan>& units, const vlm::VlmConfig& c, const Options& o) {
+  if (o.mix == "lora") return 0;  // no convention for a frozen base under trained adapters
   const double b = o.samples, k = o.image_tokens, l = o.text + o.image_tokens + 2;
   const double tokens = b * l, patches = b * 4 * k, per_image = 4 * k;
   double flops = 0;
@@ -227,6 +255,33 @@ double step_flops(const std::vector<vlm::sharding::UnitPlan>& units, const vlm::
   const bool vis_trained = o.mix != "frozen";
   flops += (vis_trained ? 12.0 : 4.0) * c.vision.depth * per_image * c.vision.embed_dim * patches;
   return flops;
+}
+
+// The trainer's planned peak of device memory for this step (app/step_memory.h: the memory
+// plan + the batch + the activations of the kernels that run), shown next to the measured one.
+double planned_peak(vlm::Qwen2VLImpl& model, vlm::sharding::ShardedModel& sm, vlm::sharding::ParallelDims& dims,
+                    const Options& o) {
+  const vlm::sharding::ShardingOptions so = sharding_for(o);
+  const vlm::sharding::MemoryPlan plan = vlm::sharding::plan_memory(
+      sm.unit_table(), dims.world_size(), so.param_dtype, so.reduce_dtype, so.fsdp_accumulate_unsharded, 0);
+  const auto path = dims.device().is_cuda() ? vlm::AttentionPath::cuda : vlm::AttentionPath::cpu;
+  const vlmtrain::StepMemoryModel step(model, plan, sm.unit_table(), so.param_dtype, path, 0);
+  vlm::MicroBatchShape shape;
+  shape.rows = o.samples;
+  shape.seq_len = o.text + o.image_tokens + 2;
+  shape.patches = int64_t{4} * o.image_tokens * o.samples;
+  shape.loss_rows = o.samples * (o.text - o.text / 2 - 1);
+  return step.step(shape, 1, o.samples).total();
+}
+
+// The torch profiler (Kineto) on the host and, on CUDA, the device (--profile).
+void start_profiler(torch::Device dev) {
+  namespace prof = torch::profiler::impl;
+  std::set<prof::ActivityType> activities{prof::ActivityType::CPU};
+  if (dev.is_cuda()) activities.insert(prof::ActivityType::CUDA);
+  const prof::ProfilerConfig config(prof::ProfilerState::KINETO);
+  torch::autograd::profiler::prepareProfiler(config, activities);
+  torch::autograd::profiler::enableProfiler(config, activities);
 }
 
 // ---------------------------------------------------------------- one rank
@@ -253,6 +308,7 @@ int run_rank(const Options& o) {
   for (const auto& u : sm->unit_table())
     if (u.trainable()) trainable += u.numel;
   const vlm::Batch batch = make_batch(cfg, o, rank, dev, dt);
+  const double planned = planned_peak(*model, *sm, dims, o);
   const int64_t local_sup = o.samples * (o.text - o.text / 2 - 1);  // shifted labels
 
   std::vector<double> times, cpu;
@@ -261,8 +317,14 @@ int run_rank(const Options& o) {
     if (s == o.warmup) {
       comm.barrier("bench: end of warm-up");
       at_warm = dims.data_stats();
+      if (!o.profile.empty()) start_profiler(dev);
     }
     device_sync(dev);
+    std::optional<at::RecordFunction> step_scope;
+    if (!o.profile.empty() && s >= o.warmup) {
+      step_scope.emplace(at::RecordScope::USER_SCOPE);
+      if (step_scope->isActive()) step_scope->before("vlmtrain_step");
+    }
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = cpu_seconds();
     const int64_t global_sup = vlm::sharding::global_token_count(comm, local_sup);
@@ -274,12 +336,14 @@ int run_rank(const Options& o) {
     sm->optimizer().step(1.0, "bench optimizer");
     sm->optimizer().zero_grad();
     device_sync(dev);
+    step_scope.reset();
     const double dt_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (s >= o.warmup) {
       times.push_back(dt_s);
       cpu.push_back(cpu_seconds() - c0);
     }
   }
+  if (!o.profile.empty()) torch::autograd::profiler::disableProfiler()->save(o.profile);
   const vlm::sharding::CommStats end = dims.data_stats();  // every lane of the data plane
   // Peak memory and the slowest rank's step times (ranks are in lockstep through the
   // collectives; the max guards against a rank that waits less).
@@ -315,6 +379,7 @@ int run_rank(const Options& o) {
       {"impl", "vlmtrain"},
       {"preset", o.preset},
       {"mix", o.mix},
+      {"lora_r", o.mix == "lora" ? o.lora_r : 0},
       {"ckpt", o.ckpt},
       {"world", world},
       {"threads_per_rank", at::get_num_threads()},
@@ -335,6 +400,7 @@ int run_rank(const Options& o) {
       {"images_per_s", world * o.samples / step_s},
       {"peak_rss_bytes", agg[0].item<double>()},
       {"peak_device_bytes", agg[1].item<double>()},
+      {"planned_peak_bytes", planned},  // rank 0's plan (app/step_memory.h)
       {"flops_per_rank_step", flops},
       {"mfu", o.peak_tflops > 0 ? flops / step_s / (o.peak_tflops * 1e12) : 0.0},
       {"mfu_convention", "PaLM: 6P trained / 2P frozen per token or patch + 12*layers*ctx*width attention; no recompute"},
