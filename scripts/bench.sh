@@ -16,7 +16,7 @@
 # Speed is reported as ratios measured within one run (configurations interleaved,
 # repeated, medians): compare them, not absolute times, across machines.
 # The PyTorch DDP reference runs with the project's environment (.venv/bin/python, made by
-# scripts/install-deps.sh; or set TORCH_PYTHON). The GPU part lives in scripts/gpu/ (run_bench.sh on a CUDA machine).
+# scripts/install-deps.sh; or set TORCH_PYTHON). The GPU part lives in scripts/gpu/ (docs/gpu_run.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export BUILD_DIR=${BUILD_DIR:-$PWD/build}

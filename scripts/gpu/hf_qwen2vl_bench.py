@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """HF transformers' Qwen2-VL, random init from the same config as vlmtrain's preset, timed
-on the same batch as bench/step_bench (GPU side of issue #12). One JSON line on stdout.
+on the same batch as bench/step_bench (the GPU run, issue #23: scripts/gpu/device_run.sh
+bench). One JSON line on stdout.
 
-    build-gpu/build/bench/step_bench --preset qwen2-vl-2b --dump-config /tmp/q2b.json
-    python3 scripts/gpu/hf_qwen2vl_bench.py --config /tmp/q2b.json --text 1790 --image-tokens 256
+    build/bench/step_bench --preset qwen2-vl-2b --dump-config /tmp/q2b.json
+    python3 scripts/gpu/hf_qwen2vl_bench.py --config /tmp/q2b.json --text 1022 --image-tokens 1024
 
 Training step: forward with labels, backward, global grad-norm clip 1.0, AdamW (fused when
 available), zero_grad. Precision, to match vlmtrain's bf16 run in bytes per parameter
@@ -19,6 +20,7 @@ patches; recompute not counted; peak --peak-tflops (dense bf16 per GPU, H100/H20
 Peak memory: torch.cuda.max_memory_allocated (same counter as step_bench's allocator stat).
 """
 import argparse
+import inspect
 import json
 import statistics
 import sys
@@ -37,6 +39,12 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--pure-bf16", action="store_true")
+    ap.add_argument("--ckpt", action="store_true",
+                    help="gradient checkpointing on the LLM's decoder layers (as step_bench --ckpt)")
+    ap.add_argument("--lora", type=int, default=0, metavar="R",
+                    help="PEFT LoRA of rank R (alpha 2R, dropout 0) on q/k/v/o and gate/up/down of every "
+                         "LLM layer, the rest frozen except visual.merger (as step_bench --mix lora)")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test of this script")
     a = ap.parse_args()
 
     import transformers
@@ -48,15 +56,38 @@ def main():
         if c is not None:
             c._attn_implementation = "sdpa"
     cfg.use_cache = False
-    dev = torch.device("cuda")
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
     torch.manual_seed(7)
-    model = Qwen2VLForConditionalGeneration(cfg).to(dev, torch.bfloat16 if a.pure_bf16 else torch.float32)
+    with torch.device(dev):  # random init on the device itself (minutes on the host for 2B)
+        model = Qwen2VLForConditionalGeneration(cfg)
+    model = model.to(dev, torch.bfloat16 if a.pure_bf16 else torch.float32)
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
+    visual = model.visual if hasattr(model, "visual") else model.model.visual
+    language = model.language_model if hasattr(model, "language_model") else model.model.language_model
+    if a.ckpt:
+        language.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        language.config.use_cache = False
+    if a.lora:
+        import peft
+        lcfg = peft.LoraConfig(r=a.lora, lora_alpha=2 * a.lora, lora_dropout=0.0, bias="none",
+                               target_modules=r".*layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)",
+                               modules_to_save=None)
+        model = peft.get_peft_model(model, lcfg)
+        for name, p in model.named_parameters():  # the merger trains as in the vlmtrain recipe
+            if ".visual.merger." in name or name.startswith("visual.merger."):
+                p.requires_grad_(True)
+        if a.ckpt:
+            model.enable_input_require_grads()
+    trained = [p for p in model.parameters() if p.requires_grad]
+    n_trained = sum(p.numel() for p in trained)
     try:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
+        opt = torch.optim.AdamW(trained, lr=1e-4, weight_decay=0.01, fused=True)
+        fused = True
     except (TypeError, RuntimeError):
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+        opt = torch.optim.AdamW(trained, lr=1e-4, weight_decay=0.01)
+        fused = False
 
     # The batch (same layout as bench/step_bench make_batch).
     b, k, t = a.samples, a.image_tokens, a.text
@@ -76,28 +107,36 @@ def main():
     batch = dict(input_ids=ids.to(dev), attention_mask=torch.ones_like(ids).to(dev), labels=labels.to(dev),
                  pixel_values=pixels.to(dev, torch.bfloat16 if a.pure_bf16 else torch.float32),
                  image_grid_thw=grid.to(dev))
+    if "mm_token_type_ids" in inspect.signature(Qwen2VLForConditionalGeneration.forward).parameters:
+        batch["mm_token_type_ids"] = (ids == img).long().to(dev)  # 1 on image tokens (newer transformers ask)
 
-    times = []
-    torch.cuda.reset_peak_memory_stats(dev)
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(dev)
+
+    times, losses = [], []
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev)
     for s in range(a.warmup + a.steps):
-        torch.cuda.synchronize(dev)
+        sync()
         t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=not a.pure_bf16):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=not a.pure_bf16):
             loss = model(**batch).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize(dev)
+        sync()
+        losses.append(loss.item())
         if s >= a.warmup:
             times.append(time.perf_counter() - t0)
     step_s = statistics.median(times)
 
-    # FLOPs (convention in the docstring).
-    visual = model.visual if hasattr(model, "visual") else model.model.visual
+    # FLOPs (convention in the docstring; not computed for LoRA, whose frozen base still
+    # runs its input-gradient matmuls: tokens/s and memory are the comparison there).
     p_merger = sum(x.numel() for x in visual.merger.parameters())
     p_vis = sum(x.numel() for x in visual.parameters()) - p_merger
-    p_llm = n_params - p_vis - p_merger
+    p_llm = n_params - p_vis - p_merger - (n_trained - p_merger if a.lora else 0)
     if cfg_dict.get("tie_word_embeddings"):
         p_llm += cfg_dict["vocab_size"] * cfg_dict["hidden_size"]  # the head's matmul costs like an untied one
     p_llm -= cfg_dict["vocab_size"] * cfg_dict["hidden_size"]  # the embedding lookup costs nothing
@@ -106,12 +145,15 @@ def main():
     flops = (6 * p_llm * tokens + 12 * cfg_dict["num_hidden_layers"] * seq * cfg_dict["hidden_size"] * tokens
              + 6 * p_vis * patches + 12 * vis["depth"] * per_image * embed * patches + 6 * p_merger * patches / 4)
     print(json.dumps({"impl": "hf-transformers", "transformers": transformers.__version__, "torch": torch.__version__,
-                      "gpu": torch.cuda.get_device_name(dev), "precision": "pure bf16" if a.pure_bf16 else
-                      "fp32 params + autocast bf16", "attn": "sdpa", "params": n_params, "samples": b, "seq_len": seq,
+                      "gpu": torch.cuda.get_device_name(dev) if cuda else "cpu",
+                      "precision": "pure bf16" if a.pure_bf16 else "fp32 params + autocast bf16", "attn": "sdpa",
+                      "mix": f"lora r{a.lora}" if a.lora else "full", "ckpt": bool(getattr(language, "is_gradient_checkpointing", False)), "fused_adamw": fused,
+                      "params": n_params, "trainable_params": n_trained, "samples": b, "seq_len": seq,
                       "image_tokens": k, "steps": a.steps, "warmup": a.warmup, "step_s": step_s, "step_s_all": times,
                       "tokens_per_s": tokens / step_s, "images_per_s": b / step_s, "flops_per_step": flops,
-                      "mfu": flops / step_s / (a.peak_tflops * 1e12), "peak_tflops": a.peak_tflops,
-                      "peak_device_bytes": torch.cuda.max_memory_allocated(dev)}), flush=True)
+                      "mfu": 0.0 if a.lora else flops / step_s / (a.peak_tflops * 1e12), "peak_tflops": a.peak_tflops,
+                      "losses": losses,
+                      "peak_device_bytes": torch.cuda.max_memory_allocated(dev) if cuda else 0}), flush=True)
 
 
 if __name__ == "__main__":
