@@ -22,7 +22,9 @@
 #          -> tiny.log, tiny_curves.md, tiny_cuda.jsonl, tiny_cpu.jsonl (metrics)
 #   bench  Qwen2-VL-2B (preset, random init), bf16, world 1, 2,048 tokens a step (1 sample of
 #          1,022 text + 1,024 image tokens = 4,096 patches): vlmtrain (bench/step_bench) and HF
-#          transformers (scripts/gpu/hf_qwen2vl_bench.py) interleaved, BENCH_ROUNDS rounds
+#          transformers (scripts/gpu/hf_qwen2vl_bench.py) interleaved (BENCH_SAMPLES=2: two such
+#          samples a step; `vlmtrain plan` puts the full fine-tune at 52 GB for one sample without
+#          checkpointing, 47 GB with, 37 GB of it persistent), BENCH_ROUNDS rounds
 #          (default 1) of the rows BENCH_ROWS (default "full full-ckpt lora"), then one
 #          profiled vlmtrain step (PROFILE=0 skips it)
 #          -> bench.log (stderr), bench.jsonl, bench.md, profile.md, trace.json.gz
@@ -119,7 +121,8 @@ bench_row() {  # bench_row ROW ROUND: vlmtrain, then HF transformers, on the row
     lora) vl=(--mix lora --lora-r 8) hf=(--lora 8) ;;
     *) echo "device_run: unknown bench row $row (full, full-ckpt, lora)" >&2; return 2 ;;
   esac
-  local shape=(--samples 1 --text 1022 --image-tokens 1024 --steps "${BENCH_STEPS:-10}" --warmup 3 --peak-tflops "$PEAK")
+  local shape=(--samples "${BENCH_SAMPLES:-1}" --text 1022 --image-tokens 1024 --steps "${BENCH_STEPS:-10}" --warmup 3
+               --peak-tflops "$PEAK")
   local tag="{\"row\": \"$row\", \"round\": $r, "
   echo "== vlmtrain $row round $r" >> "$OUT/bench.log"
   "$BIN/step_bench" --json --preset qwen2-vl-2b --device cuda --dtype bf16 "${vl[@]}" "${shape[@]}" \
@@ -157,10 +160,18 @@ phase_check() {  # CHECK=1 only (device_run.sh --check): the CPU parts of every 
   local small=(--set data.synth.train=64 --set data.synth.val=0 --set schedule.steps=4 --set schedule.warmup_steps=1 --set batch.samples_per_rank=2
                --set eval.every=0 --set eval.at_end=false --set log.every=1 --set checkpoint.every=0)
   for run in a b; do
+    # Run a with the loader's log: every library any process loads must come from the pack, the
+    # PyTorch environment, or glibc / libstdc++ (what the device has); dlopen()ed ones included.
+    [[ $run == a ]] && export LD_DEBUG=libs LD_DEBUG_OUTPUT=$w/ld || unset LD_DEBUG LD_DEBUG_OUTPUT
     "$BIN/vlmtrain" train recipes/ocr_tiny.toml --set "run.output_dir=$w/$run" --set dist.device=cpu \
       --set "data.train=$w/data/train.jsonl" --set "data.eval=[]" --set "model.tokenizer=$w/data/tokenizer.model" \
       "${small[@]}" >> "$OUT/tiny.log" 2>&1 || { tail -20 "$OUT/tiny.log"; return 1; }
   done
+  local foreign
+  foreign=$(grep -h "calling init:" "$w"/ld.* | awk '{print $NF}' | sort -u |
+            grep -vE "^$RUN/|^$TORCH_LIB/|/nvidia/|/ld-linux|/lib(c|m|dl|rt|pthread|util|resolv|stdc\+\+|gcc_s)\.so" || true)
+  [[ -z "$foreign" ]] || { echo "check: loaded from outside the pack (missing on the device):" >&2; echo "$foreign" >&2; return 1; }
+  grep -q "libsentencepiece" <(grep -h "calling init:" "$w"/ld.*) || { echo "check: sentencepiece was not loaded" >&2; return 1; }
   "$PY" scripts/gpu/compare_curves.py "$w/a/metrics.jsonl" "$w/b/metrics.jsonl" --names=CPU,CPU > "$OUT/tiny_curves.md"
   grep -q "max rel diff, steps 1-10: 0.00e+00" "$OUT/tiny_curves.md" || { cat "$OUT/tiny_curves.md"; return 1; }
   # bench: the small preset on the CPU, each row of both sides, and a profiled step.

@@ -14,7 +14,8 @@
 #                         lib/    every shared library they load that is neither LibTorch's
 #                                 nor CUDA's (the device's PyTorch provides those) nor glibc's
 #                                 (OpenCV and its codecs, spdlog, fmt, PCRE2, utf8proc, ...),
-#                                 found with ldd. Debian's libopencv_imgcodecs also links the
+#                                 found with ldd, and the sentencepiece libraries vlmtrain
+#                                 dlopen()s. Debian's libopencv_imgcodecs also links the
 #                                 GDAL and DICOM (GDCM) decoders, whose libraries come to ~150 MB
 #                                 (libgdal alone pulls in 100 others): the pack holds stubs of
 #                                 those (lib/libgdal.so.32, libgdcm*.so.3.0) that define the 25
@@ -66,10 +67,17 @@ done
 rm -f "$stage/stub.c" "$stage/undefined.txt"
 export LD_LIBRARY_PATH=$stage/lib   # ldd below then resolves the stubs, not the real libraries
 
+# Libraries vlmtrain dlopen()s (ldd cannot see them): sentencepiece (vlm/sp_tokenizer.cpp).
+for so in libsentencepiece.so.0 libsentencepiece_train.so.0; do
+  real=$(ldconfig -p | awk -v n="$so" '$1 == n && /x86-64/ {p = $NF} END {print p}')
+  [[ -f "$real" ]] || { echo "pack: $so not installed here (scripts/install-deps.sh installs it)" >&2; exit 1; }
+  cp -L "$real" "$stage/lib/$so"
+done
+
 # The libraries the device provides itself: LibTorch and its bundled runtime (torch/lib),
 # NVIDIA's (nvidia/*/lib of the device's PyTorch), the kernel driver's, and glibc's.
 provided='/torch/lib/|/nvidia/|libcuda\.so|libcudart\.so|libnvidia-|/ld-linux|lib(c|m|dl|rt|pthread|util|resolv)\.so'
-ldd "$stage"/bin/* | awk '/=>/ {print $3}' | sort -u | while read -r so; do
+ldd "$stage"/bin/* "$stage"/lib/libsentencepiece* | awk '/=>/ {print $3}' | sort -u | while read -r so; do
   [[ -f "$so" ]] || continue
   if [[ "$so" =~ $provided || "$so" == "$stage/lib/"* ]]; then continue; fi
   case "$(basename "$so")" in
