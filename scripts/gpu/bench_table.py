@@ -31,15 +31,23 @@ def main():
         print(f"| {row} | {impl} | {len(rs)} | {med(rs, 'step_s'):.3f} | {med(rs, 'tokens_per_s'):.0f} | "
               f"{100 * mfu:.1f} | {peak / 2**30:.2f} | "
               + (f"{plan / 2**30:.2f} | {plan / peak:.3f} |" if plan == plan and peak > 0 else "- | - |"))
-    print("\n| row | vlmtrain / HF tokens/s | vlmtrain / HF peak memory |\n|---|---|---|")
+    print("\n| row | vlmtrain / HF tokens/s (target >= 1.2x) | vlmtrain MFU (full: target >= 45%) | "
+          "planned / measured peak (target within 10%) | vlmtrain / HF peak memory |\n|---|---|---|---|---|")
+    verdict = lambda ok: "met" if ok else "missed"
     for row in dict.fromkeys(r["row"] for r in rows):
         v, h = by.get((row, "vlmtrain")), by.get((row, "hf-transformers"))
-        if v and h:
-            pv, ph = med(v, "peak_device_bytes"), med(h, "peak_device_bytes")
-            print(f"| {row} | {med(v, 'tokens_per_s') / med(h, 'tokens_per_s'):.2f}x | "
-                  + (f"{pv / ph:.2f}x |" if ph > 0 else "- |"))
+        if not v or not h:
+            continue
+        speed = med(v, "tokens_per_s") / med(h, "tokens_per_s")
+        mfu = med(v, "mfu")
+        pv, ph, plan = med(v, "peak_device_bytes"), med(h, "peak_device_bytes"), med(v, "planned_peak_bytes")
+        print(f"| {row} | {speed:.2f}x {verdict(speed >= 1.2)} | "
+              + (f"{100 * mfu:.1f}% {verdict(mfu >= 0.45)} | " if row.startswith("full") else "- | ")
+              + (f"{plan / pv:.3f} {verdict(abs(plan / pv - 1) <= 0.10)} | " if pv > 0 and plan == plan else "- | ")
+              + (f"{pv / ph:.2f}x |" if ph > 0 else "- |"))
     conv = {r.get("impl", "vlmtrain"): r.get("mfu_convention", "PaLM, as step_bench") for r in rows}
-    print(f"\nMFU convention: {conv.get('vlmtrain', '-')}; peak {rows[0].get('peak_tflops', 989) if rows else 989} "
+    peak = next((r["peak_tflops"] for r in rows if "peak_tflops" in r), 989)
+    print(f"\nMFU convention: {conv.get('vlmtrain', '-')}; peak {peak} "
           "TFLOP/s dense bf16; LoRA rows carry no MFU (0).")
     return 0
 
