@@ -41,6 +41,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/lora_rules.h"
 #include "sharding/lora.h"
 #include "sharding/memory_plan.h"
 #include "sharding/parallel_dims.h"
@@ -93,12 +94,7 @@ vlm::sharding::ShardingOptions lora_bench_sharding(const Options& o, bool lora) 
   s.optim.lr = 1e-4;
   s.optim.weight_decay = 0.01;
   if (!lora) return s;  // default ddp: everything trained
-  s.default_policy = "freeze";
-  vlm::sharding::PolicyRule adapters{"model.layers.*.self_attn.*_proj|model.layers.*.mlp.*_proj", "lora",
-                                     "full_shard", {}};
-  adapters.lora.r = o.r;
-  adapters.lora.alpha = 2.0 * static_cast<double>(o.r);
-  s.rules = {{"visual.merger", "ddp", "", {}}, adapters};
+  vlmbench::apply_lora_rules(s, o.r);
   return s;
 }
 

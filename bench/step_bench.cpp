@@ -64,6 +64,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/lora_rules.h"
 #include "app/step_memory.h"
 #include "sharding/comm.h"
 #include "sharding/ddp.h"
@@ -164,12 +165,7 @@ vlm::sharding::ShardingOptions sharding_for(const Options& o) {
     s.default_policy = "fsdp";
     s.default_strategy = "full_shard";
   } else if (o.mix == "lora") {
-    s.default_policy = "freeze";
-    vlm::sharding::PolicyRule adapters{"model.layers.*.self_attn.*_proj|model.layers.*.mlp.*_proj", "lora",
-                                       "full_shard", {}};
-    adapters.lora.r = o.lora_r;
-    adapters.lora.alpha = 2.0 * static_cast<double>(o.lora_r);
-    s.rules = {{"visual.merger", "ddp", "", {}}, adapters};
+    vlmbench::apply_lora_rules(s, o.lora_r);
   } else {
     s.default_policy = "fsdp";
     s.default_strategy = "full_shard";
