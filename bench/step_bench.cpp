@@ -64,8 +64,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/lora_rules.h"
 #include "app/step_memory.h"
+#include "bench/lora_rules.h"
 #include "sharding/comm.h"
 #include "sharding/ddp.h"
 #include "sharding/memory_plan.h"

@@ -136,7 +136,7 @@ def main():
     # runs its input-gradient matmuls: tokens/s and memory are the comparison there).
     p_merger = sum(x.numel() for x in visual.merger.parameters())
     p_vis = sum(x.numel() for x in visual.parameters()) - p_merger
-    p_llm = n_params - p_vis - p_merger - (n_trained - p_merger if a.lora else 0)
+    p_llm = n_params - p_vis - p_merger  # n_params was counted before PEFT added adapters
     if cfg_dict.get("tie_word_embeddings"):
         p_llm += cfg_dict["vocab_size"] * cfg_dict["hidden_size"]  # the head's matmul costs like an untied one
     p_llm -= cfg_dict["vocab_size"] * cfg_dict["hidden_size"]  # the embedding lookup costs nothing
@@ -144,14 +144,17 @@ def main():
     embed = vis.get("embed_dim", vis.get("hidden_size"))
     flops = (6 * p_llm * tokens + 12 * cfg_dict["num_hidden_layers"] * seq * cfg_dict["hidden_size"] * tokens
              + 6 * p_vis * patches + 12 * vis["depth"] * per_image * embed * patches + 6 * p_merger * patches / 4)
+    if a.lora:
+        flops = 0  # no convention (see above); MFU 0 as in step_bench --mix lora
     print(json.dumps({"impl": "hf-transformers", "transformers": transformers.__version__, "torch": torch.__version__,
                       "gpu": torch.cuda.get_device_name(dev) if cuda else "cpu",
                       "precision": "pure bf16" if a.pure_bf16 else "fp32 params + autocast bf16", "attn": "sdpa",
-                      "mix": f"lora r{a.lora}" if a.lora else "full", "ckpt": bool(getattr(language, "is_gradient_checkpointing", False)), "fused_adamw": fused,
+                      "mix": f"lora r{a.lora}" if a.lora else "full",
+                      "ckpt": bool(getattr(language, "is_gradient_checkpointing", False)), "fused_adamw": fused,
                       "params": n_params, "trainable_params": n_trained, "samples": b, "seq_len": seq,
                       "image_tokens": k, "steps": a.steps, "warmup": a.warmup, "step_s": step_s, "step_s_all": times,
                       "tokens_per_s": tokens / step_s, "images_per_s": b / step_s, "flops_per_step": flops,
-                      "mfu": 0.0 if a.lora else flops / step_s / (a.peak_tflops * 1e12), "peak_tflops": a.peak_tflops,
+                      "mfu": flops / step_s / (a.peak_tflops * 1e12), "peak_tflops": a.peak_tflops,
                       "losses": losses,
                       "peak_device_bytes": torch.cuda.max_memory_allocated(dev) if cuda else 0}), flush=True)
 
