@@ -11,7 +11,7 @@
 
 #include "data/image.h"
 #include "data/pixel_pipeline.h"
-#include "vlm/image_geometry.h"
+#include "vlm/model/image_geometry.h"
 
 namespace {
 

@@ -12,7 +12,7 @@
 //    "grid": [t, h, w], "source": [h, w]}
 // --cap 0 means Qwen2-VL's defaults (max_pixels 12845056); --dump writes
 // DIR/<file name>.cap<TOKENS>.f32 (pixel_values, float32, row-major) before timing.
-// glibc malloc is tuned as in `vlmtrain` (vlm/host_malloc.h), so freed pixel buffers are
+// glibc malloc is tuned as in `vlmtrain` (vlm/runtime/host_malloc.h), so freed pixel buffers are
 // reused instead of page-faulted again.
 #include <opencv2/core.hpp>
 #include <sys/resource.h>
@@ -26,8 +26,8 @@
 
 #include "data/image.h"
 #include "data/pixel_pipeline.h"
-#include "vlm/host_malloc.h"
-#include "vlm/image_geometry.h"
+#include "vlm/runtime/host_malloc.h"
+#include "vlm/model/image_geometry.h"
 
 namespace {
 

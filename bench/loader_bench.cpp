@@ -1,6 +1,6 @@
 // Loader throughput (issue #30 item 4): samples/s and images/s the training data path
 // sustains with a given number of loader worker threads, nothing else running in the
-// process (no model, no step). It is the trainer's own path (app/train_data.h): dataset
+// process (no model, no step). It is the trainer's own path (app/train/train_data.h): dataset
 // index, sampler, step plan, worker threads decoding + resizing + patchifying images and
 // rendering + tokenizing the chat, and the consumer thread collating micro-batches.
 //
@@ -24,12 +24,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "app/model_source.h"
-#include "app/recipe.h"
-#include "app/train_data.h"
-#include "vlm/config.h"
-#include "vlm/host_malloc.h"
-#include "vlm/tokenizer.h"
+#include "app/config/model_source.h"
+#include "app/config/recipe.h"
+#include "app/train/train_data.h"
+#include "vlm/model/config.h"
+#include "vlm/runtime/host_malloc.h"
+#include "vlm/text/tokenizer.h"
 
 namespace {
 
@@ -68,13 +68,13 @@ int main(int argc, char** argv) {
   }
   if (recipe_path.empty()) usage(argv[0]);
   try {
-    const vlmtrain::Recipe recipe = vlmtrain::load_recipe(recipe_path, sets);
+    const vlm::app::Recipe recipe = vlm::app::load_recipe(recipe_path, sets);
     VLM_CHECK(!recipe.model.preset.empty(), "loader_bench: needs model.preset (the model is not built)");
     vlm::VlmConfig cfg = vlm::preset(recipe.model.preset);
-    std::unique_ptr<vlm::Tokenizer> tok = vlm::load_tokenizer(vlmtrain::tokenizer_path(recipe.model));
-    vlmtrain::use_tokenizer_special_ids(cfg, *tok);
+    std::unique_ptr<vlm::Tokenizer> tok = vlm::load_tokenizer(vlm::app::tokenizer_path(recipe.model));
+    vlm::app::use_tokenizer_special_ids(cfg, *tok);
     int64_t warnings = 0;
-    vlmtrain::TrainData data(recipe, *tok, cfg, 0, 1, [] {}, [&](const std::string& m) {
+    vlm::app::TrainData data(recipe, *tok, cfg, 0, 1, [] {}, [&](const std::string& m) {
       if (warnings++ < 5) std::fprintf(stderr, "warning: %s\n", m.c_str());
     });
 
@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
     const double c0 = cpu_seconds(), m0 = thread_cpu_seconds();
     const auto t0 = std::chrono::steady_clock::now();
     while (samples < target) {
-      vlmtrain::StepData s = data.next(cursor);
+      vlm::app::StepData s = data.next(cursor);
       cursor = s.next;
       ++steps;
       samples += s.samples;

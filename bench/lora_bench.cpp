@@ -42,15 +42,15 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/lora_rules.h"
-#include "sharding/lora.h"
-#include "sharding/memory_plan.h"
-#include "sharding/parallel_dims.h"
-#include "sharding/sharded_model.h"
-#include "vlm/check.h"
-#include "vlm/config.h"
-#include "vlm/host_malloc.h"
-#include "vlm/meta_init.h"
-#include "vlm/qwen2_vl.h"
+#include "sharding/parallel/lora.h"
+#include "app/plan/memory_plan.h"
+#include "sharding/dist/parallel_dims.h"
+#include "sharding/parallel/sharded_model.h"
+#include "vlm/runtime/check.h"
+#include "vlm/model/config.h"
+#include "vlm/runtime/host_malloc.h"
+#include "vlm/model/meta_init.h"
+#include "vlm/model/vision_language_model.h"
 
 namespace {
 
@@ -94,7 +94,7 @@ vlm::sharding::ShardingOptions lora_bench_sharding(const Options& o, bool lora) 
   s.optim.lr = 1e-4;
   s.optim.weight_decay = 0.01;
   if (!lora) return s;  // default ddp: everything trained
-  vlmbench::apply_lora_rules(s, o.r);
+  vlm::bench::apply_lora_rules(s, o.r);
   return s;
 }
 
@@ -135,7 +135,7 @@ double lora_bench_median(std::vector<double> v) {
 // One configuration: its model, sharding and the times of its measured steps.
 struct Arm {
   std::string name;
-  vlm::Qwen2VL model{nullptr};
+  vlm::VisionLanguageModel model{nullptr};
   std::unique_ptr<vlm::sharding::ShardedModel> sm;
   std::vector<double> wall, cpu, loss;
   double first_loss = 0;  // step 1: equal for both (same init, B = 0 makes LoRA the base)
@@ -167,7 +167,7 @@ void lora_bench_step(Arm& a, const vlm::Batch& batch, int64_t supervised, vlm::s
 // fsdp full_shard, as full fine-tuning would shard at scale; lora: its own table).
 nlohmann::json lora_bench_report(const Arm& a, const std::vector<vlm::sharding::UnitPlan>& sharded_units,
                                  int plan_world) {
-  using vlm::sharding::plan_memory;
+  using vlm::app::plan_memory;
   const vlm::sharding::MemoryReport m = a.sm->memory();
   const auto counts = vlm::sharding::count_params(a.sm->unit_table());
   int64_t adapters = 0;
@@ -210,7 +210,7 @@ int main(int argc, char** argv) {
       const bool lora = i == 1;
       Arm& a = arms[i];
       a.name = lora ? "lora" : "full";
-      a.model = vlm::Qwen2VL(cfg, torch::TensorOptions().device(torch::kMeta));
+      a.model = vlm::VisionLanguageModel(cfg, torch::TensorOptions().device(torch::kMeta));
       vlm::materialize(*a.model, {torch::kCPU, torch::kFloat32, 7});
       a.model->train();
       a.sm = vlm::sharding::apply_policies(*a.model, lora_bench_sharding(o, lora), dims);
@@ -225,7 +225,7 @@ int main(int argc, char** argv) {
     vlm::sharding::ShardingOptions fsdp_all = lora_bench_sharding(o, false);
     fsdp_all.default_policy = "fsdp";
     fsdp_all.default_strategy = "full_shard";
-    vlm::Qwen2VL meta(cfg, torch::TensorOptions().device(torch::kMeta));
+    vlm::VisionLanguageModel meta(cfg, torch::TensorOptions().device(torch::kMeta));
     const nlohmann::json full = lora_bench_report(arms[0], vlm::sharding::resolve_units(*meta, fsdp_all), o.plan_world);
     const nlohmann::json lora = lora_bench_report(arms[1], arms[1].sm->unit_table(), o.plan_world);
     auto ratio = [&](const char* k) { return lora.at(k).get<double>() / full.at(k).get<double>(); };

@@ -3,9 +3,9 @@
 #pragma once
 #include <cstdint>
 
-#include "sharding/policy.h"
+#include "sharding/parallel/policy.h"
 
-namespace vlmbench {
+namespace vlm::bench {
 
 // Adapters of rank r (alpha 2r, dropout 0) on q/k/v/o and gate/up/down of every LLM layer,
 // their frozen base fsdp full_shard; visual.merger ddp; every other module frozen.
@@ -18,4 +18,4 @@ inline void apply_lora_rules(vlm::sharding::ShardingOptions& s, int64_t r) {
   s.rules = {{"visual.merger", "ddp", "", {}}, adapters};
 }
 
-}  // namespace vlmbench
+}  // namespace vlm::bench

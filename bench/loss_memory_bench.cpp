@@ -1,6 +1,6 @@
 // Memory and time of the training loss: full logits (logits = h W^T in full, upcast,
 // cross_entropy, backward) against vlmtrain's chunked linear + cross-entropy
-// (vlm/chunked_cross_entropy.h), forward + backward, one process per mode so that each
+// (vlm/model/chunked_cross_entropy.h), forward + backward, one process per mode so that each
 // peak RSS is its own.
 //
 //   loss_memory_bench --mode full|chunked [--rows 2048] [--dim 1536] [--vocab 151936]
@@ -15,8 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "app/perf_counters.h"
-#include "vlm/chunked_cross_entropy.h"
+#include "vlm/runtime/process_memory.h"
+#include "vlm/model/chunked_cross_entropy.h"
 
 namespace {
 const char* arg(int argc, char** argv, const char* name, const char* fallback) {
@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
   auto h = (torch::randn({n, d}) * 0.5).to(dt).requires_grad_(true);
   auto w = (torch::randn({v, d}) * 0.02).to(dt).requires_grad_(true);
   auto labels = torch::randint(0, v, {n}, torch::kInt64);
-  const int64_t before = vlmtrain::peak_rss_bytes();
+  const int64_t before = vlm::peak_rss_bytes();
   const auto t0 = std::chrono::steady_clock::now();
   torch::Tensor loss;
   if (mode == "full") {
@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   nlohmann::json j = {{"mode", mode},   {"rows", n},          {"dim", d},
                       {"vocab", v},     {"dtype", dt_name},   {"seconds", s},
-                      {"peak_rss_bytes", vlmtrain::peak_rss_bytes()}, {"rss_before_bytes", before},
+                      {"peak_rss_bytes", vlm::peak_rss_bytes()}, {"rss_before_bytes", before},
                       {"loss", loss.item<double>()}};
   std::printf("%s\n", j.dump().c_str());
   return 0;

@@ -4,10 +4,10 @@
 #include <random>
 #include <string>
 
-#include "app/metrics.h"
+#include "app/eval/metrics.h"
 
-using vlmtrain::Scorer;
-using vlmtrain::edit_distance;
+using vlm::app::Scorer;
+using vlm::app::edit_distance;
 
 int main() {
   std::mt19937 rng(99);
@@ -35,7 +35,7 @@ int main() {
   }
   std::u32string hyp = ref;
   for (size_t k = 0; k < ref.size() * 3 / 100; ++k) hyp[rng() % hyp.size()] = U'#';
-  const std::string ref8 = vlmtrain::to_utf8(ref), hyp8 = vlmtrain::to_utf8(hyp);
+  const std::string ref8 = vlm::app::to_utf8(ref), hyp8 = vlm::app::to_utf8(hyp);
   Scorer scorer;
   const auto t1 = std::chrono::steady_clock::now();
   const auto s = scorer.add(hyp8, {ref8});

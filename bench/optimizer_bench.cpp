@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "sharding/optimizer.h"
-#include "sharding/parallel_dims.h"
+#include "sharding/parallel/optimizer.h"
+#include "sharding/dist/parallel_dims.h"
 
 using namespace vlm::sharding;
 

@@ -21,8 +21,8 @@
 
 #include "collate/micro_batch.h"
 #include "collate/step_plan.h"
-#include "vlm/meta_init.h"
-#include "vlm/qwen2_vl.h"
+#include "vlm/model/meta_init.h"
+#include "vlm/model/vision_language_model.h"
 
 namespace {
 
@@ -106,7 +106,7 @@ struct ModeStats {
 };
 
 // Forward + backward of every micro-batch of one planned step; returns seconds.
-double run_step(vlm::Qwen2VL& model, const std::vector<vlm::collate::MicroBatch>& mbs) {
+double run_step(vlm::VisionLanguageModel& model, const std::vector<vlm::collate::MicroBatch>& mbs) {
   const auto t0 = std::chrono::steady_clock::now();
   for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
   for (const auto& mb : mbs) model->forward(mb.batch).loss_sum.backward();
@@ -118,7 +118,7 @@ double run_step(vlm::Qwen2VL& model, const std::vector<vlm::collate::MicroBatch>
 int main(int argc, char** argv) try {
   const Args a = parse_args(argc, argv);
   at::set_num_threads(static_cast<int>(a.threads));
-  vlm::Qwen2VL model(vlm::preset(a.preset));
+  vlm::VisionLanguageModel model(vlm::preset(a.preset));
   vlm::MaterializeOptions mopts;
   mopts.seed = 1;
   vlm::materialize(*model, mopts);

@@ -64,19 +64,19 @@
 
 #include <nlohmann/json.hpp>
 
-#include "app/step_memory.h"
+#include "app/plan/step_memory.h"
 #include "bench/lora_rules.h"
-#include "sharding/comm.h"
-#include "sharding/ddp.h"
-#include "sharding/memory_plan.h"
-#include "sharding/parallel_dims.h"
-#include "sharding/sharded_model.h"
-#include "vlm/check.h"
-#include "vlm/runtime_info.h"
-#include "vlm/config.h"
-#include "vlm/host_malloc.h"
-#include "vlm/meta_init.h"
-#include "vlm/qwen2_vl.h"
+#include "sharding/dist/comm.h"
+#include "sharding/parallel/ddp.h"
+#include "app/plan/memory_plan.h"
+#include "sharding/dist/parallel_dims.h"
+#include "sharding/parallel/sharded_model.h"
+#include "vlm/runtime/check.h"
+#include "vlm/runtime/runtime_info.h"
+#include "vlm/model/config.h"
+#include "vlm/runtime/host_malloc.h"
+#include "vlm/model/meta_init.h"
+#include "vlm/model/vision_language_model.h"
 
 #include <ATen/record_function.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -165,7 +165,7 @@ vlm::sharding::ShardingOptions sharding_for(const Options& o) {
     s.default_policy = "fsdp";
     s.default_strategy = "full_shard";
   } else if (o.mix == "lora") {
-    vlmbench::apply_lora_rules(s, o.lora_r);
+    vlm::bench::apply_lora_rules(s, o.lora_r);
   } else {
     s.default_policy = "fsdp";
     s.default_strategy = "full_shard";
@@ -253,16 +253,16 @@ double step_flops(const std::vector<vlm::sharding::UnitPlan>& units, const vlm::
   return flops;
 }
 
-// The trainer's planned peak of device memory for this step (app/step_memory.h: the memory
+// The trainer's planned peak of device memory for this step (app/plan/step_memory.h: the memory
 // plan + the batch + the activations of the kernels that run), shown next to the measured one.
-double planned_peak(vlm::Qwen2VLImpl& model, vlm::sharding::ShardedModel& sm, vlm::sharding::ParallelDims& dims,
+double planned_peak(vlm::VisionLanguageModelImpl& model, vlm::sharding::ShardedModel& sm, vlm::sharding::ParallelDims& dims,
                     const Options& o) {
   const vlm::sharding::ShardingOptions so = sharding_for(o);
-  const vlm::sharding::MemoryPlan plan = vlm::sharding::plan_memory(
+  const vlm::app::MemoryPlan plan = vlm::app::plan_memory(
       sm.unit_table(), dims.world_size(), so.param_dtype, so.reduce_dtype, so.fsdp_accumulate_unsharded, 0);
-  const auto path = dims.device().is_cuda() ? vlm::AttentionPath::cuda : vlm::AttentionPath::cpu;
-  const vlmtrain::StepMemoryModel step(model, plan, sm.unit_table(), so.param_dtype, path, 0);
-  vlm::MicroBatchShape shape;
+  const auto path = dims.device().is_cuda() ? vlm::app::AttentionPath::cuda : vlm::app::AttentionPath::cpu;
+  const vlm::app::StepMemoryModel step(model, plan, sm.unit_table(), so.param_dtype, path, 0);
+  vlm::app::MicroBatchShape shape;
   shape.rows = o.samples;
   shape.seq_len = o.text + o.image_tokens + 2;
   shape.patches = int64_t{4} * o.image_tokens * o.samples;
@@ -295,7 +295,7 @@ int run_rank(const Options& o) {
   const torch::Dtype dt = o.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
 
   const vlm::VlmConfig cfg = vlm::preset(o.preset);
-  vlm::Qwen2VL model(cfg, torch::TensorOptions().device(torch::kMeta));
+  vlm::VisionLanguageModel model(cfg, torch::TensorOptions().device(torch::kMeta));
   vlm::materialize(*model, {dev, dt, 7});
   model->train();
   const int64_t n_params = vlm::count_parameters(*model);
@@ -396,7 +396,7 @@ int run_rank(const Options& o) {
       {"images_per_s", world * o.samples / step_s},
       {"peak_rss_bytes", agg[0].item<double>()},
       {"peak_device_bytes", agg[1].item<double>()},
-      {"planned_peak_bytes", planned},  // rank 0's plan (app/step_memory.h)
+      {"planned_peak_bytes", planned},  // rank 0's plan (app/plan/step_memory.h)
       {"flops_per_rank_step", flops},
       {"mfu", o.peak_tflops > 0 ? flops / step_s / (o.peak_tflops * 1e12) : 0.0},
       {"mfu_convention", "PaLM: 6P trained / 2P frozen per token or patch + 12*layers*ctx*width attention; no recompute"},
@@ -496,7 +496,7 @@ int launch(int world, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  vlm::tune_host_malloc();  // as vlmtrain does (VLM_HOST_MALLOC=system for glibc's defaults)
+  vlm::tune_host_malloc();  // as vlmtrain does (VLMTRAIN_HOST_MALLOC=system for glibc's defaults)
   try {
     const Options o = parse(argc, argv);
     if (!o.dump_config.empty()) {

@@ -20,9 +20,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/vlm/tokenizer_corpus.h"
-#include "vlm/check.h"
-#include "vlm/tokenizer.h"
+#include "tests/vlm/text/tokenizer_corpus.h"
+#include "vlm/runtime/check.h"
+#include "vlm/text/tokenizer.h"
 
 namespace {
 
@@ -51,7 +51,7 @@ int run(int argc, char** argv) {
   size_t bytes = 0;
   uint32_t seed = 1;
   while (bytes < mb * 1e6) {
-    auto corpus = vlmtest::tokenizer_corpus(4000, seed++);
+    auto corpus = vlm::test::tokenizer_corpus(4000, seed++);
     std::string doc;
     for (const auto& s : corpus) {
       doc += s;

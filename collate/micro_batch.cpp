@@ -1,8 +1,8 @@
 #include "collate/micro_batch.h"
 
-#include "vlm/check.h"
-#include "vlm/rope_index.h"
-#include "vlm/vision_encoder.h"
+#include "vlm/runtime/check.h"
+#include "vlm/model/rope_index.h"
+#include "vlm/families/qwen2_vision.h"
 
 namespace vlm::collate {
 

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "collate/step_plan.h"
-#include "vlm/config.h"
-#include "vlm/qwen2_vl.h"
-#include "vlm/sample.h"
+#include "vlm/model/config.h"
+#include "vlm/model/vision_language_model.h"
+#include "vlm/model/sample.h"
 
 namespace vlm::collate {
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "vlm/check.h"
+#include "vlm/runtime/check.h"
 
 namespace vlm::collate {
 

@@ -13,8 +13,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "vlm/qwen2_vl.h"
-#include "vlm/sample.h"
+#include "vlm/model/vision_language_model.h"
+#include "vlm/model/sample.h"
 
 namespace vlm::collate {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "vlm/check.h"
+#include "vlm/runtime/check.h"
 
 namespace vlm::collate {
 namespace {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "vlm/image_geometry.h"
+#include "vlm/model/image_geometry.h"
 
 namespace vlm::collate {
 

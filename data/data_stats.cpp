@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "vlm/check.h"
+#include "vlm/runtime/check.h"
 
 namespace vlm::data {
 

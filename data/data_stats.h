@@ -15,7 +15,7 @@
 
 #include "data/dataset.h"
 #include "data/token_counts.h"
-#include "vlm/image_geometry.h"
+#include "vlm/model/image_geometry.h"
 
 namespace vlm::data {
 

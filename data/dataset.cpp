@@ -10,7 +10,7 @@
 #include "data/image_source.h"
 #include "data/record_formats.h"
 #include "data/record_reader.h"
-#include "vlm/check.h"
+#include "vlm/runtime/check.h"
 
 namespace vlm::data {
 namespace fs = std::filesystem;

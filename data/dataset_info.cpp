@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "vlm/check.h"
+#include "vlm/runtime/check.h"
 
 namespace vlm::data {
 namespace fs = std::filesystem;

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <iterator>
 
-#include "vlm/check.h"
+#include "vlm/runtime/check.h"
 
 #include <jpeglib.h>
 

@@ -5,7 +5,7 @@
 
 #include "data/dataset.h"
 #include "data/image.h"
-#include "vlm/check.h"
+#include "vlm/runtime/check.h"
 
 namespace vlm::data {
 namespace {

@@ -27,7 +27,7 @@
 
 #include "data/dataset.h"
 #include "data/pixel_pipeline.h"
-#include "vlm/check.h"
+#include "vlm/runtime/check.h"
 
 namespace vlm::data {
 

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <vector>
 
-#include "vlm/check.h"
+#include "vlm/runtime/check.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define VLM_RESAMPLE_AVX2 1

@@ -14,7 +14,7 @@
 #endif
 
 #include "data/image.h"
-#include "vlm/check.h"
+#include "vlm/runtime/check.h"
 
 namespace vlm::data {
 
@@ -57,7 +57,7 @@ std::array<std::array<float, 256>, 3> normalize_lut(const PixelConfig& cfg) {
 namespace {
 
 // [rows, cols] float32, uninitialised. A large pixel_values often comes back from glibc as
-// fresh pages: from 32 MiB glibc maps and unmaps every block (even as vlm/host_malloc.h tunes
+// fresh pages: from 32 MiB glibc maps and unmaps every block (even as vlm/runtime/host_malloc.h tunes
 // it), and below that, in image_file_bench, a 26 MB buffer still faulted all its pages on
 // every call (5k faults, about 12 ms). Buffers from 16 MiB are therefore mapped here with
 // MADV_HUGEPAGE: 2 MiB pages where the kernel allows them (THP "madvise" or "always"), 512x

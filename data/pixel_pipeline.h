@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "data/pil_resample.h"
-#include "vlm/image_geometry.h"
+#include "vlm/model/image_geometry.h"
 
 namespace vlm::data {
 

@@ -5,8 +5,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "vlm/check.h"
-#include "vlm/model_family.h"
+#include "vlm/runtime/check.h"
+#include "vlm/families/registry.h"
 
 namespace vlm::data {
 namespace {

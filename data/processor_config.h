@@ -16,14 +16,14 @@
 //        patch_size, merge_size, temporal_patch_size
 //                                       must equal config.json's vision values (an error
 //                                       names the file, both values and a hint)
-//   3. the recipe's data.min_pixels / max_pixels / max_image_tokens (app/data_options.h).
+//   3. the recipe's data.min_pixels / max_pixels / max_image_tokens (app/config/data_options.h).
 #pragma once
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "data/pixel_pipeline.h"
-#include "vlm/config.h"
+#include "vlm/model/config.h"
 
 namespace vlm::data {
 

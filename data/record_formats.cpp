@@ -1,6 +1,6 @@
 #include "data/record_formats.h"
 
-#include "vlm/check.h"
+#include "vlm/runtime/check.h"
 
 namespace vlm::data {
 namespace {

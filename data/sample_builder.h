@@ -22,10 +22,10 @@
 
 #include "data/dataset.h"
 #include "data/loader.h"
-#include "vlm/chat_template.h"
-#include "vlm/check.h"
-#include "vlm/sample.h"
-#include "vlm/tokenizer.h"
+#include "vlm/text/chat_template.h"
+#include "vlm/runtime/check.h"
+#include "vlm/model/sample.h"
+#include "vlm/text/tokenizer.h"
 
 namespace vlm::data {
 

@@ -17,8 +17,8 @@
 #include <thread>
 
 #include "data/sampler.h"
-#include "vlm/check.h"
-#include "vlm/sp_tokenizer.h"
+#include "vlm/runtime/check.h"
+#include "vlm/text/sp_tokenizer.h"
 
 namespace vlm::data {
 namespace fs = std::filesystem;

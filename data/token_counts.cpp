@@ -8,7 +8,7 @@
 #include <iostream>
 #include <map>
 
-#include "vlm/check.h"
+#include "vlm/runtime/check.h"
 
 namespace vlm::data {
 namespace fs = std::filesystem;

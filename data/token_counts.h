@@ -19,7 +19,7 @@
 
 #include "data/dataset.h"
 #include "data/sample_builder.h"
-#include "vlm/tokenizer.h"
+#include "vlm/text/tokenizer.h"
 
 namespace vlm::data {
 

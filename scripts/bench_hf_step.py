@@ -18,7 +18,7 @@ small-preset checkpoint) on exactly the same micro-batches, with the same thread
      zero_grad. The first step of every run is warm-up and left out; per run the median
      of the rest, then the median over rounds.
 
-Threads: OMP_NUM_THREADS=N in vlmtrain's environment (app/trainer.cpp keeps LibTorch's
+Threads: OMP_NUM_THREADS=N in vlmtrain's environment (app/train/trainer.cpp keeps LibTorch's
 default, which honours OMP_NUM_THREADS, when it is set), torch.set_num_threads(N) here.
 
   python scripts/bench_hf_step.py --model HF_DIR --data SYNTH_DIR --out bench.json

@@ -10,7 +10,7 @@ the conformance corpus generator's multilingual mixtures, ~4 KB documents, fixed
 then encodes the same documents with tokenizers.Tokenizer.from_file(...).encode(doc,
 add_special_tokens=False), one document at a time, RAYON_NUM_THREADS=1. Before timing, the
 token counts must be equal (ids are checked string by string by
-tests/vlm/tokenizer_qwen_test.cpp). Reported: MB/s per side (warm pass: the second pass
+tests/vlm/text/tokenizer_qwen_test.cpp). Reported: MB/s per side (warm pass: the second pass
 over the documents; HF has no cache to warm, its second pass is reported the same way),
 the median over rounds, and vlmtrain / HF.
 """

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reference prompts from HF transformers' Qwen2VLProcessor (or Qwen3VLProcessor): chat
-template + tokenizer + image-pad expansion, for tests/vlm/chat_template_test.cpp,
-tests/vlm/chat_template_qwen3_test.cpp (and generate_reference.py).
+template + tokenizer + image-pad expansion, for tests/vlm/text/chat_template_test.cpp,
+tests/vlm/text/chat_template_qwen3_test.cpp (and generate_reference.py).
 
     .venv/bin/python scripts/chat_template_reference.py \\
         --tokenizer ../shared/reference/qwen3_tokenizer --cases cases.json --out out.jsonl \\

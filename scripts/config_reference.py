@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """How transformers resolves Qwen2-VL / Qwen2.5-VL / Qwen3-VL config.json files, for
-tests/vlm/config_test.cpp and config_qwen3_test.cpp: every file is loaded with AutoConfig.from_pretrained (as
+tests/vlm/model/config_test.cpp and config_qwen3_test.cpp: every file is loaded with AutoConfig.from_pretrained (as
 from_pretrained of the model would) and the values the model is built from are written
-under vlmtrain's field names (vlm/config.h).
+under vlmtrain's field names (vlm/model/config.h).
 
     .venv/bin/python scripts/config_reference.py --configs configs.json --out resolved.jsonl
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""HF `generate` references for tests/vlm/generation_test.cpp, produced at test time.
+"""HF `generate` references for tests/vlm/model/generation_test.cpp, produced at test time.
 
 For each family (qwen2_vl, qwen2_5_vl) it builds a tiny random model with transformers
 whose vocabulary holds the real Qwen tokenizer's ids (151,936 rows, tied head, weights

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """transformers' forward of an HF model directory on one batch, for tests that check what
-`vlmtrain export` writes (tests/app/export_qwen3_test.cpp).
+`vlmtrain export` writes (tests/app/cli/export_qwen3_test.cpp).
 
   python scripts/hf_forward_reference.py --model DIR --io IO --out OUT
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""HF transformers references for tests/vlm/hf_parity_test.cpp, produced at test time.
+"""HF transformers references for tests/vlm/model/hf_parity_test.cpp, produced at test time.
 
 For each family (qwen2_vl, qwen2_5_vl, qwen3_vl) it builds a tiny random model with transformers,
 with every weight re-drawn at a scale that keeps activations O(1) (so attention is far

@@ -1,19 +1,19 @@
 #!/usr/bin/env python3
 """HF transformers + torch AdamW replay of a vlmtrain run, for the training parity test
-(tests/app/train_hf_parity_dist_test.cpp).
+(tests/app/train/train_hf_parity_dist_test.cpp).
 
   init   builds a tiny random Qwen2-VL / Qwen2.5-VL / Qwen3-VL with transformers (hf_reference.py's
          shapes and weight draw) whose vocabulary and special token ids are the given
          tokenizer's, and saves it (config.json + model.safetensors): the run's start.
   train  loads that directory with transformers and replays the micro-batches a
          `vlmtrain train` run consumed (VLMTRAIN_DUMP_BATCHES: every rank's micro-batches of
-         every step, see app/batch_dump.h), with HF computing its own M-RoPE position ids:
+         every step, see app/train/batch_dump.h), with HF computing its own M-RoPE position ids:
          per step, loss = sum over all ranks' micro-batches of the summed token
          cross-entropy / the step's supervised tokens (the objective vlmtrain documents:
          every supervised token of the global batch weighs the same), back-propagated;
          torch.nn.utils.clip_grad_norm_; torch.optim.AdamW with vlmtrain's parameter groups
          (per-module lr globs, no weight decay on biases and norms) and its lr schedule
-         (app/lr_schedule.cpp: linear warmup (s+1)/w, then cosine / linear / constant to
+         (app/train/lr_schedule.cpp: linear warmup (s+1)/w, then cosine / linear / constant to
          min_lr_ratio). Prints one JSON line per step {"step", "loss", "grad_norm", "lr"} and
          checks the dumped position_ids against the ones HF computed.
 
@@ -80,7 +80,7 @@ def glob_match(pattern, name):  # app's glob: '*' any run (dots too), '|' altern
     return any(fnmatch.fnmatchcase(name, p) for p in pattern.split("|"))
 
 
-def lr_factor(step, a):  # app/lr_schedule.cpp, step 0-based
+def lr_factor(step, a):  # app/train/lr_schedule.cpp, step 0-based
     if step < a.warmup:
         return (step + 1) / a.warmup
     if a.decay == "constant":

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PEFT LoRA references for tests/vlm/lora_peft_test.cpp, produced at test time.
+"""PEFT LoRA references for tests/vlm/io/lora_peft_test.cpp, produced at test time.
 
 make --out DIR
   Builds a tiny random qwen2_vl with hf_reference.build, saves it, and for each variant in

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """HF's M-RoPE position ids (Qwen2VLModel / Qwen2_5_VLModel.get_rope_index of the pinned
-transformers) for tests/vlm/rope_index_test.cpp.
+transformers) for tests/vlm/model/rope_index_test.cpp.
 
     .venv/bin/python scripts/rope_index_reference.py --cases cases.json --out out.jsonl
 

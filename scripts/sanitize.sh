@@ -11,7 +11,7 @@
 # The same build directory carries the libFuzzer targets (-DVLMTRAIN_FUZZ=ON adds coverage
 # instrumentation, inert in the tests), so scripts/fuzz.sh reuses it without a second cold
 # build. Sentencepiece (.model) tokenizers cannot load under ASan (dlopen RTLD_DEEPBIND,
-# see vlm/sp_tokenizer.h): the tests that need one skip with that reason.
+# see vlm/text/sp_tokenizer.h): the tests that need one skip with that reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)

@@ -10,7 +10,7 @@ weights, for each of qwen2_vl_small and qwen2_5_vl_small under --out:
 
     python3 scripts/spec_reference.py --out /tmp/spec_ref
 
-tests/vlm/hf_parity_test.cpp (SpecReference) runs it and compares. This checks the C++
+tests/vlm/model/hf_parity_test.cpp (SpecReference) runs it and compares. This checks the C++
 model against an independent reading of the spec (index bookkeeping, permutations, rotary
 layout); the HF transformers comparison (scripts/hf_reference.py, HfParity) is the other
 half, since a misreading of the spec shared by both implementations would go unnoticed

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Reads vlmtrain's TensorBoard event files with TensorBoard's own reader, for
-tests/app/tensorboard_test.cpp.
+tests/app/report/tensorboard_test.cpp.
 
 Usage: python scripts/tensorboard_reference.py DIR      (needs tensorboard, scripts/requirements.txt)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """How transformers loads a tied Qwen2-VL checkpoint that also (or only) holds
-lm_head.weight, for tests/vlm/hf_checkpoint_test.cpp.
+lm_head.weight, for tests/vlm/io/hf_checkpoint_test.cpp.
 
 It builds a tiny random Qwen2-VL with tie_word_embeddings=true, saves it, and writes three
 variants of its directory, each with the same config.json:

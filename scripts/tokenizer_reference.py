@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Reference token ids from HF `tokenizers` (the Rust library behind transformers' fast
-tokenizers), for tests/vlm/tokenizer_qwen_test.cpp; also handy by hand:
+tokenizers), for tests/vlm/text/tokenizer_qwen_test.cpp; also handy by hand:
 
     .venv/bin/python scripts/tokenizer_reference.py \\
         --tokenizer ../shared/reference/qwen3_tokenizer --corpus in.jsonl --out ids.jsonl \\

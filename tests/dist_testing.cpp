@@ -19,10 +19,10 @@
 
 extern char** environ;
 
-namespace vlmtest {
+namespace vlm::test {
 
 bool is_dist_worker() {
-  const char* v = std::getenv("VLMTEST_DIST_WORKER");
+  const char* v = std::getenv("VLMTRAIN_TEST_DIST_WORKER");
   return v != nullptr && std::string(v) == "1";
 }
 
@@ -48,7 +48,7 @@ namespace {
 bool is_launcher_var(const std::string& key) {
   static const char* exact[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                 "GROUP_RANK", "ROLE_RANK", "GROUP_WORLD_SIZE", "MASTER_ADDR",
-                                "MASTER_PORT", "GLOO_SOCKET_IFNAME", "VLMTEST_DIST_WORKER"};
+                                "MASTER_PORT", "GLOO_SOCKET_IFNAME", "VLMTRAIN_TEST_DIST_WORKER"};
   for (const char* e : exact)
     if (key == e) return true;
   return key.rfind("SLURM_", 0) == 0 || key.rfind("TORCHELASTIC_", 0) == 0;
@@ -60,7 +60,7 @@ std::vector<std::string> worker_env(const DistRun& run, int rank, int port) {
     std::string kv(*e);
     if (!is_launcher_var(kv.substr(0, kv.find('=')))) env.push_back(kv);
   }
-  env.push_back("VLMTEST_DIST_WORKER=1");
+  env.push_back("VLMTRAIN_TEST_DIST_WORKER=1");
   const std::string n = std::to_string(run.world_size), r = std::to_string(rank);
   if (run.style == DistRun::Style::kTorchrun) {
     for (const std::string& kv : std::vector<std::string>{"RANK=" + r, "WORLD_SIZE=" + n, "LOCAL_RANK=" + r, "LOCAL_WORLD_SIZE=" + n,
@@ -225,4 +225,4 @@ std::vector<WorkerResult> run_ranks(int world, const std::vector<std::string>& a
   }
 }
 
-}  // namespace vlmtest
+}  // namespace vlm::test

@@ -10,20 +10,20 @@
 //     ...
 //   }
 //   TEST(CommDist, AllReduce3) {
-//     vlmtest::DistRun run;  run.world_size = 3;
+//     vlm::test::DistRun run;  run.world_size = 3;
 //     run.worker_test = "CommDist.DISABLED_AllReduceWorker";
-//     EXPECT_TRUE(vlmtest::all_ok(vlmtest::run_workers(run)));
+//     EXPECT_TRUE(vlm::test::all_ok(vlm::test::run_workers(run)));
 //   }
 //
 // Worker tests are named DISABLED_* so that ctest (gtest_discover_tests) registers them as
 // disabled and does not pay a process start for each; workers run with
 // --gtest_also_run_disabled_tests. To run one by hand under a real launcher:
-//   VLMTEST_DIST_WORKER=1 .venv/bin/torchrun --no-python --nproc-per-node=2
+//   VLMTRAIN_TEST_DIST_WORKER=1 .venv/bin/torchrun --no-python --nproc-per-node=2
 //     <test exe> --gtest_also_run_disabled_tests --gtest_filter=Suite.DISABLED_XWorker
 // (one command line; no trailing backslash above, which would continue the // comment)
 //
 // Workers get a clean environment for the launcher variables (every RANK/SLURM_*/
-// TORCHELASTIC_* variable of the parent is removed) and VLMTEST_DIST_WORKER=1.
+// TORCHELASTIC_* variable of the parent is removed) and VLMTRAIN_TEST_DIST_WORKER=1.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-namespace vlmtest {
+namespace vlm::test {
 
 // True inside a worker process started by run_workers.
 bool is_dist_worker();
@@ -75,10 +75,10 @@ std::vector<WorkerResult> run_ranks(int world, const std::vector<std::string>& a
 // and output.
 ::testing::AssertionResult all_ok(const std::vector<WorkerResult>& results);
 
-}  // namespace vlmtest
+}  // namespace vlm::test
 
 #define VLM_DIST_WORKER_ONLY()                                                       \
   do {                                                                               \
-    if (!::vlmtest::is_dist_worker())                                                \
+    if (!::vlm::test::is_dist_worker())                                                \
       GTEST_SKIP() << "worker body: runs only inside a process started by run_workers"; \
   } while (0)

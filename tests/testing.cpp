@@ -17,7 +17,7 @@
 namespace fs = std::filesystem;
 extern char** environ;
 
-namespace vlmtest {
+namespace vlm::test {
 
 namespace {
 // The compiled-in path, or the environment's when a packed build runs elsewhere
@@ -28,12 +28,12 @@ std::string path_or_env(const char* var, const char* built) {
 }
 }  // namespace
 
-std::string source_dir() { return path_or_env("VLMTEST_SOURCE_DIR", VLMTRAIN_SOURCE_DIR); }
-std::string binary_dir() { return path_or_env("VLMTEST_BINARY_DIR", VLMTRAIN_BINARY_DIR); }
-std::string vlmtrain_bin() { return path_or_env("VLMTEST_VLMTRAIN_BIN", VLMTRAIN_BIN); }
+std::string source_dir() { return path_or_env("VLMTRAIN_TEST_SOURCE_DIR", VLMTRAIN_SOURCE_DIR); }
+std::string binary_dir() { return path_or_env("VLMTRAIN_TEST_BINARY_DIR", VLMTRAIN_BINARY_DIR); }
+std::string vlmtrain_bin() { return path_or_env("VLMTRAIN_TEST_VLMTRAIN_BIN", VLMTRAIN_BIN); }
 
 std::string python_tool(const std::string& name) {
-  const fs::path python = path_or_env("VLMTEST_PYTHON", VLMTRAIN_PYTHON);
+  const fs::path python = path_or_env("VLMTRAIN_TEST_PYTHON", VLMTRAIN_PYTHON);
   const fs::path tool = name == "python" ? python : python.parent_path() / name;
   if (python.empty() || !fs::exists(tool))
     throw std::runtime_error("reference tool '" + name + "' not found at '" + tool.string() +
@@ -131,4 +131,4 @@ std::string read_file(const std::string& path) {
 
 bool file_exists(const std::string& path) { return fs::exists(path); }
 
-}  // namespace vlmtest
+}  // namespace vlm::test

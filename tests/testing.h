@@ -7,11 +7,11 @@
 
 #include <nlohmann/json.hpp>
 
-namespace vlmtest {
+namespace vlm::test {
 
 // Absolute path of the source tree / build tree / built vlmtrain binary: the build's, or
-// VLMTEST_SOURCE_DIR / VLMTEST_BINARY_DIR / VLMTEST_VLMTRAIN_BIN where set (a packed build
-// run on another machine, scripts/gpu/pack.sh). VLMTEST_PYTHON likewise replaces
+// VLMTRAIN_TEST_SOURCE_DIR / VLMTRAIN_TEST_BINARY_DIR / VLMTRAIN_TEST_VLMTRAIN_BIN where set (a packed build
+// run on another machine, scripts/gpu/pack.sh). VLMTRAIN_TEST_PYTHON likewise replaces
 // VLMTRAIN_PYTHON in python_tool.
 std::string source_dir();
 std::string binary_dir();
@@ -56,4 +56,4 @@ void write_file(const std::string& path, const std::string& text);
 std::string read_file(const std::string& path);
 bool file_exists(const std::string& path);
 
-}  // namespace vlmtest
+}  // namespace vlm::test

@@ -68,10 +68,10 @@ def log(msg):
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-SYSTEM_MALLOC = {"VLM_HOST_MALLOC": "system"}  # step_bench with glibc's default thresholds
-GLOO_TCP = {"VLM_SHM_COMM": "0"}  # world 2 over Gloo's TCP (loopback) instead of shared memory
+SYSTEM_MALLOC = {"VLMTRAIN_HOST_MALLOC": "system"}  # step_bench with glibc's default thresholds
+GLOO_TCP = {"VLMTRAIN_SHM_COMM": "0"}  # world 2 over Gloo's TCP (loopback) instead of shared memory
 # glibc malloc settings equal to what vlmtrain and step_bench set for themselves at start
-# (vlm/host_malloc.h): given to the PyTorch reference so both sides allocate alike.
+# (vlm/runtime/host_malloc.h): given to the PyTorch reference so both sides allocate alike.
 HOST_MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
 
 
@@ -178,10 +178,10 @@ def comm_section(md, rows):
     md.append("## 3. Communication bytes per step and rank vs the ring formulas\n")
     md.append("M = trainable parameters x 4 bytes (fp32 reduce dtype). DDP formula 2(N-1)/N x M (all-reduce); "
               "full_shard formula 3(N-1)/N x M (2 all-gathers + reduce-scatter per unit). vlmtrain's full_shard "
-              "differs from that formula by design (sharding/fsdp.h): the unit of the last call (the tied "
+              "differs from that formula by design (sharding/parallel/fsdp.h): the unit of the last call (the tied "
               "embedding, called as lm_head) stays gathered from its forward into its backward, and the tied "
               "embedding is gathered for both its calls, so it measures 3(N-1)/N x M + (N-1)/N x M_embed. "
-              "Measured: the Comm layer's counters (sharding/comm.h) over the measured steps, divided by the "
+              "Measured: the Comm layer's counters (sharding/dist/comm.h) over the measured steps, divided by the "
               "steps: logical = what the op moves natively with a ring, wire = what the transport really moved "
               "(these runs: the shared-memory channel, which reads the ring volume; Gloo's TCP fallbacks issue "
               "the same volume since the reduce-scatter became an all-to-all and the all-gather one broadcast "
@@ -233,11 +233,11 @@ def ratios(md):
               "rank; per-rank batch identical at world 1 and 2 (2 samples x 98 tokens, 128 patches each). "
               "Step CPU s/rank (user + system CPU of the process per step, mean over ranks) moves less with the "
               "other users' load than wall time does, so both ratios are given. vlmtrain and step_bench set "
-              "glibc malloc to keep freed memory (vlm/host_malloc.h); the PyTorch reference runs with the same "
+              "glibc malloc to keep freed memory (vlm/runtime/host_malloc.h); the PyTorch reference runs with the same "
               f"thresholds (GLIBC_TUNABLES={HOST_MALLOC_TUNABLES}), and the last row gives the FSDP ratio "
-              "with glibc's defaults (VLM_HOST_MALLOC=system). World 2 exchanges through shared memory "
-              "(sharding/shm_channel.h, the default when the ranks share a host); the \"Gloo TCP\" rows turn it "
-              "off (VLM_SHM_COMM=0) to show what Gloo's TCP over loopback costs, and compare with PyTorch DDP on "
+              "with glibc's defaults (VLMTRAIN_HOST_MALLOC=system). World 2 exchanges through shared memory "
+              "(sharding/dist/shm_channel.h, the default when the ranks share a host); the \"Gloo TCP\" rows turn it "
+              "off (VLMTRAIN_SHM_COMM=0) to show what Gloo's TCP over loopback costs, and compare with PyTorch DDP on "
               "the same transport. Exposed comm s: seconds per step rank 0 blocked waiting for collectives "
               "(Comm's wait_s).\n")
     md.append("| ratio | wall-time ratio | CPU-time ratio | target | runs |")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Times Gloo's CPU collectives the ways sharding/comm.cpp could issue them, on the
+"""Times Gloo's CPU collectives the ways sharding/dist/comm.cpp could issue them, on the
 environment's torch (the PyTorch 2.11 wheel in .venv, the same Gloo as the LibTorch the C++
 links). The Comm layer's Gloo fallbacks date from LibTorch 1.13, whose Gloo had no flat
 collectives and no 2-byte float reductions: an all-gather as one broadcast per rank into

@@ -261,7 +261,7 @@ def tokenizer_hf(ctx, md):
               "add_special_tokens=False)` per document, `RAYON_NUM_THREADS=1`. Each round runs both sides, vlmtrain "
               "first, two passes each; the table gives the second pass (vlmtrain's first warms its word cache). "
               "Before timing, the token counts must be equal (ids are compared string by string in "
-              "tests/vlm/tokenizer_qwen_test.cpp).\n")
+              "tests/vlm/text/tokenizer_qwen_test.cpp).\n")
     if not ok:
         return failed(ctx, md, "tokenizer_hf")
     j = json.load(open(out))
@@ -341,7 +341,7 @@ def loader(ctx, md):
             ctx.log(f"loader {name} w{workers}: {med['samples_per_worker_cpu_s']:.1f} samples per worker CPU s")
     with open(os.devnull if ctx.render_only else os.path.join(ctx.out, "loader.json"), "w") as f:
         json.dump([dict(m, set=n, load=l) for n, w, m, l in rows], f, indent=1)
-    md.append("`bench/loader_bench` runs the trainer's data path (`app/train_data.h`: dataset index, sampler, step "
+    md.append("`bench/loader_bench` runs the trainer's data path (`app/train/train_data.h`: dataset index, sampler, step "
               "plan, worker threads that decode + resize + patchify the images and render + tokenize the chat, the "
               "consumer thread that collates micro-batches) with no model, over recipes/ocr_tiny.toml with the `small` "
               "preset and the synthetic set's tokenizer, files in the page cache. **Per worker thread** = samples "

@@ -3,9 +3,9 @@
 
 Runs `vlmtrain` (train, a few steps) on the tiny recipe with one policy mix at a time and
 reads metrics.jsonl: `tensor_peak_bytes` is the measured peak of tensor bytes on the rank's
-device over the logging window (on CPU, vlm/tensor_memory.h counts every storage the CPU
+device over the logging window (on CPU, vlm/runtime/tensor_memory.h counts every storage the CPU
 allocator hands out), `tensor_peak_planned_bytes` the plan for the micro-batches the window
-ran (app/step_memory.h: sharding/memory_plan.h + vlm/activation_memory.h). Both are rank
+ran (app/plan/step_memory.h: app/plan/memory_plan.h + app/plan/activation_memory.h). Both are rank
 0's. The ratio plan / measured per step, its worst step, and the target (within 10%).
 
   python3 scripts/bench/memory_plan.py [--vlmtrain build/vlmtrain] [--steps 4] [--out DIR] [--json F]
@@ -110,9 +110,9 @@ def report_section(md, vlmtrain, out, record_cmd, steps=4):
     """Section 12 of bench/RESULTS.md (scripts/bench/bench.py): every mix, a table row each."""
     md.append("## 12. Planned vs measured peak memory per rank (scripts/bench/memory_plan.py)\n")
     md.append("`vlmtrain` on the tiny recipe, 4 steps per policy mix, each step's measured peak of tensor bytes "
-              "(tensor_peak_bytes: on the CPU every storage the CPU allocator hands out, vlm/tensor_memory.h) "
-              "next to the plan for the micro-batches that step ran (tensor_peak_planned_bytes: app/step_memory.h "
-              "= sharding/memory_plan.h + vlm/activation_memory.h). Rank 0's figures; target: within 10% at every "
+              "(tensor_peak_bytes: on the CPU every storage the CPU allocator hands out, vlm/runtime/tensor_memory.h) "
+              "next to the plan for the micro-batches that step ran (tensor_peak_planned_bytes: app/plan/step_memory.h "
+              "= app/plan/memory_plan.h + app/plan/activation_memory.h). Rank 0's figures; target: within 10% at every "
               "step. Byte counts, so the machine's load does not move them.\n")
     md.append("| policy mix | world | measured peak | planned | planned / measured (per step) | within 10% |")
     md.append("|---|---|---|---|---|---|")

@@ -10,7 +10,7 @@ Runs with the project's environment (.venv/: torch 2.11, the LibTorch vlmtrain l
 module (vision: linear patch embed, 2D rotary, LayerNorm blocks with quick_gelu MLP,
 attention within each image; merger LN + 2-layer MLP; LLM: RMSNorm, GQA attention with
 M-RoPE and a causal mask, SwiGLU MLP, tied head, summed cross entropy over answer
-tokens), using the same attention call as vlm/attention.cpp (SDPA, GQA without repeated
+tokens), using the same attention call as vlm/model/attention.cpp (SDPA, GQA without repeated
 K/V, a bool mask). The
 parameter count is printed so the driver can check it against step_bench's.
 
@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-# Mirrors vlm/config.cpp presets (qwen2_vl family).
+# Mirrors vlm/model/config.cpp presets (qwen2_vl family).
 PRESETS = {
     "tiny": dict(v_depth=4, v_embed=128, v_heads=4, v_inter=512, v_out=256,
                  vocab=2048, hidden=256, inter=768, layers=4, heads=4, kv_heads=2,

@@ -70,8 +70,8 @@ LD=$RUN/lib:$TORCH_LIB:$NV
 sys_cxx=$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64/ {p = $NF} END {print p}')
 if [[ -z "$sys_cxx" ]] || ! grep -qa GLIBCXX_3.4.30 "$sys_cxx"; then LD=$RUN/stdcxx:$LD; fi
 export LD_LIBRARY_PATH=$LD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export VLMTEST_SOURCE_DIR=$ROOT VLMTEST_BINARY_DIR=$RUN/tests VLMTEST_VLMTRAIN_BIN=$RUN/bin/vlmtrain
-export VLMTEST_PYTHON=$(command -v "$PY")
+export VLMTRAIN_TEST_SOURCE_DIR=$ROOT VLMTRAIN_TEST_BINARY_DIR=$RUN/tests VLMTRAIN_TEST_VLMTRAIN_BIN=$RUN/bin/vlmtrain
+export VLMTRAIN_TEST_PYTHON=$(command -v "$PY")
 mkdir -p "$RUN/tests" "$RUN/work"
 BIN=$RUN/bin
 
@@ -193,7 +193,7 @@ phase_check() {  # CHECK=1 only (device_run.sh --check): the CPU parts of every 
   "$PY" scripts/gpu/trace_summary.py "$RUN/work/trace.json" > "$OUT/profile.md"
   "$PY" scripts/gpu/bench_table.py "$OUT/bench.jsonl" "$OUT/env.txt" > "$OUT/bench.md"
   # Plan.RuleMatchingNothingFailsNamingTheRule writes its recipe into binary_dir(): the override must have moved it here.
-  [[ -f "$RUN/tests/plan_bad_rule.toml" ]] || { echo "check: VLMTEST_BINARY_DIR was not used" >&2; return 1; }
+  [[ -f "$RUN/tests/plan_bad_rule.toml" ]] || { echo "check: VLMTRAIN_TEST_BINARY_DIR was not used" >&2; return 1; }
   head -5 "$OUT/profile.md"; cat "$OUT/bench.md"
 }
 

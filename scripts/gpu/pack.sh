@@ -27,8 +27,8 @@
 #                                 device's are older (device_run.sh checks GLIBCXX_3.4.30)
 #                         MANIFEST  commit, date, torch, sizes
 # The test executables carry their build's absolute paths; device_run.sh points them at the
-# device's tree with VLMTEST_SOURCE_DIR / VLMTEST_BINARY_DIR / VLMTEST_VLMTRAIN_BIN /
-# VLMTEST_PYTHON (tests/testing.h).
+# device's tree with VLMTRAIN_TEST_SOURCE_DIR / VLMTRAIN_TEST_BINARY_DIR / VLMTRAIN_TEST_VLMTRAIN_BIN /
+# VLMTRAIN_TEST_PYTHON (tests/testing.h).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -67,7 +67,7 @@ done
 rm -f "$stage/stub.c" "$stage/undefined.txt"
 export LD_LIBRARY_PATH=$stage/lib   # ldd below then resolves the stubs, not the real libraries
 
-# Libraries vlmtrain dlopen()s (ldd cannot see them): sentencepiece (vlm/sp_tokenizer.cpp).
+# Libraries vlmtrain dlopen()s (ldd cannot see them): sentencepiece (vlm/text/sp_tokenizer.cpp).
 for so in libsentencepiece.so.0 libsentencepiece_train.so.0; do
   real=$(ldconfig -p | awk -v n="$so" '$1 == n && /x86-64/ {p = $NF} END {print p}')
   [[ -f "$real" ]] || { echo "pack: $so not installed here (scripts/install-deps.sh installs it)" >&2; exit 1; }

@@ -9,10 +9,10 @@
 
 #include "collate/micro_batch.h"
 #include "collate/step_plan.h"
-#include "vlm/check.h"
-#include "vlm/meta_init.h"
+#include "vlm/runtime/check.h"
+#include "vlm/model/meta_init.h"
 #include "tests/collate/synthetic.h"
-#include "vlm/rope_index.h"
+#include "vlm/model/rope_index.h"
 
 using namespace vlm::collate;
 
@@ -23,12 +23,12 @@ constexpr int64_t kPad = 0;
 vlm::TokenizedSample make_sample(const vlm::VlmConfig& cfg, std::mt19937_64& rng, int64_t index,
                                  int64_t text, const std::vector<std::array<int64_t, 3>>& grids,
                                  int64_t answer) {
-  return vlmtest::synthetic_sample(cfg, rng, index, text, grids, answer);
+  return vlm::test::synthetic_sample(cfg, rng, index, text, grids, answer);
 }
 
-vlm::Qwen2VL tiny_model() {
+vlm::VisionLanguageModel tiny_model() {
   torch::manual_seed(0);
-  vlm::Qwen2VL model(vlm::preset("tiny"));
+  vlm::VisionLanguageModel model(vlm::preset("tiny"));
   vlm::MaterializeOptions opts;
   opts.seed = 3;
   vlm::materialize(*model, opts);
@@ -147,9 +147,9 @@ TEST(MicroBatch, StepLossAcrossRanksEqualsOneProcessOnTheGlobalBatch) {
     if (kind == 2) grids = {{1, 2, 2}, {1, 4, 4}, {1, 6, 2}};
     if (kind == 3) grids = {{1, 8, 8}};
     samples.push_back(make_sample(cfg, rng, i, 6 + (i * 7) % 30, grids, 1 + i % 5));
-    costs.push_back(vlmtest::synthetic_cost(samples.back()));
+    costs.push_back(vlm::test::synthetic_cost(samples.back()));
   }
-  Budgets b = vlmtest::synthetic_budgets();  // max_tokens 120 forces several micro-batches per rank
+  Budgets b = vlm::test::synthetic_budgets();  // max_tokens 120 forces several micro-batches per rank
 
   torch::NoGradGuard no_grad;
   // One process, the whole global batch at once.

@@ -14,11 +14,11 @@
 
 #include "collate/micro_batch.h"
 #include "collate/step_plan.h"
-#include "sharding/comm.h"
-#include "sharding/parallel_dims.h"
+#include "sharding/dist/comm.h"
+#include "sharding/dist/parallel_dims.h"
 #include "tests/collate/synthetic.h"
 #include "tests/dist_testing.h"
-#include "vlm/meta_init.h"
+#include "vlm/model/meta_init.h"
 
 using namespace vlm::collate;
 
@@ -36,11 +36,11 @@ std::vector<vlm::TokenizedSample> step_samples(const vlm::VlmConfig& cfg, int st
   std::mt19937_64 rng(100 + step);
   std::vector<vlm::TokenizedSample> out;
   int64_t idx = step * 1000;
-  out.push_back(vlmtest::synthetic_sample(cfg, rng, idx++, 20, {{1, 8, 8}, {1, 8, 8}, {1, 8, 8}}, 6));
-  if (world == 4) out.push_back(vlmtest::synthetic_sample(cfg, rng, idx++, 18, {{1, 8, 8}, {1, 8, 4}}, 5));
+  out.push_back(vlm::test::synthetic_sample(cfg, rng, idx++, 20, {{1, 8, 8}, {1, 8, 8}, {1, 8, 8}}, 6));
+  if (world == 4) out.push_back(vlm::test::synthetic_sample(cfg, rng, idx++, 18, {{1, 8, 8}, {1, 8, 4}}, 5));
   for (int i = 0; i < (world == 2 ? 25 : world == 3 ? 38 : 40); ++i)
-    out.push_back(vlmtest::synthetic_sample(cfg, rng, idx++, 4 + i % 2, {}, 1));
-  out.push_back(vlmtest::synthetic_sample(cfg, rng, idx++, 2, {}, 1));
+    out.push_back(vlm::test::synthetic_sample(cfg, rng, idx++, 4 + i % 2, {}, 1));
+  out.push_back(vlm::test::synthetic_sample(cfg, rng, idx++, 2, {}, 1));
   return out;
 }
 
@@ -53,18 +53,18 @@ TEST(NoHangDist, DISABLED_Worker) {
   Comm& comm = dims.comm();
   const int rank = dims.rank(), world = dims.world_size();
 
-  const char* preset = std::getenv("VLMTEST_NO_HANG_PRESET");  // set by run_world
-  const char* packing_env = std::getenv("VLMTEST_NO_HANG_PACKING");
+  const char* preset = std::getenv("VLMTRAIN_TEST_NO_HANG_PRESET");  // set by run_world
+  const char* packing_env = std::getenv("VLMTRAIN_TEST_NO_HANG_PACKING");
   const bool packing = packing_env != nullptr && std::string(packing_env) == "1";
   auto cfg = vlm::preset(preset != nullptr && *preset != '\0' ? preset : "tiny");
-  vlm::Qwen2VL model(cfg);
+  vlm::VisionLanguageModel model(cfg);
   vlm::MaterializeOptions mopts;
   mopts.seed = 11;
   vlm::materialize(*model, mopts);  // same seed everywhere: identical start
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05));
 
   const int64_t patch = cfg.vision.patch_size, merge = cfg.vision.spatial_merge_size;
-  Budgets b = vlmtest::synthetic_budgets(patch * merge);
+  Budgets b = vlm::test::synthetic_budgets(patch * merge);
   b.max_tokens = 80;  // the 74-token multi-image sample fills a micro-batch alone
   b.packing = packing;
   for (int step = 0; step < kHangSteps; ++step) {
@@ -73,7 +73,7 @@ TEST(NoHangDist, DISABLED_Worker) {
     std::vector<SampleCost> costs;
     for (const auto& s : samples) {
       by_index[s.index] = &s;
-      costs.push_back(vlmtest::synthetic_cost(s, patch, merge));
+      costs.push_back(vlm::test::synthetic_cost(s, patch, merge));
     }
     StepPlan plan = plan_step(costs, world, b);  // global facts only: same on every rank
 
@@ -167,15 +167,15 @@ TEST(NoHangDist, DISABLED_Worker) {
 namespace {
 
 void run_world(int world, const std::string& preset = "tiny", bool packing = false) {
-  vlmtest::DistRun run;
+  vlm::test::DistRun run;
   run.world_size = world;
   run.worker_test = "NoHangDist.DISABLED_Worker";
   run.timeout = std::chrono::seconds(120);
   run.extra_env = [preset, packing](int) {
-    return std::vector<std::string>{"VLMTEST_NO_HANG_PRESET=" + preset,
-                                    std::string("VLMTEST_NO_HANG_PACKING=") + (packing ? "1" : "0")};
+    return std::vector<std::string>{"VLMTRAIN_TEST_NO_HANG_PRESET=" + preset,
+                                    std::string("VLMTRAIN_TEST_NO_HANG_PACKING=") + (packing ? "1" : "0")};
   };
-  EXPECT_TRUE(vlmtest::all_ok(vlmtest::run_workers(run)));
+  EXPECT_TRUE(vlm::test::all_ok(vlm::test::run_workers(run)));
 }
 
 TEST(NoHangDist, TwoRanks) { run_world(2); }

@@ -22,13 +22,13 @@ namespace packing_hf_test {
 std::vector<vlm::TokenizedSample> layout_samples(const vlm::VlmConfig& cfg) {
   std::mt19937_64 rng(9);
   std::vector<vlm::TokenizedSample> out;
-  out.push_back(vlmtest::synthetic_sample(cfg, rng, 0, 7, {{1, 4, 6}}, 3));
-  out.push_back(vlmtest::synthetic_sample(cfg, rng, 1, 5, {}, 2));
-  out.push_back(vlmtest::synthetic_sample(cfg, rng, 2, 3, {}, 1));
-  out.push_back(vlmtest::synthetic_sample(cfg, rng, 3, 9, {{1, 2, 2}, {1, 6, 4}}, 4));
-  out.push_back(vlmtest::synthetic_sample(cfg, rng, 4, 0, {{1, 4, 4}}, 1));   // image only
-  out.push_back(vlmtest::synthetic_sample(cfg, rng, 5, 1, {{1, 8, 2}}, 1));   // image near the start
-  out.push_back(vlmtest::synthetic_sample(cfg, rng, 6, 12, {}, 6));
+  out.push_back(vlm::test::synthetic_sample(cfg, rng, 0, 7, {{1, 4, 6}}, 3));
+  out.push_back(vlm::test::synthetic_sample(cfg, rng, 1, 5, {}, 2));
+  out.push_back(vlm::test::synthetic_sample(cfg, rng, 2, 3, {}, 1));
+  out.push_back(vlm::test::synthetic_sample(cfg, rng, 3, 9, {{1, 2, 2}, {1, 6, 4}}, 4));
+  out.push_back(vlm::test::synthetic_sample(cfg, rng, 4, 0, {{1, 4, 4}}, 1));   // image only
+  out.push_back(vlm::test::synthetic_sample(cfg, rng, 5, 1, {{1, 8, 2}}, 1));   // image near the start
+  out.push_back(vlm::test::synthetic_sample(cfg, rng, 6, 12, {}, 6));
   return out;
 }
 
@@ -42,7 +42,7 @@ json sample_case(const std::string& family, const vlm::TokenizedSample& s) {
 }
 
 TEST(PackedRopeHf, SegmentsEqualGetRopeIndexOfEachSampleAlone) {
-  const std::string python = vlmtest::python_tool("python");  // throws, with a hint, if missing
+  const std::string python = vlm::test::python_tool("python");  // throws, with a hint, if missing
   struct Family {
     std::string name, preset;
   };
@@ -57,9 +57,9 @@ TEST(PackedRopeHf, SegmentsEqualGetRopeIndexOfEachSampleAlone) {
     packed.push_back(build_packed_micro_batch(samples.back(), cfg));
     for (const auto& s : samples.back()) cases.push_back(sample_case(f.name, s));
   }
-  vlmtest::TempDir dir("packed_rope_hf");
-  vlmtest::write_file(dir / "cases.json", cases.dump());
-  auto r = vlmtest::run({python, vlmtest::source_dir() + "/scripts/rope_index_reference.py", "--cases",
+  vlm::test::TempDir dir("packed_rope_hf");
+  vlm::test::write_file(dir / "cases.json", cases.dump());
+  auto r = vlm::test::run({python, vlm::test::source_dir() + "/scripts/rope_index_reference.py", "--cases",
                          dir / "cases.json", "--out", dir / "out.jsonl"},
                         std::chrono::seconds(180));
   ASSERT_EQ(r.exit_code, 0) << "scripts/rope_index_reference.py failed (" << python << "):\n" << r.output;

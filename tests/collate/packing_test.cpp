@@ -14,8 +14,8 @@
 #include "collate/micro_batch.h"
 #include "collate/step_plan.h"
 #include "tests/collate/synthetic.h"
-#include "vlm/meta_init.h"
-#include "vlm/rope_index.h"
+#include "vlm/model/meta_init.h"
+#include "vlm/model/rope_index.h"
 
 using namespace vlm::collate;
 using torch::indexing::Slice;
@@ -30,13 +30,13 @@ std::vector<vlm::TokenizedSample> mixed_samples(const vlm::VlmConfig& cfg, uint6
   std::vector<vlm::TokenizedSample> out;
   for (int i = 0; i < n; ++i) {
     const int64_t text = 3 + (i * 7) % 23;
-    out.push_back(vlmtest::synthetic_sample(cfg, rng, 100 + i, text, images[i % images.size()], 1 + i % 5));
+    out.push_back(vlm::test::synthetic_sample(cfg, rng, 100 + i, text, images[i % images.size()], 1 + i % 5));
   }
   return out;
 }
 
-vlm::Qwen2VL seeded_model(const std::string& preset) {
-  vlm::Qwen2VL model(vlm::preset(preset));
+vlm::VisionLanguageModel seeded_model(const std::string& preset) {
+  vlm::VisionLanguageModel model(vlm::preset(preset));
   vlm::MaterializeOptions opts;
   opts.seed = 17;
   vlm::materialize(*model, opts);
@@ -50,7 +50,7 @@ struct LossGrads {
   std::map<std::string, torch::Tensor> grads;
 };
 
-LossGrads run_micro_batches(vlm::Qwen2VL& model, const std::vector<MicroBatch>& mbs) {
+LossGrads run_micro_batches(vlm::VisionLanguageModel& model, const std::vector<MicroBatch>& mbs) {
   for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
   LossGrads r;
   for (const auto& mb : mbs) {
@@ -165,8 +165,8 @@ TEST(PackedStepPlan, NoPaddingSameCountsAndEverySampleOnce) {
     SCOPED_TRACE("world " + std::to_string(world));
     auto samples = mixed_samples(cfg, 10 + world, 30);
     std::vector<SampleCost> costs;
-    for (const auto& s : samples) costs.push_back(vlmtest::synthetic_cost(s));
-    Budgets b = vlmtest::synthetic_budgets();
+    for (const auto& s : samples) costs.push_back(vlm::test::synthetic_cost(s));
+    Budgets b = vlm::test::synthetic_budgets();
     const StepPlan padded = plan_step(costs, world, b);
     b.packing = true;
     const StepPlan packed = plan_step(costs, world, b);
@@ -220,9 +220,9 @@ TEST(PackedModel, PlannedStepEqualsPaddedStep) {
   auto samples = mixed_samples(cfg, 21, 14);
   std::map<int64_t, const vlm::TokenizedSample*> by_index;
   std::vector<SampleCost> costs;
-  for (const auto& s : samples) by_index[s.index] = &s, costs.push_back(vlmtest::synthetic_cost(s));
+  for (const auto& s : samples) by_index[s.index] = &s, costs.push_back(vlm::test::synthetic_cost(s));
   auto build = [&](bool packing) {
-    Budgets b = vlmtest::synthetic_budgets();
+    Budgets b = vlm::test::synthetic_budgets();
     b.packing = packing;
     const StepPlan plan = plan_step(costs, 2, b);
     std::vector<MicroBatch> mbs;

@@ -294,7 +294,7 @@ TEST(StepPlan, Qwen3FactorTokenBudgetDownscalesAndSkips) {
   // Random steps: every planned image on the 32-px grid, under the per-image cap, its tokens
   // (h/32)(w/32), and every micro-batch under its budgets. The one exception to the cap is
   // HF's: smart_resize keeps each side >= 32, so a very elongated image can be one row of
-  // merged tokens above the cap (vlm/image_geometry.h; the plan budgets its real tokens).
+  // merged tokens above the cap (vlm/model/image_geometry.h; the plan budgets its real tokens).
   std::mt19937_64 rng(32);
   for (int trial = 0; trial < 60; ++trial) {
     Budgets rb = qwen3_budgets();

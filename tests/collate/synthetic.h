@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "collate/step_plan.h"
-#include "vlm/config.h"
-#include "vlm/sample.h"
+#include "vlm/model/config.h"
+#include "vlm/model/sample.h"
 
-namespace vlmtest {
+namespace vlm::test {
 
 inline vlm::TokenizedSample synthetic_sample(const vlm::VlmConfig& cfg, std::mt19937_64& rng,
                                              int64_t index, int64_t text,
@@ -65,4 +65,4 @@ inline vlm::collate::Budgets synthetic_budgets(int64_t factor = 28) {
   return b;
 }
 
-}  // namespace vlmtest
+}  // namespace vlm::test

@@ -16,7 +16,7 @@
 #include "data/image_source.h"
 #include "data/record_reader.h"
 #include "tests/testing.h"
-#include "vlm/check.h"
+#include "vlm/runtime/check.h"
 
 namespace {
 
@@ -45,13 +45,13 @@ std::vector<RawRecord> read_all(const std::string& path, bool* is_array = nullpt
 }
 
 TEST(RecordReader, JsonArrayElementsWithOffsetsAndLines) {
-  vlmtest::TempDir dir("rr");
+  vlm::test::TempDir dir("rr");
   const std::string text = "\xEF\xBB\xBF  [\n"
                            "  {\"a\": \"x ] } , [ { \\\" \\\\\"},\n"
                            "  {\"b\": [1, {\"c\": 2}]}  ,\n"
                            "  42, \"s]\", {\"d\"\n: null}\n"
                            "]\n\n";
-  vlmtest::write_file(dir / "a.json", text);
+  vlm::test::write_file(dir / "a.json", text);
   bool array = false;
   auto recs = read_all(dir / "a.json", &array);
   EXPECT_TRUE(array);
@@ -73,26 +73,26 @@ TEST(RecordReader, JsonArrayElementsWithOffsetsAndLines) {
 }
 
 TEST(RecordReader, MalformedArraysEndWithOneErrorRecord) {
-  vlmtest::TempDir dir("rr");
-  vlmtest::write_file(dir / "open.json", "[{\"a\":1},\n{\"b\":2}\n");
+  vlm::test::TempDir dir("rr");
+  vlm::test::write_file(dir / "open.json", "[{\"a\":1},\n{\"b\":2}\n");
   auto open = read_all(dir / "open.json");
   ASSERT_EQ(open.size(), 3u);
   EXPECT_NE(open[2].error.find("not closed"), std::string::npos) << open[2].error;
-  vlmtest::write_file(dir / "cut.json", "[{\"a\":1}, {\"b\": \"unterminated}]\n");
+  vlm::test::write_file(dir / "cut.json", "[{\"a\":1}, {\"b\": \"unterminated}]\n");
   auto cut = read_all(dir / "cut.json");
   ASSERT_EQ(cut.size(), 2u);
   EXPECT_EQ(cut[1].number, 2);
   EXPECT_NE(cut[1].error.find("end of file"), std::string::npos) << cut[1].error;
-  vlmtest::write_file(dir / "tail.json", "[{\"a\":1}] {\"b\":2}\n");
+  vlm::test::write_file(dir / "tail.json", "[{\"a\":1}] {\"b\":2}\n");
   auto tail = read_all(dir / "tail.json");
   ASSERT_EQ(tail.size(), 2u);
   EXPECT_NE(tail[1].error.find("after the closing"), std::string::npos) << tail[1].error;
 }
 
 TEST(RecordReader, JsonlKeepsLineNumbersAndOffsets) {
-  vlmtest::TempDir dir("rr");
+  vlm::test::TempDir dir("rr");
   const std::string text = "\n{\"a\":1}\r\n   \n{\"b\":[\n";
-  vlmtest::write_file(dir / "a.jsonl", text);
+  vlm::test::write_file(dir / "a.jsonl", text);
   bool array = true;
   auto recs = read_all(dir / "a.jsonl", &array);
   EXPECT_FALSE(array);
@@ -106,14 +106,14 @@ TEST(RecordReader, JsonlKeepsLineNumbersAndOffsets) {
 
 // Records crossing the reader's 1 MiB buffer, and one record larger than the buffer.
 TEST(RecordReader, RecordsAcrossBufferBoundaries) {
-  vlmtest::TempDir dir("rr");
+  vlm::test::TempDir dir("rr");
   json arr = json::array();
   for (int i = 0; i < 30000; ++i) arr.push_back({{"i", i}, {"s", std::string(size_t(i % 97), 'x') + "]}\"{"}});
   arr.push_back({{"big", std::string(size_t(3) << 20, 'b')}});
   arr.push_back({{"i", -1}});
   const std::string text = arr.dump(1);
   ASSERT_GT(text.size(), size_t(5) << 20);
-  vlmtest::write_file(dir / "big.json", text);
+  vlm::test::write_file(dir / "big.json", text);
   auto recs = read_all(dir / "big.json");
   ASSERT_EQ(recs.size(), arr.size());
   for (size_t i = 0; i < recs.size(); ++i) {
@@ -146,7 +146,7 @@ TEST(ImageSource, Base64AndClassification) {
 // LLaMA-Factory's data/README.md: sharegpt multimodal ("conversations", from/value,
 // human/gpt, "images") and the OpenAI variant (tags role/content/user/assistant/system).
 TEST(DatasetInfo, LlamaFactorySharegptAndOpenAiEntries) {
-  vlmtest::TempDir dir("lf");
+  vlm::test::TempDir dir("lf");
   fmt_png(dir / "imgs/a.png", 20, 30);
   fmt_png(dir / "imgs/b.png", 40, 10);
   const json mllm = json::array({
@@ -169,14 +169,14 @@ TEST(DatasetInfo, LlamaFactorySharegptAndOpenAiEntries) {
                           {{"from", "gpt"}, {"value", "a"}}}},
        {"images", {"imgs/a.png"}}},
   });
-  vlmtest::write_file(dir / "sub/mllm.json", mllm.dump(2));
+  vlm::test::write_file(dir / "sub/mllm.json", mllm.dump(2));
   const json openai = json::array({
       {{"messages", {{{"role", "system"}, {"content", "Be brief."}},
                      {{"role", "user"}, {"content", "<image>Read it."}},
                      {{"role", "assistant"}, {"content", "abc"}}}},
        {"images", {"imgs/b.png"}}},
   });
-  vlmtest::write_file(dir / "openai.jsonl", openai[0].dump() + "\n");  // LLaMA-Factory reads JSONL too
+  vlm::test::write_file(dir / "openai.jsonl", openai[0].dump() + "\n");  // LLaMA-Factory reads JSONL too
   const json info = {
       {"mllm_demo", {{"file_name", "sub/mllm.json"}, {"formatting", "sharegpt"},
                      {"columns", {{"messages", "conversations"}, {"images", "images"}}}}},
@@ -187,7 +187,7 @@ TEST(DatasetInfo, LlamaFactorySharegptAndOpenAiEntries) {
       {"hub", {{"hf_hub_url", "someone/data"}}},
       {"dpo", {{"file_name", "openai.jsonl"}, {"ranking", true}}},
   };
-  vlmtest::write_file(dir / "dataset_info.json", info.dump(2));
+  vlm::test::write_file(dir / "dataset_info.json", info.dump(2));
 
   Dataset ds = load_dataset({dir / "dataset_info.json#mllm_demo", dir.path() + "#openai_demo"}, fmt_quiet());
   ASSERT_EQ(ds.records.size(), 2u) << ds.summary();
@@ -241,9 +241,9 @@ TEST(DatasetInfo, LlamaFactorySharegptAndOpenAiEntries) {
 // data.format = sharegpt without a dataset_info.json: conversations with from/value, or the
 // OpenAI variant (messages with role/content), and a "system" column.
 TEST(DatasetInfo, SharegptWithoutDatasetInfo) {
-  vlmtest::TempDir dir("lf");
+  vlm::test::TempDir dir("lf");
   fmt_png(dir / "a.png", 20, 30);
-  vlmtest::write_file(dir / "d.jsonl",
+  vlm::test::write_file(dir / "d.jsonl",
       R"({"conversations":[{"from":"human","value":"<image>q"},{"from":"gpt","value":"a"}],"system":"S","images":["a.png"]})" "\n"
       R"({"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}]})" "\n"
       R"({"messages":[{"role":"assistant","content":"a"},{"role":"user","content":"q"}]})" "\n");
@@ -262,7 +262,7 @@ TEST(DatasetInfo, SharegptWithoutDatasetInfo) {
 
 // LLaMA-Factory's alpaca format (the default formatting) with history, system and images.
 TEST(DatasetInfo, LlamaFactoryAlpacaEntryAndAutoDetection) {
-  vlmtest::TempDir dir("lf");
+  vlm::test::TempDir dir("lf");
   fmt_png(dir / "a.png", 20, 30);
   const json data = json::array({
       {{"instruction", "<image>Read the text."}, {"input", "Line 2."}, {"output", "hello"},
@@ -270,8 +270,8 @@ TEST(DatasetInfo, LlamaFactoryAlpacaEntryAndAutoDetection) {
       {{"instruction", "No image."}, {"input", ""}, {"output", "ok"}},
       {{"instruction", "x"}, {"output", 3}},
   });
-  vlmtest::write_file(dir / "alpaca.json", data.dump());
-  vlmtest::write_file(dir / "dataset_info.json",
+  vlm::test::write_file(dir / "alpaca.json", data.dump());
+  vlm::test::write_file(dir / "dataset_info.json",
                       json{{"alpaca_demo", {{"file_name", "alpaca.json"},
                                             {"columns", {{"prompt", "instruction"}, {"query", "input"},
                                                          {"response", "output"}, {"system", "system"},
@@ -302,7 +302,7 @@ TEST(DatasetInfo, LlamaFactoryAlpacaEntryAndAutoDetection) {
 
 // ms-swift: messages + images as data URIs, raw base64 or paths; content parts.
 TEST(DatasetFormats, SwiftEmbeddedImagesAreLocatedInTheFile) {
-  vlmtest::TempDir dir("swift");
+  vlm::test::TempDir dir("swift");
   fmt_png(dir / "a.png", 20, 30);
   cv::Mat noise(12, 50, CV_8UC3);
   cv::randu(noise, 0, 255);  // incompressible: its base64 is longer than 200 characters
@@ -334,7 +334,7 @@ TEST(DatasetFormats, SwiftEmbeddedImagesAreLocatedInTheFile) {
   for (size_t p = esc.find('/', esc.find("base64,")); p != std::string::npos; p = esc.find('/', p + 2))
     esc.replace(p, 1, "\\/");
   text.insert(text.size() - 1, "," + esc);
-  vlmtest::write_file(dir / "swift.json", text);
+  vlm::test::write_file(dir / "swift.json", text);
 
   DatasetOptions o = fmt_quiet();
   o.format = DatasetFormat::kSwift;

@@ -8,7 +8,7 @@
 
 #include "data/dataset.h"
 #include "tests/testing.h"
-#include "vlm/check.h"
+#include "vlm/runtime/check.h"
 
 namespace {
 
@@ -26,16 +26,16 @@ DatasetOptions quiet(std::vector<std::string>* warnings = nullptr) {
 }
 
 TEST(Dataset, ParsesEachFormat) {
-  vlmtest::TempDir dir("ds");
+  vlm::test::TempDir dir("ds");
   png(dir / "a.png", 20, 30);
   png(dir / "sub/b.png", 40, 10);
-  vlmtest::write_file(dir / "messages.jsonl",
+  vlm::test::write_file(dir / "messages.jsonl",
       R"({"messages":[{"role":"user","content":"<image>Read the text."},{"role":"assistant","content":"hello"}],"images":["a.png"]})" "\n"
       R"({"messages":[{"role":"system","content":"sys"},{"role":"user","content":[{"type":"image"},{"type":"text","text":" and "},{"type":"image"}]},{"role":"assistant","content":"two"}],"images":["a.png","sub/b.png"]})" "\n"
       R"({"messages":[{"role":"user","content":"no image here"},{"role":"assistant","content":"text only"}]})" "\n");
-  vlmtest::write_file(dir / "llava.jsonl",
+  vlm::test::write_file(dir / "llava.jsonl",
       R"({"image":"sub/b.png","conversations":[{"from":"human","value":"<image>\nWhat?"},{"from":"gpt","value":"ok"}]})" "\n");
-  vlmtest::write_file(dir / "plain.jsonl",
+  vlm::test::write_file(dir / "plain.jsonl",
       "\n" R"({"image":"a.png","text":"ground truth"})" "\n"
       R"({"image":"a.png","answers":["x","y"]})" "\n");
   Dataset ds = load_dataset({dir / "messages.jsonl", dir / "llava.jsonl", dir / "plain.jsonl"},
@@ -72,9 +72,9 @@ TEST(Dataset, ParsesEachFormat) {
 }
 
 TEST(Dataset, ImageRootAndForcedFormat) {
-  vlmtest::TempDir dir("ds");
+  vlm::test::TempDir dir("ds");
   png(dir / "imgs/a.png", 28, 28);
-  vlmtest::write_file(dir / "d.jsonl", R"({"image":"a.png","text":"t"})" "\n");
+  vlm::test::write_file(dir / "d.jsonl", R"({"image":"a.png","text":"t"})" "\n");
   DatasetOptions o = quiet();
   o.image_root = dir / "imgs";
   o.format = DatasetFormat::kPlainOcr;
@@ -87,16 +87,16 @@ TEST(Dataset, ImageRootAndForcedFormat) {
 }
 
 TEST(Dataset, EachBadKindIsSkippedAndCounted) {
-  vlmtest::TempDir dir("ds");
+  vlm::test::TempDir dir("ds");
   png(dir / "ok.png", 30, 40);
   png(dir / "wide.png", 2, 500);    // aspect 250 > 200
   png(dir / "fine_wide.png", 2, 400);  // aspect 200 is allowed
-  vlmtest::write_file(dir / "garbage.png", "not a png at all");
+  vlm::test::write_file(dir / "garbage.png", "not a png at all");
   {  // A PNG whose header says width 0.
     std::vector<uint8_t> b;
     ASSERT_TRUE(cv::imencode(".png", cv::Mat(4, 4, CV_8UC3), b));
     b[16] = b[17] = b[18] = b[19] = 0;
-    vlmtest::write_file(dir / "zero.png", std::string(b.begin(), b.end()));
+    vlm::test::write_file(dir / "zero.png", std::string(b.begin(), b.end()));
   }
   std::string lines;
   auto good = [] { return std::string(R"({"image":"ok.png","text":"fine"})") + "\n"; };
@@ -108,8 +108,8 @@ TEST(Dataset, EachBadKindIsSkippedAndCounted) {
   lines += R"({"image":"wide.png","text":"x"})" "\n";                    // 6 aspect
   lines += R"({"image":"fine_wide.png","text":"x"})" "\n";               // 7 ok
   lines += R"({"image":"zero.png","text":"x"})" "\n";                   // 8 zero-size
-  vlmtest::write_file(dir / "plain.jsonl", lines);
-  vlmtest::write_file(dir / "msg.jsonl",
+  vlm::test::write_file(dir / "plain.jsonl", lines);
+  vlm::test::write_file(dir / "msg.jsonl",
       R"({"messages":[{"role":"user","content":"<image><image>two?"},{"role":"assistant","content":"a"}],"images":["ok.png"]})" "\n"   // 1 count mismatch
       R"({"messages":[{"role":"robot","content":"x"}]})" "\n"                   // 2 unknown role
       R"({"messages":[{"role":"user","content":"<image>"},{"role":"assistant","content":"a"}],"images":["ok.png"]})" "\n");
@@ -140,15 +140,15 @@ TEST(Dataset, EachBadKindIsSkippedAndCounted) {
 }
 
 TEST(Dataset, BadFractionLimitRaises) {
-  vlmtest::TempDir dir("ds");
+  vlm::test::TempDir dir("ds");
   png(dir / "ok.png", 30, 40);
   std::string lines;
   for (int i = 0; i < 99; ++i) lines += R"({"image":"ok.png","text":"fine"})" "\n";
   lines += "{bad\n";
-  vlmtest::write_file(dir / "one_bad.jsonl", lines);
+  vlm::test::write_file(dir / "one_bad.jsonl", lines);
   EXPECT_NO_THROW(load_dataset({dir / "one_bad.jsonl"}, quiet()));  // 1/100 <= 0.01
   lines += "{bad\n";
-  vlmtest::write_file(dir / "two_bad.jsonl", lines);
+  vlm::test::write_file(dir / "two_bad.jsonl", lines);
   try {
     load_dataset({dir / "two_bad.jsonl"}, quiet());
     ADD_FAILURE() << "expected too many bad records";
@@ -157,21 +157,21 @@ TEST(Dataset, BadFractionLimitRaises) {
     EXPECT_NE(msg.find("max_bad_fraction"), std::string::npos) << msg;
     EXPECT_NE(msg.find("two_bad.jsonl:100"), std::string::npos) << msg;
   }
-  vlmtest::write_file(dir / "none.jsonl", "{bad\n");
+  vlm::test::write_file(dir / "none.jsonl", "{bad\n");
   DatasetOptions o = quiet();
   o.max_bad_fraction = 1.0;
   EXPECT_THROW(load_dataset({dir / "none.jsonl"}, o), vlm::Error);  // nothing usable
 }
 
 TEST(Dataset, VerifyDecodeCatchesCorruptBodies) {
-  vlmtest::TempDir dir("ds");
+  vlm::test::TempDir dir("ds");
   png(dir / "ok.png", 64, 64);
   std::vector<uint8_t> bytes;
   cv::Mat noise(64, 64, CV_8UC3);
   cv::randu(noise, 0, 255);
   ASSERT_TRUE(cv::imencode(".png", noise, bytes));
-  vlmtest::write_file(dir / "cut.png", std::string(bytes.begin(), bytes.begin() + bytes.size() / 2));
-  vlmtest::write_file(dir / "d.jsonl", R"({"image":"ok.png","text":"a"})" "\n"
+  vlm::test::write_file(dir / "cut.png", std::string(bytes.begin(), bytes.begin() + bytes.size() / 2));
+  vlm::test::write_file(dir / "d.jsonl", R"({"image":"ok.png","text":"a"})" "\n"
                                        R"({"image":"cut.png","text":"b"})" "\n");
   DatasetOptions o = quiet();
   o.max_bad_fraction = 1.0;
@@ -186,11 +186,11 @@ TEST(Dataset, VerifyDecodeCatchesCorruptBodies) {
 }
 
 TEST(Dataset, IndexCacheIsWrittenAndUsed) {
-  vlmtest::TempDir dir("ds");
+  vlm::test::TempDir dir("ds");
   png(dir / "a.png", 20, 30);
-  vlmtest::write_file(dir / "d.jsonl", R"({"image":"a.png","text":"t"})" "\n");
+  vlm::test::write_file(dir / "d.jsonl", R"({"image":"a.png","text":"t"})" "\n");
   Dataset first = load_dataset({dir / "d.jsonl"}, quiet());
-  ASSERT_TRUE(vlmtest::file_exists(dir / "d.jsonl.index.json"));
+  ASSERT_TRUE(vlm::test::file_exists(dir / "d.jsonl.index.json"));
   // Replace the image behind the cache's back: a cache hit still reports the old size.
   png(dir / "a.png", 50, 60);
   Dataset cached = load_dataset({dir / "d.jsonl"}, quiet());
@@ -205,13 +205,13 @@ TEST(Dataset, IndexCacheIsWrittenAndUsed) {
 // ("3333333e33333333333") made nlohmann throw out_of_range, not parse_error, which escaped
 // load_dataset and ended the whole run; it is one "invalid json" record like any other.
 TEST(Dataset, JsonlLineWithOverflowingNumberIsAnInvalidRecord) {
-  vlmtest::TempDir dir("ds_overflow");
+  vlm::test::TempDir dir("ds_overflow");
   png(dir / "a.png", 20, 30);
   std::string lines;
   for (int i = 0; i < 9; ++i) lines += R"({"image":"a.png","text":"t"})" "\n";
   lines += "3333333e33333333333\n";
   lines += R"({"image":"a.png","text":1e999})" "\n";
-  vlmtest::write_file(dir / "d.jsonl", lines);
+  vlm::test::write_file(dir / "d.jsonl", lines);
   DatasetOptions o = quiet();
   o.max_bad_fraction = 0.5;
   Dataset ds = load_dataset({dir / "d.jsonl"}, o);
@@ -225,17 +225,17 @@ TEST(Dataset, JsonlLineWithOverflowingNumberIsAnInvalidRecord) {
 // A damaged index cache (sizes that are not positive integers) is rebuilt, not trusted:
 // a float such as 1e300 used to be cast to int64 (undefined behaviour).
 TEST(Dataset, IndexCacheWithBadSizesIsRebuilt) {
-  vlmtest::TempDir dir("ds_badindex");
+  vlm::test::TempDir dir("ds_badindex");
   png(dir / "a.png", 20, 30);
-  vlmtest::write_file(dir / "d.jsonl", R"({"image":"a.png","text":"t"})" "\n");
+  vlm::test::write_file(dir / "d.jsonl", R"({"image":"a.png","text":"t"})" "\n");
   load_dataset({dir / "d.jsonl"}, quiet());
-  const std::string index = vlmtest::read_file(dir / "d.jsonl.index.json");
+  const std::string index = vlm::test::read_file(dir / "d.jsonl.index.json");
   const size_t at = index.find("\"w\":30");
   ASSERT_NE(at, std::string::npos) << index;
   for (const std::string bad : {"\"w\":1e300", "\"w\":-30", "\"w\":0", "\"w\":\"30\""}) {
     std::string damaged = index;
     damaged.replace(at, 7, bad);
-    vlmtest::write_file(dir / "d.jsonl.index.json", damaged);
+    vlm::test::write_file(dir / "d.jsonl.index.json", damaged);
     Dataset ds = load_dataset({dir / "d.jsonl"}, quiet());
     EXPECT_EQ(ds.records[0].images[0].width, 30) << bad;
     EXPECT_EQ(ds.records[0].images[0].height, 20) << bad;

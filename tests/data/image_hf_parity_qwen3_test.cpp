@@ -29,9 +29,9 @@
 #include "data/pixel_pipeline.h"
 #include "data/processor_config.h"
 #include "tests/testing.h"
-#include "vlm/check.h"
-#include "vlm/config.h"
-#include "vlm/safetensors.h"
+#include "vlm/runtime/check.h"
+#include "vlm/model/config.h"
+#include "vlm/io/safetensors.h"
 
 namespace imgparity3 {
 
@@ -44,7 +44,7 @@ constexpr double kTvTol3 = 0.032;
 const std::set<std::string> kTvDiverges3 = {"rgba_png"};
 
 struct Reference3 {
-  std::unique_ptr<vlmtest::TempDir> dir;
+  std::unique_ptr<vlm::test::TempDir> dir;
   nlohmann::json manifest;
   std::string error;  // why there is none
 };
@@ -54,10 +54,10 @@ Reference3& reference3() {
     Reference3 r;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      const std::string python = vlmtest::python_tool("python");
-      r.dir = std::make_unique<vlmtest::TempDir>("image_reference_qwen3");
-      const std::string script = vlmtest::source_dir() + "/scripts/image_reference.py";
-      auto run = vlmtest::run({python, script, "--out", r.dir->path(), "--processor", "qwen3_vl"},
+      const std::string python = vlm::test::python_tool("python");
+      r.dir = std::make_unique<vlm::test::TempDir>("image_reference_qwen3");
+      const std::string script = vlm::test::source_dir() + "/scripts/image_reference.py";
+      auto run = vlm::test::run({python, script, "--out", r.dir->path(), "--processor", "qwen3_vl"},
                               std::chrono::seconds(240));
       if (run.exit_code != 0) {
         r.error = python + " " + script + " --processor qwen3_vl failed (exit " +
@@ -66,7 +66,7 @@ Reference3& reference3() {
                   "torchvision, Pillow and safetensors: scripts/install-deps.sh):\n" + run.output;
       } else {
         std::cout << run.output;
-        r.manifest = nlohmann::json::parse(vlmtest::read_file(*r.dir / "manifest.json"));
+        r.manifest = nlohmann::json::parse(vlm::test::read_file(*r.dir / "manifest.json"));
       }
     } catch (const std::exception& e) {
       r.error = e.what();
@@ -174,9 +174,9 @@ TEST(ImageHfParityQwen3, EveryCaseMatchesThePillowProcessor) {
 TEST(ImageHfParityQwen3, InspectWithPresetOrModelWritesTheReferenceTensors) {
   Reference3& ref = reference3();
   ASSERT_TRUE(ref.error.empty()) << ref.error;
-  vlmtest::TempDir model("qwen3_model");
-  vlmtest::write_file(model / "config.json", vlm::to_hf_json(vlm::preset("qwen3-vl-2b")).dump());
-  vlmtest::write_file(model / "preprocessor_config.json",
+  vlm::test::TempDir model("qwen3_model");
+  vlm::test::write_file(model / "config.json", vlm::to_hf_json(vlm::preset("qwen3-vl-2b")).dump());
+  vlm::test::write_file(model / "preprocessor_config.json",
                       R"({"size": {"shortest_edge": 65536, "longest_edge": 16777216},
                           "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
                           "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
@@ -189,12 +189,12 @@ TEST(ImageHfParityQwen3, InspectWithPresetOrModelWritesTheReferenceTensors) {
     for (const std::string& source : {std::string("--preset"), std::string("--model")}) {
       SCOPED_TRACE(name + " " + source);
       const std::string out = *ref.dir / (name + source + ".vlmtrain.safetensors");
-      std::vector<std::string> argv = {vlmtest::vlmtrain_bin(), "inspect", "image",
+      std::vector<std::string> argv = {vlm::test::vlmtrain_bin(), "inspect", "image",
                                        *ref.dir / c["file"].get<std::string>(), "--pixels", out, source,
                                        source == "--preset" ? std::string("qwen3-vl-2b") : model.path()};
       if (c["max_image_tokens"].get<int64_t>() > 0)
         argv.insert(argv.end(), {"--max-image-tokens", std::to_string(c["max_image_tokens"].get<int64_t>())});
-      auto r = vlmtest::run(argv);
+      auto r = vlm::test::run(argv);
       ASSERT_EQ(r.exit_code, 0) << r.output;
       EXPECT_NE(r.output.find("patch 16, merge 2 (factor 32)"), std::string::npos) << r.output;
       const auto ours = vlm::SafetensorsFile::open(out);

@@ -27,8 +27,8 @@
 
 #include "data/pixel_pipeline.h"
 #include "tests/testing.h"
-#include "vlm/check.h"
-#include "vlm/safetensors.h"
+#include "vlm/runtime/check.h"
+#include "vlm/io/safetensors.h"
 
 namespace imgparity {
 
@@ -48,7 +48,7 @@ const std::set<std::string> kTvDiverges = {"rgba_png", "la_png", "palette_trns_p
 constexpr double kTvTol = 0.06;
 
 struct Reference {
-  std::unique_ptr<vlmtest::TempDir> dir;
+  std::unique_ptr<vlm::test::TempDir> dir;
   nlohmann::json manifest;
   std::string error;  // why there is none
 };
@@ -58,17 +58,17 @@ Reference& reference() {
     Reference r;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      const std::string python = vlmtest::python_tool("python");
-      r.dir = std::make_unique<vlmtest::TempDir>("image_reference");
-      const std::string script = vlmtest::source_dir() + "/scripts/image_reference.py";
-      auto run = vlmtest::run({python, script, "--out", r.dir->path()}, std::chrono::seconds(240));
+      const std::string python = vlm::test::python_tool("python");
+      r.dir = std::make_unique<vlm::test::TempDir>("image_reference");
+      const std::string script = vlm::test::source_dir() + "/scripts/image_reference.py";
+      auto run = vlm::test::run({python, script, "--out", r.dir->path()}, std::chrono::seconds(240));
       if (run.exit_code != 0) {
         r.error = python + " " + script + " failed (exit " + std::to_string(run.exit_code) +
                   "; hint: the build's Python environment needs transformers, torch, "
                   "torchvision, Pillow and safetensors: scripts/install-deps.sh):\n" + run.output;
       } else {
         std::cout << run.output;
-        r.manifest = nlohmann::json::parse(vlmtest::read_file(*r.dir / "manifest.json"));
+        r.manifest = nlohmann::json::parse(vlm::test::read_file(*r.dir / "manifest.json"));
       }
     } catch (const std::exception& e) {
       r.error = e.what();
@@ -164,7 +164,7 @@ TEST(ImageHfParity, InspectPixelsWritesTheReferenceTensors) {
     if (name != "exif_6" && name != "over_token_cap" && name != "rgba_png") continue;
     SCOPED_TRACE(name);
     const std::string out = *ref.dir / (name + ".vlmtrain.safetensors");
-    std::vector<std::string> argv = {vlmtest::vlmtrain_bin(), "inspect", "image",
+    std::vector<std::string> argv = {vlm::test::vlmtrain_bin(), "inspect", "image",
                                      *ref.dir / c["file"].get<std::string>(), "--pixels", out,
                                      "--min-pixels", std::to_string(c["min_pixels"].get<int64_t>())};
     if (c["max_image_tokens"].get<int64_t>() > 0) {
@@ -172,7 +172,7 @@ TEST(ImageHfParity, InspectPixelsWritesTheReferenceTensors) {
     } else {
       argv.insert(argv.end(), {"--max-pixels", std::to_string(c["max_pixels"].get<int64_t>())});
     }
-    auto r = vlmtest::run(argv);
+    auto r = vlm::test::run(argv);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const auto ours = vlm::SafetensorsFile::open(out);
     const auto hf = vlm::SafetensorsFile::open(*ref.dir / (name + ".ref.safetensors"));

@@ -10,7 +10,7 @@
 
 #include "data/image.h"
 #include "tests/testing.h"
-#include "vlm/check.h"
+#include "vlm/runtime/check.h"
 
 namespace {
 
@@ -197,7 +197,7 @@ TEST(Image, WebpHeader) {
 }
 
 TEST(Image, ProbeFallsBackToDecodeAndRejectsBadFiles) {
-  vlmtest::TempDir dir("image");
+  vlm::test::TempDir dir("image");
   cv::Mat bgr = random_bgr(9, 11, 5);
   ASSERT_TRUE(cv::imwrite(dir / "a.tiff", bgr));
   auto info = vlm::data::probe_image(dir / "a.tiff");
@@ -205,12 +205,12 @@ TEST(Image, ProbeFallsBackToDecodeAndRejectsBadFiles) {
   EXPECT_EQ(info.width, 11);
   EXPECT_EQ(info.height, 9);
   EXPECT_THROW(vlm::data::probe_image(dir / "missing.png"), vlm::Error);
-  vlmtest::write_file(dir / "garbage.png", "this is not an image");
+  vlm::test::write_file(dir / "garbage.png", "this is not an image");
   EXPECT_THROW(vlm::data::probe_image(dir / "garbage.png"), vlm::Error);
   // A truncated PNG: header parses, decoding fails with a message naming the file.
   std::vector<uint8_t> png = encode(".png", random_bgr(64, 64, 1));
   std::string cut(png.begin(), png.begin() + png.size() / 2);
-  vlmtest::write_file(dir / "cut.png", cut);
+  vlm::test::write_file(dir / "cut.png", cut);
   try {
     vlm::data::decode_image_rgb(dir / "cut.png");
     ADD_FAILURE() << "expected decode to fail";
@@ -233,8 +233,8 @@ TEST(Image, RefusesAbsurdDimensionsBeforeDecoding) {
   };
   set_be32(16, 100000);  // IHDR width
   set_be32(20, 100000);  // IHDR height: 10^10 pixels
-  vlmtest::TempDir dir("bomb");
-  vlmtest::write_file(dir / "bomb.png", std::string(png.begin(), png.end()));
+  vlm::test::TempDir dir("bomb");
+  vlm::test::write_file(dir / "bomb.png", std::string(png.begin(), png.end()));
   for (const auto& attempt : std::vector<std::function<void()>>{
            [&] { vlm::data::probe_image(dir / "bomb.png"); },
            [&] { vlm::data::decode_image_rgb(png, "bomb.png"); }}) {

@@ -19,7 +19,7 @@
 #include "data/loader.h"
 #include "data/sampler.h"
 #include "tests/testing.h"
-#include "vlm/check.h"
+#include "vlm/runtime/check.h"
 
 namespace {
 
@@ -157,7 +157,7 @@ TEST(Loader, EarlyDestructionJoins) {
 }
 
 TEST(Loader, RecordImages) {
-  vlmtest::TempDir dir("loader");
+  vlm::test::TempDir dir("loader");
   cv::Mat a(60, 90, CV_8UC3), b(30, 30, CV_8UC3);
   cv::randu(a, 0, 255);
   cv::randu(b, 0, 255);

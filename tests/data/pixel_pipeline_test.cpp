@@ -5,7 +5,7 @@
 #include <opencv2/imgproc.hpp>
 
 #include "data/pixel_pipeline.h"
-#include "vlm/check.h"
+#include "vlm/runtime/check.h"
 
 namespace {
 

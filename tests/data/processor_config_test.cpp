@@ -10,8 +10,8 @@
 
 #include "data/processor_config.h"
 #include "tests/testing.h"
-#include "vlm/check.h"
-#include "vlm/config.h"
+#include "vlm/runtime/check.h"
+#include "vlm/model/config.h"
 
 namespace {
 
@@ -68,7 +68,7 @@ TEST(ProcessorConfig, FamilyDefaultsFollowTheRegistryAndTheVisionConfig) {
   EXPECT_EQ(vlm::data::family_pixel_config(vlm::preset("qwen3-vl-2b")).geometry.factor(), 32);
   // No directory (a preset) or no file: the family's defaults.
   const vlm::VlmConfig q3cfg = vlm::preset("qwen3-vl-2b");
-  vlmtest::TempDir dir("pp_none");
+  vlm::test::TempDir dir("pp_none");
   for (const std::string& d : {std::string(), dir.path()}) {
     const PixelConfig px = vlm::data::model_pixel_config(q3cfg, d);
     EXPECT_EQ(px.limits.min_pixels, 65536);
@@ -79,8 +79,8 @@ TEST(ProcessorConfig, FamilyDefaultsFollowTheRegistryAndTheVisionConfig) {
 TEST(ProcessorConfig, ReadsBothKeyStyles) {
   const vlm::VlmConfig q3 = vlm::preset("qwen3-vl-2b");
   // Newer transformers: size {shortest_edge, longest_edge}.
-  vlmtest::TempDir a("pp_size");
-  vlmtest::write_file(a / "preprocessor_config.json",
+  vlm::test::TempDir a("pp_size");
+  vlm::test::write_file(a / "preprocessor_config.json",
                       R"({"size": {"longest_edge": 1003520, "shortest_edge": 50176},
                           "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
                           "image_mean": [0.25, 0.5, 0.75], "image_std": [0.1, 0.2, 0.3],
@@ -95,8 +95,8 @@ TEST(ProcessorConfig, ReadsBothKeyStyles) {
   // Older files (Qwen2-VL hub): min_pixels / max_pixels at the top level; a file with only
   // some keys keeps the family's other values.
   const vlm::VlmConfig q2 = vlm::preset("qwen2-vl-2b");
-  vlmtest::TempDir b("pp_minmax");
-  vlmtest::write_file(b / "preprocessor_config.json",
+  vlm::test::TempDir b("pp_minmax");
+  vlm::test::write_file(b / "preprocessor_config.json",
                       R"({"min_pixels": 6272, "max_pixels": 401408, "patch_size": 14,
                           "merge_size": 2, "temporal_patch_size": 2})");
   px = vlm::data::model_pixel_config(q2, b.path());
@@ -106,8 +106,8 @@ TEST(ProcessorConfig, ReadsBothKeyStyles) {
   EXPECT_EQ(px.geometry.patch_size, 14);
 
   // Both present: min_pixels / max_pixels win over size, as in HF's processor.
-  vlmtest::TempDir c("pp_both");
-  vlmtest::write_file(c / "preprocessor_config.json",
+  vlm::test::TempDir c("pp_both");
+  vlm::test::write_file(c / "preprocessor_config.json",
                       R"({"min_pixels": 3136, "max_pixels": 802816,
                           "size": {"shortest_edge": 56, "longest_edge": 28}})");
   px = vlm::data::model_pixel_config(q2, c.path());
@@ -117,23 +117,23 @@ TEST(ProcessorConfig, ReadsBothKeyStyles) {
 
 TEST(ProcessorConfig, GeometryThatDisagreesWithConfigJsonIsAnError) {
   const vlm::VlmConfig q3 = vlm::preset("qwen3-vl-2b");
-  vlmtest::TempDir d("pp_patch");
+  vlm::test::TempDir d("pp_patch");
   const std::string file = d / "preprocessor_config.json";
   // A Qwen2-VL preprocessor config beside a Qwen3-VL model.
-  vlmtest::write_file(file, R"({"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14})");
+  vlm::test::write_file(file, R"({"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14})");
   pc_expect_contains(pc_error_of([&] { vlm::data::model_pixel_config(q3, d.path()); }),
                      {file, "'patch_size' is 14", "patch_size = 16", "hint"});
-  vlmtest::write_file(file, R"({"merge_size": 4})");
+  vlm::test::write_file(file, R"({"merge_size": 4})");
   pc_expect_contains(pc_error_of([&] { vlm::data::model_pixel_config(q3, d.path()); }),
                      {file, "'merge_size' is 4", "spatial_merge_size = 2", "hint"});
-  vlmtest::write_file(file, R"({"temporal_patch_size": 1})");
+  vlm::test::write_file(file, R"({"temporal_patch_size": 1})");
   pc_expect_contains(pc_error_of([&] { vlm::data::model_pixel_config(q3, d.path()); }),
                      {file, "'temporal_patch_size' is 1", "temporal_patch_size = 2"});
 }
 
 TEST(ProcessorConfig, MalformedFilesNameTheFile) {
   const vlm::VlmConfig q3 = vlm::preset("qwen3-vl-2b");
-  vlmtest::TempDir d("pp_bad");
+  vlm::test::TempDir d("pp_bad");
   const std::string file = d / "preprocessor_config.json";
   const std::vector<std::pair<std::string, std::string>> bad = {
       {R"({"image_mean": [0.5, 0.5, )", "not valid JSON"},
@@ -148,7 +148,7 @@ TEST(ProcessorConfig, MalformedFilesNameTheFile) {
   };
   for (const auto& [text, what] : bad) {
     SCOPED_TRACE(text);
-    vlmtest::write_file(file, text);
+    vlm::test::write_file(file, text);
     pc_expect_contains(pc_error_of([&] { vlm::data::model_pixel_config(q3, d.path()); }), {file, what});
   }
 }

@@ -21,7 +21,7 @@
 #include "data/token_counts.h"
 #include "tests/require_sentencepiece.h"
 #include "tests/testing.h"
-#include "vlm/sp_tokenizer.h"
+#include "vlm/text/sp_tokenizer.h"
 
 namespace {
 
@@ -47,7 +47,7 @@ std::string train_tokenizer(const std::string& dir, int vocab, uint32_t seed) {
     for (int k = 1 + int(rng() % 8); k > 0; --k) line += (line.empty() ? "" : " ") + words[rng() % words.size()];
     corpus += line + "\n";
   }
-  vlmtest::write_file(dir + "/corpus.txt", corpus);
+  vlm::test::write_file(dir + "/corpus.txt", corpus);
   vlm::train_sentencepiece("--input=" + dir + "/corpus.txt --model_prefix=" + dir + "/tok" +
                            " --vocab_size=" + std::to_string(vocab) +
                            " --model_type=unigram --character_coverage=1.0 --hard_vocab_limit=false"
@@ -59,7 +59,7 @@ class SampleBuilder : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     if (!vlm::sentencepiece_available()) return;  // every test skips (SetUp)
-    dir_ = new vlmtest::TempDir("samples");
+    dir_ = new vlm::test::TempDir("samples");
     tok_ = vlm::load_tokenizer(train_tokenizer(dir_->path(), 320, 1)).release();
     // 56x84 -> grid (1,4,6), 6 tokens; 112x56 -> (1,8,4), 8 tokens; 60x200 -> 56x196 (1,4,14), 14.
     write_image("a.png", 56, 84, 1);
@@ -70,7 +70,7 @@ class SampleBuilder : public ::testing::Test {
     delete tok_;
     delete dir_;
   }
-  void SetUp() override { VLMTEST_REQUIRE_SENTENCEPIECE(); }
+  void SetUp() override { VLMTRAIN_TEST_REQUIRE_SENTENCEPIECE(); }
   static void write_image(const std::string& name, int h, int w, int seed) {
     cv::Mat m(h, w, CV_8UC3);
     cv::randu(m, cv::Scalar::all(0), cv::Scalar::all(255));
@@ -79,7 +79,7 @@ class SampleBuilder : public ::testing::Test {
   }
   static vlm::data::Dataset load(const std::string& name, const std::string& jsonl,
                                  const std::string& ocr_prompt = "Read the text.") {
-    vlmtest::write_file((*dir_) / name, jsonl);
+    vlm::test::write_file((*dir_) / name, jsonl);
     vlm::data::DatasetOptions o;
     o.ocr_prompt = ocr_prompt;
     o.use_index_cache = false;
@@ -128,10 +128,10 @@ class SampleBuilder : public ::testing::Test {
       }
     EXPECT_EQ(runs, tokens);
   }
-  static vlmtest::TempDir* dir_;
+  static vlm::test::TempDir* dir_;
   static vlm::Tokenizer* tok_;
 };
-vlmtest::TempDir* SampleBuilder::dir_ = nullptr;
+vlm::test::TempDir* SampleBuilder::dir_ = nullptr;
 vlm::Tokenizer* SampleBuilder::tok_ = nullptr;
 
 TEST_F(SampleBuilder, MessagesSingleImage) {
@@ -347,10 +347,10 @@ TEST_F(SampleBuilder, TextTokenCountsMatchFullRenderAndCache) {
   vlm::data::DatasetOptions dopt;
   dopt.warn = [](const std::string&) {};
   // The format is detected once per file: one file per format.
-  vlmtest::write_file((*dir_) / "c1.jsonl", jsonl.substr(0, jsonl.find('\n') + 1));
+  vlm::test::write_file((*dir_) / "c1.jsonl", jsonl.substr(0, jsonl.find('\n') + 1));
   const size_t l2 = jsonl.find('\n') + 1, l3 = jsonl.find('\n', l2) + 1;
-  vlmtest::write_file((*dir_) / "c2.jsonl", jsonl.substr(l2, l3 - l2));
-  vlmtest::write_file((*dir_) / "c3.jsonl", jsonl.substr(l3));
+  vlm::test::write_file((*dir_) / "c2.jsonl", jsonl.substr(l2, l3 - l2));
+  vlm::test::write_file((*dir_) / "c3.jsonl", jsonl.substr(l3));
   const std::vector<std::string> files = {(*dir_) / "c1.jsonl", (*dir_) / "c2.jsonl",
                                           (*dir_) / "c3.jsonl"};
   auto ds = vlm::data::load_dataset(files, dopt);
@@ -385,7 +385,7 @@ TEST_F(SampleBuilder, TextTokenCountsMatchFullRenderAndCache) {
   ds = vlm::data::load_dataset(files, dopt);
   vlm::data::dataset_text_token_counts(ds, *tok_, so, true, &st);
   EXPECT_EQ(st.cached, 3);
-  EXPECT_NE(vlmtest::read_file(vlm::data::dataset_index_path(files[0])).find("\"images\""),
+  EXPECT_NE(vlm::test::read_file(vlm::data::dataset_index_path(files[0])).find("\"images\""),
             std::string::npos);
 
   // Another system prompt: recounted, and the counts change by the prompt's tokens.
@@ -398,7 +398,7 @@ TEST_F(SampleBuilder, TextTokenCountsMatchFullRenderAndCache) {
   so.system_prompt.clear();
 
   // Another tokenizer (same words, other vocabulary size): the cache is invalid.
-  vlmtest::TempDir other("samples_tok2");
+  vlm::test::TempDir other("samples_tok2");
   auto tok2 = vlm::load_tokenizer(train_tokenizer(other.path(), 340, 2));
   ASSERT_NE(vlm::data::tokenizer_identity(*tok2), vlm::data::tokenizer_identity(*tok_));
   auto c2 = vlm::data::dataset_text_token_counts(ds, *tok2, so, true, &st);
@@ -413,7 +413,7 @@ TEST_F(SampleBuilder, TextTokenCountsMatchFullRenderAndCache) {
   EXPECT_EQ(st.cached, 3);
 
   // A changed record (rewritten JSONL) is recounted.
-  vlmtest::write_file(files[2], R"({"messages":[{"role":"user","content":"hello hello"},)"
+  vlm::test::write_file(files[2], R"({"messages":[{"role":"user","content":"hello hello"},)"
                                 R"({"role":"assistant","content":"world"}]})" "\n");
   ds = vlm::data::load_dataset(files, dopt);
   auto c3 = vlm::data::dataset_text_token_counts(ds, *tok_, so, true, &st);

@@ -7,7 +7,7 @@
 #include <set>
 
 #include "data/sampler.h"
-#include "vlm/check.h"
+#include "vlm/runtime/check.h"
 
 namespace {
 

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "tests/fuzz/fuzz_util.h"
-#include "vlm/config.h"
+#include "vlm/model/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

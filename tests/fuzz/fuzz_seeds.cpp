@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "app/recipe.h"
+#include "app/config/recipe.h"
 #include "tests/fuzz/fuzz_util.h"
-#include "tests/vlm/tokenizer_tiny_bpe.h"
-#include "vlm/config.h"
-#include "vlm/safetensors.h"
+#include "tests/vlm/text/tokenizer_tiny_bpe.h"
+#include "vlm/model/config.h"
+#include "vlm/io/safetensors.h"
 
 namespace fs = std::filesystem;
 
@@ -90,14 +90,14 @@ void config_seeds() {
 }
 
 void tokenizer_seeds() {
-  const std::string json = vlmtest::make_tiny_model(true).j.dump();
+  const std::string json = vlm::test::make_tiny_model(true).j.dump();
   for (const auto& [name, text] : std::vector<std::pair<std::string, std::string>>{
            {"hello", "hello world"},
            {"chat", "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>hi<|im_end|>\n"},
            {"unicode", "안녕 12 aaaaaaaa Ġ \n\n  ing\xc3\xa9"},
            {"empty", ""}})
-    seed("tokenizer_json", name, vlmfuzz::join2(text, json));
-  seed("tokenizer_json", "no_vision", vlmfuzz::join2("abab the", vlmtest::make_tiny_model(false).j.dump()));
+    seed("tokenizer_json", name, vlm::fuzz::join2(text, json));
+  seed("tokenizer_json", "no_vision", vlm::fuzz::join2("abab the", vlm::test::make_tiny_model(false).j.dump()));
 }
 
 void recipe_seeds(const std::string& src) {

@@ -16,9 +16,9 @@
 #include <string_view>
 #include <utility>
 
-#include "vlm/check.h"
+#include "vlm/runtime/check.h"
 
-namespace vlmfuzz {
+namespace vlm::fuzz {
 
 // Runs `fn`, swallowing the one error type the input is allowed to cause.
 template <typename Fn>
@@ -64,4 +64,4 @@ inline std::string join2(std::string_view first, std::string_view second) {
   return out;
 }
 
-}  // namespace vlmfuzz
+}  // namespace vlm::fuzz

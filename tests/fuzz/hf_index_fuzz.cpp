@@ -8,14 +8,14 @@
 #include <string>
 
 #include "tests/fuzz/fuzz_util.h"
-#include "vlm/hf_checkpoint.h"
+#include "vlm/io/hf_checkpoint.h"
 
 namespace {
 
 const std::string& checkpoint_dir() {
   static const std::string dir = [] {
     namespace fs = std::filesystem;
-    std::string d = vlmfuzz::scratch_dir() + "/ckpt";
+    std::string d = vlm::fuzz::scratch_dir() + "/ckpt";
     fs::create_directories(d + "/sub");
     vlm::save_safetensors(d + "/model-00001-of-00002.safetensors",
                           {{"model.embed_tokens.weight", torch::arange(12, torch::kFloat).view({4, 3})},
@@ -31,8 +31,8 @@ const std::string& checkpoint_dir() {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string& dir = checkpoint_dir();
-  vlmfuzz::write_bytes(dir + "/model.safetensors.index.json", data, size);
-  vlmfuzz::expect_only_vlm_errors([&] {
+  vlm::fuzz::write_bytes(dir + "/model.safetensors.index.json", data, size);
+  vlm::fuzz::expect_only_vlm_errors([&] {
     auto ck = vlm::HfCheckpoint::open(dir);
     for (const auto& name : ck.names()) {
       (void)ck.stored_name(name);

@@ -27,7 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const double pixels = info ? double(info->width) * double(info->height) : 0.0;
   if (pixels > double(kFuzzMaxPixels) && pixels <= double(vlm::data::kMaxImagePixels))
     return 0;  // legitimate but slow: see kFuzzMaxPixels
-  vlmfuzz::expect_only_vlm_errors([&] {
+  vlm::fuzz::expect_only_vlm_errors([&] {
     cv::Mat rgb = vlm::data::decode_image_rgb(bytes, "<fuzz>");
     if (rgb.type() != CV_8UC3) __builtin_trap();
     vlm::data::PixelConfig cfg;

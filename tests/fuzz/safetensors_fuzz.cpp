@@ -5,10 +5,10 @@
 #include <string>
 
 #include "tests/fuzz/fuzz_util.h"
-#include "vlm/safetensors.h"
+#include "vlm/io/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  vlmfuzz::expect_only_vlm_errors([&] {
+  vlm::fuzz::expect_only_vlm_errors([&] {
     // The pure validator on the caller's bytes (what a memory-mapped file gives it).
     vlm::parse_safetensors(data, size, "<fuzz>");
     // The reader on an owned copy, then every tensor's bytes.

@@ -1,0 +1,403 @@
+// `vlmtrain plan`: build the model on the meta device (no weights, no memory) and print
+// every unit. Two modes:
+//   plan --preset NAME            units and parameter counts only
+//   plan RECIPE [--preset NAME] [--world-size N] [--nproc-per-node L]
+//                                 the policy table resolved over the units: policy,
+//                                 strategy, parameters, bytes per rank for params / grads /
+//                                 optimizer state (app/plan/memory_plan.h formulas) under
+//                                 the recipe's precision, activation checkpointing, totals
+//                                 per rank, traffic per rank and link class (within a node /
+//                                 across nodes, app/plan/traffic_plan.h) and warnings.
+#include <cstdio>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "app/cli/commands.h"
+#include "app/config/sharding_options.h"
+#include "app/plan/step_memory.h"
+#include "sharding/parallel/sharded_model.h"
+#include "app/plan/activation_memory.h"
+#include "sharding/parallel/lora.h"
+#include "app/plan/memory_plan.h"
+#include "sharding/parallel/offload.h"
+#include "sharding/parallel/policy.h"
+#include "app/plan/traffic_plan.h"
+#include "vlm/runtime/check.h"
+#include "vlm/model/config.h"
+#include "vlm/model/meta_init.h"
+#include "vlm/model/vision_language_model.h"
+
+namespace vlm::app {
+
+namespace {
+
+std::string with_commas(int64_t n) {
+  std::string s = std::to_string(n);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
+  return s;
+}
+
+struct PlanArgs {
+  RecipeArgs recipe;                   // optional: without it, --preset alone
+  std::optional<std::string> preset;   // --preset NAME
+  std::optional<long long> world_size; // --world-size N (with a RECIPE)
+  std::optional<long long> nproc_per_node;  // --nproc-per-node L (default: the world size, one node)
+  bool json = false;
+  bool leaves = false;                 // --leaves (with --preset alone)
+  std::optional<long long> tokens;     // --tokens T: the micro-batch (default batch.max_tokens)
+  std::optional<long long> image_tokens;  // --image-tokens M (default min(batch.max_image_tokens, T))
+  std::optional<std::string> device;   // --device cpu|cuda: whose kernels' activations (default cuda
+                                       // unless dist.device = "cpu")
+};
+
+// The micro-batch `plan` sizes activations for: the recipe's budget unless overridden.
+struct PlannedBatch {
+  vlm::app::MicroBatchShape shape;
+  int64_t image_tokens = 0;
+  std::string device;
+};
+
+PlannedBatch planned_batch(const PlanArgs& a, const Recipe& recipe, const vlm::VlmConfig& cfg) {
+  PlannedBatch pb;
+  const long long tokens = a.tokens.value_or(recipe.batch.max_tokens);
+  VLM_CHECK(tokens >= 1 && tokens <= (1LL << 31), "vlmtrain plan: --tokens: expected a positive count, got ", tokens);
+  const long long images = a.image_tokens.value_or(std::min<long long>(recipe.batch.max_image_tokens, tokens));
+  VLM_CHECK(images >= 0 && images <= tokens, "vlmtrain plan: --image-tokens: expected 0..", tokens,
+            " (at most the micro-batch's tokens), got ", images);
+  pb.image_tokens = images;
+  pb.shape.rows = 1;
+  pb.shape.seq_len = tokens;
+  pb.shape.patches = images * cfg.vision.merge_unit();
+  pb.shape.loss_rows = tokens - images;  // at most every text token supervised
+  pb.shape.packed = recipe.batch.packing;
+  pb.device = a.device.value_or(recipe.dist.device == "cpu" ? "cpu" : "cuda");
+  VLM_CHECK(pb.device == "cpu" || pb.device == "cuda", "vlmtrain plan: --device: expected cpu or cuda, got '",
+            pb.device, "'");
+  return pb;
+}
+
+int plan_recipe(const PlanArgs& a);
+
+int plan(const PlanArgs& a) {
+  if (!a.recipe.path.empty()) return plan_recipe(a);
+  const auto& preset_name = a.preset;
+  const bool as_json = a.json;
+  const bool leaves = a.leaves;
+  VLM_CHECK(!a.world_size.has_value(), "vlmtrain plan: --world-size needs a RECIPE (its policy table)");
+  VLM_CHECK(a.recipe.sets.empty(), "vlmtrain plan: --set needs a RECIPE (it overrides a recipe key)");
+  VLM_CHECK(preset_name.has_value(), "vlmtrain plan: give a RECIPE or --preset NAME (see `vlmtrain plan --help`)");
+
+  const vlm::VlmConfig cfg = vlm::preset(*preset_name);
+  vlm::VisionLanguageModel model(cfg, torch::TensorOptions().device(torch::kMeta).dtype(torch::kBFloat16));
+
+  std::vector<std::pair<std::string, int64_t>> rows;
+  if (leaves) {
+    rows = vlm::parameter_table(*model);
+  } else {
+    for (const auto& u : model->units()) {
+      rows.emplace_back(u.path, u.shares_params_with.empty() ? vlm::count_parameters(*u.module) : 0);
+    }
+  }
+  const int64_t total = vlm::count_parameters(*model);
+  const int64_t vision = vlm::count_parameters(*model->visual);
+  const int64_t merger = model->visual->connector_parameters();
+  const int64_t llm = total - vision;
+
+  if (as_json) {
+    nlohmann::json j;
+    j["preset"] = *preset_name;
+    j["family"] = vlm::family_name(cfg.family);
+    j["total_params"] = total;
+    j["vision_params"] = vision;
+    j["merger_params"] = merger;
+    j["llm_params"] = llm;
+    j["tie_word_embeddings"] = cfg.tie_word_embeddings;
+    auto& mods = j["modules"] = nlohmann::json::array();
+    for (const auto& [path, n] : rows) mods.push_back({{"path", path}, {"params", n}});
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  size_t width = 10;
+  for (const auto& r : rows) width = std::max(width, r.first.size());
+  std::printf("model %s (%s), built on the meta device\n\n", preset_name->c_str(),
+              vlm::family_name(cfg.family).c_str());
+  std::printf("%-*s %16s\n", static_cast<int>(width), leaves ? "layer" : "unit", "params");
+  for (const auto& [path, n] : rows) {
+    std::string note = (!leaves && path == "lm_head" && cfg.tie_word_embeddings) ? "  (tied to model.embed_tokens)" : "";
+    std::printf("%-*s %16s%s\n", static_cast<int>(width), path.c_str(), with_commas(n).c_str(), note.c_str());
+  }
+  std::printf("\n%-24s %16s\n", "vision (incl. merger)", with_commas(vision).c_str());
+  std::printf("%-24s %16s\n", "merger", with_commas(merger).c_str());
+  std::printf("%-24s %16s\n", "llm", with_commas(llm).c_str());
+  std::printf("%-24s %16s\n", "total", with_commas(total).c_str());
+  return 0;
+}
+
+
+int plan_recipe(const PlanArgs& a) {
+  namespace sh = vlm::sharding;
+  const auto& preset_name = a.preset;
+  const bool as_json = a.json;
+  VLM_CHECK(!a.leaves, "vlmtrain plan: --leaves applies with --preset NAME alone (without a RECIPE)");
+  Recipe recipe = load_recipe(a.recipe);
+  recipe.validate(Purpose::plan);
+  int world = 1;
+  if (a.world_size) {
+    VLM_CHECK(*a.world_size >= 1 && *a.world_size <= (1 << 20), "vlmtrain plan: --world-size: expected a positive ",
+              "integer, got '", *a.world_size, "'");
+    world = static_cast<int>(*a.world_size);
+  }
+  int local_world = world;
+  if (a.nproc_per_node) {
+    VLM_CHECK(*a.nproc_per_node >= 1 && *a.nproc_per_node <= world && world % *a.nproc_per_node == 0,
+              "vlmtrain plan: --nproc-per-node: expected a divisor of the world size ", world, ", got ",
+              *a.nproc_per_node);
+    local_world = static_cast<int>(*a.nproc_per_node);
+  }
+  vlm::app::MeshShape mesh{world, 0, local_world};
+  if (uses_hybrid_shard(recipe)) {
+    mesh.dp_shard = recipe.dist.dp_shard > 0 ? static_cast<int>(recipe.dist.dp_shard) : local_world;
+    VLM_CHECK(mesh.dp_shard <= world && world % mesh.dp_shard == 0, recipe.source, ": dist.dp_shard = ",
+              mesh.dp_shard, recipe.dist.dp_shard > 0 ? "" : " (--nproc-per-node)", " does not divide the world size ",
+              world, " (hint: hybrid_shard needs dp_shard | world size)");
+  }
+  std::string source;
+  vlm::VlmConfig cfg;
+  if (preset_name) {
+    cfg = vlm::preset(*preset_name);
+    source = "preset " + *preset_name;
+  } else if (!recipe.model.preset.empty()) {
+    cfg = vlm::preset(recipe.model.preset);
+    source = "preset " + recipe.model.preset;
+  } else {
+    VLM_CHECK(!recipe.model.path.empty(), recipe.source, ": neither model.preset nor model.path is set ",
+              "(hint: give --preset NAME)");
+    try {
+      cfg = vlm::load_hf_config(recipe.model.path);
+    } catch (const vlm::Error& e) {
+      throw vlm::Error(std::string(e.what()) + "; to plan without the model files, name its architecture with "
+                       "--preset (e.g. --preset qwen2.5-vl-3b)");
+    }
+    source = recipe.model.path;
+  }
+  const sh::ShardingOptions opts = sharding_options(recipe);
+  vlm::VisionLanguageModel model(cfg, torch::TensorOptions().device(torch::kMeta).dtype(opts.param_dtype));
+  sh::attach_lora(*model, opts);
+  const auto units = sh::resolve_units(*model, opts);
+  const sh::ParamCounts counts = sh::count_params(units);
+  vlm::app::MemoryPlan mem = vlm::app::plan_memory(units, world, opts.param_dtype, opts.reduce_dtype,
+                                       opts.fsdp_accumulate_unsharded, mesh.dp_shard);
+  if (opts.optimizer_offload) vlm::app::plan_offload(mem, units);  // optimizer bytes -> host
+  std::vector<std::pair<std::string, std::string>> call_order;
+  for (const auto& u : model->units())
+    call_order.emplace_back(u.path, u.shares_params_with.empty() ? u.path : u.shares_params_with);
+  const vlm::app::TrafficPlan traffic = vlm::app::plan_traffic(units, call_order, mesh, opts.param_dtype, opts.reduce_dtype,
+                                                   opts.fsdp_accumulate_unsharded);
+  // Activations and the step's peak for one micro-batch of the budget (app/plan/step_memory.h).
+  sh::apply_freeze(units);  // requires_grad as the policies set it: what autograd keeps follows
+  const PlannedBatch pb = planned_batch(a, recipe, cfg);
+  const vlm::app::AttentionPath apath = pb.device == "cuda" ? vlm::app::AttentionPath::cuda : vlm::app::AttentionPath::cpu;
+  const StepMemoryModel step_model(*model, mem, units, opts.param_dtype, apath,
+                                   recipe.data.prefetch * recipe.batch.samples_per_rank);
+  const StepMemory step = step_model.step(pb.shape, 1, recipe.batch.samples_per_rank);
+  const vlm::app::ActivationPlan act = vlm::app::plan_activations(*model, pb.shape, opts.param_dtype, apath);
+  auto checkpointed = [&units](const std::string& path) {
+    for (const auto& u : units)
+      if (u.path == path) return u.checkpointed;
+    return false;
+  };
+  // A unit's activation bytes at the end of the forward (a tied lm_head's rows join its unit).
+  auto unit_activation = [&](const sh::UnitPlan& u) {
+    if (!u.adapter_of.empty()) return 0.0;
+    double b = act.unit_forward_bytes(u.path, checkpointed);
+    if (!u.aliases.empty()) b += act.unit_forward_bytes(u.aliases, checkpointed);
+    return b;
+  };
+  const int64_t total = vlm::count_parameters(*model);
+  const char* pdtype = recipe.precision.param_dtype.c_str();
+
+  if (as_json) {
+    nlohmann::json j;
+    j["recipe"] = recipe.source;
+    j["model"] = source;
+    j["family"] = vlm::family_name(cfg.family);
+    j["world_size"] = world;
+    j["mesh"] = {{"nproc_per_node", local_world}, {"dp_shard", mesh.shard()}, {"dp_replicate", mesh.replicate()}};
+    j["param_dtype"] = recipe.precision.param_dtype;
+    j["reduce_dtype"] = recipe.precision.reduce_dtype;
+    j["total_params"] = total;
+    j["trainable_params"] = counts.trainable;
+    auto& arr = j["units"] = nlohmann::json::array();
+    for (size_t i = 0; i < units.size(); ++i) {
+      const auto& u = units[i];
+      const auto& m = mem.units[i];
+      arr.push_back({{"path", u.path}, {"aliases", u.aliases}, {"policy", sh::policy_name(u.policy)},
+                     {"strategy", sh::strategy_name(u.strategy)}, {"sharding", sh::sharding_name(u.sharding)},
+                     {"rule", u.rule}, {"params", u.numel}, {"trainable", u.trainable()},
+                     {"param_bytes", m.param_bytes},
+                     {"grad_bytes", m.grad_bytes}, {"optim_bytes", m.optim_bytes}, {"total_bytes", m.total()},
+                     {"host_optim_bytes", m.host_optim_bytes}, {"activation_checkpointing", u.checkpointed},
+                     {"activation_bytes", unit_activation(u)}});
+    }
+    j["totals"] = {{"param_bytes", mem.total.param_bytes}, {"grad_bytes", mem.total.grad_bytes},
+                   {"optim_bytes", mem.total.optim_bytes}, {"total_bytes", mem.total.total()},
+                   {"host_optim_bytes", mem.total.host_optim_bytes}};
+    j["optimizer_offload"] = opts.optimizer_offload;
+    j["offload_saved_bytes"] = mem.offload_saved_bytes;
+    j["gathered_peak_bytes"] = mem.gathered_peak_bytes;
+    j["reduce_scatter_peak_bytes"] = mem.reduce_scatter_peak_bytes;
+    j["unsharded_accum_bytes"] = mem.unsharded_accum_bytes;
+    j["peak_bytes"] = mem.peak_bytes();
+    j["activations"] = {{"tokens", pb.shape.tokens()}, {"image_tokens", pb.image_tokens},
+                        {"patches", pb.shape.patches}, {"packed", pb.shape.packed}, {"device", pb.device},
+                        {"forward_bytes", act.forward_bytes(checkpointed)}, {"peak_bytes", act.peak_bytes(checkpointed)}};
+    j["step_peak"] = {{"persistent_bytes", step.persistent}, {"inputs_bytes", step.inputs},
+                      {"gathered_bytes", step.gathered}, {"reduce_scatter_bytes", step.reduce},
+                      {"loss_backward_activation_bytes", step.act_head},
+                      {"unit_backward_activation_bytes", step.act_units}, {"unit_grad_bytes", step.grads},
+                      {"step_grad_bytes", step.step_grads}, {"total_bytes", step.total()}};
+    auto& ops = j["traffic"]["ops"] = nlohmann::json::array();
+    for (const auto& o : traffic.ops)
+      ops.push_back({{"unit", o.unit}, {"op", o.op}, {"group", vlm::app::comm_group_name(o.group)},
+                     {"inter_node", o.inter_node}, {"bytes", o.bytes}, {"per_micro_batch", o.per_micro_batch},
+                     {"per_step", o.per_step}});
+    j["traffic"]["step_1mb"] = {{"intra_node_bytes", traffic.intra_node_bytes(1)},
+                                {"inter_node_bytes", traffic.inter_node_bytes(1)}};
+    j["traffic"]["per_extra_micro_batch"] = {
+        {"intra_node_bytes", traffic.intra_node_bytes(2) - traffic.intra_node_bytes(1)},
+        {"inter_node_bytes", traffic.inter_node_bytes(2) - traffic.inter_node_bytes(1)}};
+    j["warnings"] = mem.warnings;
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  size_t width = 10;
+  for (const auto& u : units) width = std::max(width, u.path.size() + (u.aliases.empty() ? 0 : u.aliases.size() + 3));
+  std::printf("recipe %s, model %s (%s) on the meta device, world size %d, params %s, grads reduced in %s\n\n",
+              recipe.source.c_str(), source.c_str(), vlm::family_name(cfg.family).c_str(), world, pdtype,
+              recipe.precision.reduce_dtype.c_str());
+  const int w = static_cast<int>(width);
+  std::printf("%-*s %-7s %-16s %-16s %15s %11s %11s %11s %11s %11s  %s\n", w, "unit", "policy", "strategy",
+              "sharding", "params", "params/rank", "grads/rank", "optim/rank", "total/rank", "activations", "act.ckpt");
+  for (size_t i = 0; i < units.size(); ++i) {
+    const auto& u = units[i];
+    const auto& m = mem.units[i];
+    const std::string name = u.aliases.empty() ? u.path : u.path + " (" + u.aliases + ")";
+    std::printf("%-*s %-7s %-16s %-16s %15s %11s %11s %11s %11s %11s  %s\n", w, name.c_str(),
+                sh::policy_name(u.policy), sh::strategy_name(u.strategy), sh::sharding_name(u.sharding),
+                with_commas(u.numel).c_str(), vlm::app::human_bytes(m.param_bytes).c_str(),
+                vlm::app::human_bytes(m.grad_bytes).c_str(), vlm::app::human_bytes(m.optim_bytes).c_str(),
+                vlm::app::human_bytes(m.total()).c_str(), vlm::app::human_bytes(unit_activation(u)).c_str(),
+                u.checkpointed ? "yes" : "no");
+  }
+  std::printf("\n%-*s %-7s %-16s %-16s %15s %11s %11s %11s %11s %11s\n", w, "total per rank", "", "", "",
+              with_commas(total).c_str(), vlm::app::human_bytes(mem.total.param_bytes).c_str(),
+              vlm::app::human_bytes(mem.total.grad_bytes).c_str(), vlm::app::human_bytes(mem.total.optim_bytes).c_str(),
+              vlm::app::human_bytes(mem.total.total()).c_str(), vlm::app::human_bytes(act.forward_bytes(checkpointed)).c_str());
+  if (mem.gathered_peak_bytes > 0 || mem.reduce_scatter_peak_bytes > 0)
+    std::printf("\ntransient: gathered flat parameters %s (every shard_grad_op unit + the three largest full_shard "
+                "units: running + two prefetched), reduce-scatter buffers in flight %s (the two largest trainable "
+                "fsdp units, reduce dtype); peak per rank %s before activations (below)\n",
+                vlm::app::human_bytes(mem.gathered_peak_bytes).c_str(), vlm::app::human_bytes(mem.reduce_scatter_peak_bytes).c_str(),
+                vlm::app::human_bytes(mem.peak_bytes()).c_str());
+  std::printf("\nactivations for one micro-batch of %lld tokens (%lld image tokens = %lld patches%s; %s kernels; "
+              "--tokens / --image-tokens to change): %s kept at the end of the forward (column above), peak %s "
+              "through backward\n",
+              static_cast<long long>(pb.shape.tokens()), static_cast<long long>(pb.image_tokens),
+              static_cast<long long>(pb.shape.patches), pb.shape.packed ? ", packed" : "", pb.device.c_str(),
+              vlm::app::human_bytes(act.forward_bytes(checkpointed)).c_str(), vlm::app::human_bytes(act.peak_bytes(checkpointed)).c_str());
+  std::printf("step peak per rank (app/plan/step_memory.h): persistent %s + inputs %s + max(gathered units %s + "
+              "max(loss backward %s, reduce-scatter buffers %s + unit backward %s) + a unit's parameter gradient %s, "
+              "gradients until the optimizer %s) = %s\n",
+              vlm::app::human_bytes(step.persistent).c_str(), vlm::app::human_bytes(step.inputs).c_str(),
+              vlm::app::human_bytes(step.gathered).c_str(), vlm::app::human_bytes(step.act_head).c_str(),
+              vlm::app::human_bytes(step.reduce).c_str(), vlm::app::human_bytes(step.act_units).c_str(),
+              vlm::app::human_bytes(step.grads).c_str(), vlm::app::human_bytes(step.step_grads).c_str(),
+              vlm::app::human_bytes(step.total()).c_str());
+  if (mem.unsharded_accum_bytes > 0)
+    std::printf("fsdp_accumulate = \"unsharded\": unsharded gradient sums %s during gradient accumulation "
+                "(every trainable fsdp unit, reduce dtype; included in the peak), one reduce-scatter per unit "
+                "and step instead of one per micro-batch\n",
+                vlm::app::human_bytes(mem.unsharded_accum_bytes).c_str());
+  if (opts.optimizer_offload)
+    std::printf("optimizer_offload: optimizer state in host memory (pinned on CUDA: fp32 master, m, v and grad "
+                "staging) %s per rank; device memory saved %s per rank (optim/rank above is what stays)\n",
+                vlm::app::human_bytes(mem.total.host_optim_bytes).c_str(), vlm::app::human_bytes(mem.offload_saved_bytes).c_str());
+  if (world > 1) {
+    std::printf("\ntraffic per rank and step (ring volumes; %d node%s x %d ranks", world / local_world,
+                world / local_world == 1 ? "" : "s", local_world);
+    if (uses_hybrid_shard(recipe))
+      std::printf("; mesh dp_replicate %d x dp_shard %d", mesh.replicate(), mesh.shard());
+    std::printf("): within a node %s + %s per extra micro-batch, across nodes %s + %s per extra micro-batch\n",
+                vlm::app::human_bytes(traffic.intra_node_bytes(1)).c_str(),
+                vlm::app::human_bytes(traffic.intra_node_bytes(2) - traffic.intra_node_bytes(1)).c_str(),
+                vlm::app::human_bytes(traffic.inter_node_bytes(1)).c_str(),
+                vlm::app::human_bytes(traffic.inter_node_bytes(2) - traffic.inter_node_bytes(1)).c_str());
+    for (vlm::app::CommGroup g : {vlm::app::CommGroup::kWorld, vlm::app::CommGroup::kShard, vlm::app::CommGroup::kReplicate}) {
+      const double b = traffic.group_bytes(g, 1);
+      if (b > 0)
+        std::printf("  %-9s group %s: %s per step of one micro-batch\n", vlm::app::comm_group_name(g),
+                    vlm::app::TrafficPlan::spans_nodes(mesh, g) ? "(across nodes)" : "(within a node)",
+                    vlm::app::human_bytes(b).c_str());
+    }
+  }
+  std::printf("\nparams: total %s, trainable %s (%.4f%%)\n", with_commas(total).c_str(),
+              with_commas(counts.trainable).c_str(), total > 0 ? 100.0 * counts.trainable / total : 0.0);
+  for (const auto& warning : mem.warnings) std::printf("warning: %s\n", warning.c_str());
+  return 0;
+}
+
+}  // namespace
+
+CommandRun declare_plan(CLI::App& app) {
+  auto a = std::make_shared<PlanArgs>();
+  app.description(R"(usage: vlmtrain plan RECIPE [--preset NAME] [--world-size N] [--nproc-per-node L]
+                         [--tokens T] [--image-tokens M] [--device cpu|cuda] [--json] [--set KEY=VALUE]...
+       vlmtrain plan --preset NAME [--json] [--leaves]
+
+Builds the model on the meta device and prints every module with its parameter count,
+policy and bytes per rank, plus totals.
+)");
+  add_recipe(app, a->recipe, /*required=*/false);
+  std::string presets;
+  for (const auto& n : vlm::preset_names()) presets += (presets.empty() ? "" : ", ") + n;
+  add_value(app, "--preset", a->preset, "NAME", "model preset (every registered family): " + presets);
+  add_value(app, "--world-size", a->world_size, "N", "ranks to plan for (default 1)");
+  add_value(app, "--nproc-per-node", a->nproc_per_node, "L",
+            "ranks per node (default: the world size, one node): the link class of each\n"
+            "collective's group, and hybrid_shard's shard group when dist.dp_shard = 0");
+  add_flag(app, "--json", a->json,
+           "one JSON object: preset, total_params, vision_params (incl. merger),\n"
+           "merger_params (merger and DeepStack mergers), llm_params, modules [{path, params}]; with a RECIPE\n"
+           "instead total_params and trainable_params (LoRA adapters included),\n"
+           "world_size, param_dtype, units [{path, aliases, policy, strategy, sharding,\n"
+           "rule, params, trainable, param_bytes, grad_bytes, optim_bytes, total_bytes,\n"
+           "host_optim_bytes, activation_checkpointing, activation_bytes}], totals {...}, gathered_peak_bytes,\n"
+           "reduce_scatter_peak_bytes, unsharded_accum_bytes, peak_bytes, optimizer_offload,\n"
+           "offload_saved_bytes, mesh {nproc_per_node, dp_shard, dp_replicate}, traffic {ops [{unit,\n"
+           "op, group, inter_node, bytes, per_micro_batch, per_step}], step_1mb,\n"
+           "per_extra_micro_batch}, activations {tokens, image_tokens, patches, packed, device,\n"
+           "forward_bytes, peak_bytes}, step_peak {persistent_bytes, inputs_bytes, sharding_bytes,\n"
+           "activations_bytes, unit_grad_bytes, step_grad_bytes, total_bytes}, warnings");
+  add_flag(app, "--leaves", a->leaves, "list every parameter-owning layer instead of the sharding units");
+  add_value(app, "--tokens", a->tokens, "T", "activations for a micro-batch of T tokens (default batch.max_tokens)");
+  add_value(app, "--image-tokens", a->image_tokens, "M",
+            "of which M merged image tokens (default min(batch.max_image_tokens, T))");
+  add_value(app, "--device", a->device, "cpu|cuda",
+            "whose kernels' activations (default cuda, cpu when dist.device = \"cpu\")");
+  app.footer(R"(Bytes per rank as the engine allocates them (P unit parameters, N ranks, p / r bytes of
+precision.param_dtype / reduce_dtype, S = ceil(P/N); app/plan/memory_plan.h):
+  freeze pP | ddp pP + grads + 12P (bf16; fp32: 8P); grads = rP (the bucket, where they
+  accumulate) when r > p (bf16 params, fp32 reduce), else (p + r)P (.grad + bucket)
+  ddp shard_optimizer: optimizer state S*12 | fsdp shard_grad_op and full_shard: params S*p,
+  fp32 grads S*4, optimizer S*12 (hybrid_shard: the same with N = dist.dp_shard, the shard
+  group); shard_grad_op units are gathered whole during the step
+  (transient). Transient peaks: gathered flat buffers, reduce-scatter buffers in flight.
+  lora: a unit with adapters shows as two rows: <unit> (the frozen base: pP, or S*p with
+  strategy = "full_shard") and <unit>+lora (the adapters, trained like ddp).
+  sharding.optimizer_offload = true: optimizer 0 on the device; host memory 16 B per state
+  element (fp32 master, m, v, grad staging), shown apart with the device bytes saved.)");
+  return [a] { return plan(*a); };
+}
+
+}  // namespace vlm::app

@@ -1,0 +1,385 @@
+// Activation memory per unit (see activation_memory.h for the per-op accounting).
+#include "app/plan/activation_memory.h"
+
+#include <algorithm>
+#include <map>
+
+#include "vlm/runtime/check.h"
+#include "vlm/model/chunked_cross_entropy.h"
+#include "vlm/model/lora.h"
+
+namespace vlm::app {
+
+namespace {
+
+constexpr double kF = 4.0;  // fp32 bytes
+
+// What trains, read from the model: requires_grad per module path, LoRA per Linear path.
+class Trained {
+ public:
+  explicit Trained(VisionLanguageModelImpl& model) {
+    for (const auto& p : model.named_parameters()) {
+      params_[p.key()] = p.value().requires_grad();
+      if (p.value().requires_grad()) trained_numel_[p.key()] = static_cast<double>(p.value().numel());
+    }
+    for (const auto& [path, lin] : lora_modules(model)) lora_[path] = lin->lora_options;
+  }
+  // Does a parameter of the module at `path` (not its adapters) need a gradient?
+  bool weight(const std::string& path) const {
+    bool found = false, any = false;
+    for (auto it = params_.lower_bound(path + "."); it != params_.end() && it->first.rfind(path + ".", 0) == 0; ++it) {
+      if (is_lora_param(it->first)) continue;
+      found = true;
+      any = any || it->second;
+    }
+    VLM_CHECK(found, "activation plan: the model has no parameters under '", path, "' (hint: a module renamed?)");
+    return any;
+  }
+  // Elements of the parameters under `path` that need a gradient (adapters included).
+  double trained_numel(const std::string& path) const {
+    double n = 0;
+    for (auto it = trained_numel_.lower_bound(path + ".");
+         it != trained_numel_.end() && it->first.rfind(path + ".", 0) == 0; ++it)
+      n += it->second;
+    return n;
+  }
+  const LoraOptions* lora(const std::string& path) const {
+    auto it = lora_.find(path);
+    return it == lora_.end() ? nullptr : &it->second;
+  }
+
+ private:
+  std::map<std::string, bool> params_;
+  std::map<std::string, double> trained_numel_;
+  std::map<std::string, LoraOptions> lora_;
+};
+
+// The running state of one unit's forward, per row: bytes kept so far and whether the
+// activation stream needs a gradient.
+struct Op {
+  const Trained& t;
+  double p;      // activation dtype bytes
+  double stats;  // LayerNorm statistics element bytes (the input's dtype on the CPU)
+  bool cuda;     // CUDA kernels (dropout's mask), else the CPU's
+  double kept = 0;
+
+  // A Linear at `path` on an input of width `in` (rg: the input needs a gradient). Its input
+  // is kept by a trained weight or by an adapter without dropout; that is counted once by
+  // the caller, which knows whether siblings share the input (q / k / v). Returns whether
+  // the output needs a gradient and adds the adapter's own tensors: A's output [r]; with
+  // dropout, the dropped input (A's input) and, when the input needs a gradient, the mask
+  // (the CPU's dropout multiplies by a scaled noise tensor in the input's dtype; CUDA's
+  // fused kernel keeps a bool mask).
+  bool linear(const std::string& path, double in, bool rg) {
+    const LoraOptions* l = t.lora(path);
+    if (l != nullptr) {
+      kept += p * static_cast<double>(l->r);
+      if (l->dropout > 0) kept += p * in + (rg ? (cuda ? 1.0 : p) * in : 0.0);
+    }
+    return rg || t.weight(path) || l != nullptr;
+  }
+  bool keeps_input(const std::string& path) const {
+    const LoraOptions* l = t.lora(path);
+    return t.weight(path) || (l != nullptr && l->dropout == 0);
+  }
+  // RMSNorm (layers.cpp) over `w`: x.to(fp32) squared and scaled (kept when x needs a
+  // gradient: x itself in fp32, else an fp32 copy; rsqrt), the normalised copy (kept for a
+  // trained weight). input_is_new: x was made inside this unit (else the producer counts it).
+  bool rms(const std::string& path, double w, bool rg, bool input_is_new, double rows_per_stat = 1) {
+    if (rg) kept += ((p == kF && !input_is_new) ? 0.0 : kF * w) + kF * rows_per_stat;
+    const bool tw = t.weight(path);
+    if (tw) kept += p * w;
+    return rg || tw;
+  }
+  // LayerNorm: keeps its input and two statistics per row when anything needs a gradient.
+  bool layer(const std::string& path, double w, bool rg, bool input_is_new) {
+    const bool any = rg || t.weight(path);
+    if (any) kept += (input_is_new ? p * w : 0.0) + 2 * stats;
+    return any;
+  }
+  bool norm(bool rms_kind, const std::string& path, double w, bool rg, bool input_is_new) {
+    return rms_kind ? rms(path, w, rg, input_is_new) : layer(path, w, rg, input_is_new);
+  }
+};
+
+// Whether attention over packed segments runs as one flash varlen call (attention.cpp's
+// flash_varlen_applies: CUDA, 16-bit activations, head_dim a multiple of 8 up to 256); else
+// per group of equal-length segments through SDPA, outputs concatenated.
+bool flash_varlen(const Op& o, int64_t head_dim) {
+  return o.cuda && o.p == 2 && head_dim % 8 == 0 && head_dim <= 256;
+}
+
+bool norm_keeps_input(bool rms_kind, double p, bool rg, bool trained_weight) {
+  return rms_kind ? (rg && p == kF) : (rg || trained_weight);
+}
+
+// The MLP of a block / layer on an input of width `w` (the normed x, whose own storage the
+// caller counts once: it is kept when fc1 / gate / up keep inputs).
+enum class MlpType { quick_gelu, gated_silu, gelu_tanh };
+bool mlp(Op& o, MlpType type, const std::string& m, double w, double inter, bool rg) {
+  if (type == MlpType::gated_silu) {
+    const bool g = o.linear(m + ".gate_proj", w, rg), u = o.linear(m + ".up_proj", w, rg);
+    if (g) o.kept += o.p * inter;             // silu's input
+    if (u) o.kept += o.p * inter;             // silu(g), kept by the product for u's gradient
+    if (g) o.kept += o.p * inter;             // u, kept for silu(g)'s gradient
+    if (o.keeps_input(m + ".down_proj")) o.kept += o.p * inter;  // the product
+    return o.linear(m + ".down_proj", inter, g || u);
+  }
+  const std::string fc1 = m + (type == MlpType::quick_gelu ? ".fc1" : ".linear_fc1");
+  const std::string fc2 = m + (type == MlpType::quick_gelu ? ".fc2" : ".linear_fc2");
+  const bool h = o.linear(fc1, w, rg);
+  if (h) o.kept += (type == MlpType::quick_gelu ? 2 : 1) * o.p * inter;  // h and sigmoid(1.702 h) | h
+  if (o.keeps_input(fc2)) o.kept += o.p * inter;                        // the activation's output
+  return o.linear(fc2, inter, h);
+}
+
+UnitActivation vision_block(const VlmConfig& cfg, Op o, const std::string& b, bool rg) {
+  const auto& v = cfg.vision;
+  const double e = static_cast<double>(v.embed_dim), iv = static_cast<double>(v.intermediate_size);
+  const bool rms = cfg.family == Family::qwen2_5_vl;
+  const MlpType type = cfg.family == Family::qwen2_vl ? MlpType::quick_gelu
+                       : cfg.family == Family::qwen2_5_vl ? MlpType::gated_silu
+                                                          : MlpType::gelu_tanh;
+  UnitActivation u;
+  u.keeps_input = norm_keeps_input(rms, o.p, rg, o.t.weight(b + ".norm1"));
+  const bool n1 = o.norm(rms, b + ".norm1", e, rg, false);
+  if (o.keeps_input(b + ".attn.qkv")) o.kept += o.p * e;
+  const bool qkv = o.linear(b + ".attn.qkv", e, n1);
+  // Per group: the qkv output (v is a view of it), rotated q and k, each group's output, then
+  // their concatenation, kept by proj. Flash varlen: rotated q, k, a contiguous v and the
+  // kernel's output, which proj keeps itself.
+  const bool varlen = flash_varlen(o, v.head_dim());
+  if (qkv) o.kept += (varlen ? 4 : 6) * o.p * e + kF * static_cast<double>(v.num_heads);
+  if (o.keeps_input(b + ".attn.proj") && (!varlen || !qkv)) o.kept += o.p * e;
+  const bool h = o.linear(b + ".attn.proj", e, qkv) || rg;
+  const bool n2 = o.norm(rms, b + ".norm2", e, h, true);
+  const std::string fc1 = b + (type == MlpType::gated_silu ? ".mlp.gate_proj" : type == MlpType::quick_gelu ? ".mlp.fc1" : ".mlp.linear_fc1");
+  if (o.keeps_input(fc1) || (type == MlpType::gated_silu && o.keeps_input(b + ".mlp.up_proj"))) o.kept += o.p * e;
+  const bool out = mlp(o, type, b + ".mlp", e, iv, n2) || h;
+  u.output_bytes = o.p * e;
+  u.kept_bytes = o.kept + u.output_bytes;
+  u.needs_grad = out;
+  if (out) u.backward_bytes = 3 * o.p * iv;
+  return u;
+}
+
+// The merger, per merged token: its norm (over each patch, or over the merged vector), the
+// first Linear's input, GELU's input and output, the output.
+UnitActivation merger(const VlmConfig& cfg, Op o, const std::string& m, bool rg, bool postshuffle) {
+  const auto& v = cfg.vision;
+  const double unit = static_cast<double>(v.merge_unit()), e = static_cast<double>(v.embed_dim);
+  const double merged = unit * e;
+  const bool qwen3 = cfg.family == Family::qwen3_vl, rms = cfg.family == Family::qwen2_5_vl;
+  const std::string norm = m + (qwen3 ? ".norm" : ".ln_q");
+  const std::string fc1 = m + (qwen3 ? ".linear_fc1" : ".mlp.0"), fc2 = m + (qwen3 ? ".linear_fc2" : ".mlp.2");
+  UnitActivation u;
+  u.keeps_input = norm_keeps_input(rms, o.p, rg, o.t.weight(norm));
+  Op per_patch = o;
+  per_patch.kept = 0;
+  const bool n = postshuffle ? o.norm(rms, norm, merged, rg, false) : per_patch.norm(rms, norm, e, rg, false);
+  if (!postshuffle) o.kept += unit * per_patch.kept;
+  if (o.keeps_input(fc1)) o.kept += o.p * merged;
+  const bool h = o.linear(fc1, merged, n);
+  if (h) o.kept += o.p * merged;                   // GELU's input
+  if (o.keeps_input(fc2)) o.kept += o.p * merged;  // GELU's output
+  u.needs_grad = o.linear(fc2, merged, h);
+  if (u.needs_grad) u.backward_bytes = 3 * o.p * merged;
+  u.output_bytes = o.p * static_cast<double>(v.out_hidden_size);
+  u.kept_bytes = o.kept + u.output_bytes;
+  return u;
+}
+
+UnitActivation decoder_layer(const TextConfig& tc, Op o, const std::string& l, bool rg, bool packed) {
+  const double d = static_cast<double>(tc.hidden_size), inter = static_cast<double>(tc.intermediate_size);
+  const double heads = static_cast<double>(tc.num_attention_heads), kvh = static_cast<double>(tc.num_key_value_heads);
+  const double hd = heads * static_cast<double>(tc.head_dim()), kvd = kvh * static_cast<double>(tc.head_dim());
+  const std::string a = l + ".self_attn";
+  UnitActivation u;
+  u.keeps_input = norm_keeps_input(true, o.p, rg, o.t.weight(l + ".input_layernorm"));
+  const bool n1 = o.rms(l + ".input_layernorm", d, rg, false);
+  if (o.keeps_input(a + ".q_proj") || o.keeps_input(a + ".k_proj") || o.keeps_input(a + ".v_proj")) o.kept += o.p * d;
+  bool q = o.linear(a + ".q_proj", d, n1), k = o.linear(a + ".k_proj", d, n1);
+  const bool v = o.linear(a + ".v_proj", d, n1);
+  if (tc.qk_norm) {  // per head: the projection (fp32 or its copy), rsqrt per head row, normed copy
+    q = o.rms(a + ".q_norm", hd, q, true, heads);
+    k = o.rms(a + ".k_norm", kvd, k, true, kvh);
+  }
+  const bool attn = q || k || v;
+  if (attn) o.kept += o.p * (2 * hd + 2 * kvd) + kF * heads;  // rotated q, k; v; out; logsumexp
+  if (attn && packed && !flash_varlen(o, tc.head_dim())) o.kept += o.p * hd;  // per-sample outputs, then cat
+  if (!attn && o.keeps_input(a + ".o_proj")) o.kept += o.p * hd;
+  const bool h = o.linear(a + ".o_proj", hd, attn) || rg;
+  const bool n2 = o.rms(l + ".post_attention_layernorm", d, h, true);
+  if (o.keeps_input(l + ".mlp.gate_proj") || o.keeps_input(l + ".mlp.up_proj")) o.kept += o.p * d;
+  u.needs_grad = mlp(o, MlpType::gated_silu, l + ".mlp", d, inter, n2) || h;
+  if (u.needs_grad) u.backward_bytes = 3 * o.p * inter;
+  u.output_bytes = o.p * d;
+  u.kept_bytes = o.kept + u.output_bytes;
+  return u;
+}
+
+UnitActivation scaled(std::string path, UnitActivation u, double rows, int input_from) {
+  u.path = std::move(path);
+  u.kept_bytes *= rows;
+  u.output_bytes *= rows;
+  u.backward_bytes *= rows;
+  u.input_from = input_from;
+  return u;
+}
+
+}  // namespace
+
+ActivationPlan plan_activations(VisionLanguageModelImpl& model, const MicroBatchShape& shape, torch::Dtype dtype,
+                                AttentionPath path) {
+  VLM_CHECK(shape.rows >= 1 && shape.seq_len >= 1 && shape.patches >= 0 && shape.loss_rows >= 0,
+            "activation plan: expected rows, seq_len >= 1 and patches, loss_rows >= 0, got rows ", shape.rows,
+            ", seq_len ", shape.seq_len, ", patches ", shape.patches, ", loss_rows ", shape.loss_rows);
+  const VlmConfig& cfg = model.cfg;
+  const Trained t(model);
+  const double p = static_cast<double>(c10::elementSize(dtype));
+  const bool cuda = path == AttentionPath::cuda;
+  const Op op{t, p, cuda ? kF : p, cuda};
+  const auto& v = cfg.vision;
+  const auto& tc = cfg.text;
+  // No image: the dummy 1-token image still runs (its graph stays alive through the loss's
+  // zero term).
+  const double patches = static_cast<double>(shape.patches > 0 ? shape.patches : v.merge_unit());
+  const double merged = patches / static_cast<double>(v.merge_unit());
+  const double tokens = static_cast<double>(shape.tokens());
+  const double e = static_cast<double>(v.embed_dim), d = static_cast<double>(tc.hidden_size);
+
+  ActivationPlan plan;
+  auto& units = plan.units;
+  auto add = [&](std::string name, UnitActivation u, double rows, int from) {
+    units.push_back(scaled(std::move(name), u, rows, from));
+    return static_cast<int>(units.size()) - 1;
+  };
+  UnitActivation pe;  // keeps pixel_values (the batch's own) for a trained projection
+  pe.output_bytes = pe.kept_bytes = p * e;
+  pe.needs_grad = t.weight("visual.patch_embed");
+  int prev = add("visual.patch_embed", pe, patches, -1);
+  if (cfg.family == Family::qwen3_vl) {  // x + the resampled table: a new sum
+    UnitActivation pos = pe;
+    pos.needs_grad = pe.needs_grad || t.weight("visual.pos_embed");
+    prev = add("visual.pos_embed", pos, patches, prev);
+  }
+  bool rg = units.back().needs_grad, tower_grad = false;
+  for (int64_t i = 0; i < v.depth; ++i) {
+    const std::string b = "visual.blocks." + std::to_string(i);
+    const UnitActivation blk = vision_block(cfg, op, b, rg);
+    const int at = add(b, blk, patches, prev);
+    const auto& ds = v.deepstack_visual_indexes;
+    const auto it = std::find(ds.begin(), ds.end(), i);
+    if (it != ds.end()) {
+      const std::string m = "visual.deepstack_merger_list." + std::to_string(it - ds.begin());
+      add(m, merger(cfg, op, m, blk.needs_grad, /*postshuffle=*/true), merged, at);
+    }
+    rg = blk.needs_grad;
+    tower_grad = tower_grad || rg;
+    prev = at;
+  }
+  const UnitActivation mg = merger(cfg, op, "visual.merger", rg, /*postshuffle=*/false);
+  add("visual.merger", mg, merged, prev);
+
+  UnitActivation emb;  // the embeddings (with images: the masked_scatter result replacing them)
+  emb.output_bytes = emb.kept_bytes = p * d;
+  emb.needs_grad = t.weight("model.embed_tokens") || mg.needs_grad;
+  prev = add("model.embed_tokens", emb, tokens, -1);
+  rg = emb.needs_grad;
+  for (int64_t i = 0; i < tc.num_hidden_layers; ++i) {
+    const std::string l = "model.layers." + std::to_string(i);
+    const UnitActivation layer = decoder_layer(tc, op, l, rg, shape.packed);
+    prev = add(l, layer, tokens, prev);
+    rg = layer.needs_grad;
+  }
+  Op fo = op;
+  UnitActivation fn;
+  fn.keeps_input = norm_keeps_input(true, p, rg, t.weight("model.norm"));
+  fn.needs_grad = fo.rms("model.norm", d, rg, false);
+  fn.output_bytes = p * d;
+  fn.kept_bytes = fo.kept + fn.output_bytes;
+  add("model.norm", fn, tokens, prev);
+  UnitActivation head;  // the supervised rows of the hidden states, kept by the loss
+  head.kept_bytes = p * d;
+  add("lm_head", head, static_cast<double>(shape.loss_rows), -1);
+
+  // A unit's backward working set beyond its parameters' gradients, which the step's plan
+  // counts apart (app/plan/step_memory.h): measured, a trained decoder layer's backward peaks at
+  // about its parameter gradients (its saved tensors free as fast as new gradients come),
+  // a LoRA layer's at three MLP-width tensors.
+  for (auto& u : units) u.backward_bytes = std::max(0.0, u.backward_bytes - p * t.trained_numel(u.path));
+
+  // Text rotary cos / sin [B, L, D] (activation dtype), M-RoPE ids [3, B, L] int64, the image
+  // token mask; vision rotary cos / sin [S, Dv] fp32 (kept by the rotations when the tower
+  // builds a graph).
+  plan.shared_bytes = tokens * (2 * p * static_cast<double>(tc.head_dim()) + 24 + 1) +
+                      (tower_grad ? patches * 2 * kF * static_cast<double>(v.head_dim()) : 0.0);
+  // Loss chunk: logits [m, V] in the activation dtype, their fp32 upcast, fp32 log-softmax.
+  const double vocab = static_cast<double>(tc.vocab_size);
+  const double m =
+      std::min<double>(static_cast<double>(std::max<int64_t>(shape.loss_rows, 1)), cross_entropy_chunk_rows(tc.vocab_size));
+  plan.head_chunk_bytes = m * vocab * (p + (p < kF ? kF : 0.0) + kF);
+  // Backward: the chunk recomputed with its gradient; for a trained head the fp32 weight
+  // gradient [V, d] alongside (then alongside its cast to the weight's dtype).
+  const bool head_trains = t.weight(cfg.tie_word_embeddings ? "model.embed_tokens" : "lm_head");
+  const double recompute = plan.head_chunk_bytes + m * vocab * kF;
+  plan.head_backward_bytes =
+      head_trains ? vocab * d * kF + std::max(recompute, p < kF ? p * vocab * d : 0.0) : recompute;
+  return plan;
+}
+
+namespace {
+
+// Is unit i's output kept at the end of the forward: does a unit reading it keep it (by its
+// own forward, or by activation checkpointing, which keeps every checkpointed unit's input)?
+bool output_kept(const std::vector<UnitActivation>& units, size_t i,
+                 const std::function<bool(const std::string&)>& ckpt) {
+  for (const auto& u : units)
+    if (u.input_from == static_cast<int>(i) && (u.keeps_input || ckpt(u.path))) return true;
+  return false;
+}
+
+double unit_bytes(const std::vector<UnitActivation>& units, size_t i,
+                  const std::function<bool(const std::string&)>& ckpt) {
+  const auto& u = units[i];
+  const double out = output_kept(units, i, ckpt) ? u.output_bytes : 0.0;
+  return ckpt(u.path) ? out : u.kept_bytes - u.output_bytes + out;
+}
+
+}  // namespace
+
+double ActivationPlan::forward_bytes(const std::function<bool(const std::string&)>& ckpt) const {
+  double total = shared_bytes;
+  for (size_t i = 0; i < units.size(); ++i) total += unit_bytes(units, i, ckpt);
+  return total;
+}
+
+double ActivationPlan::unit_forward_bytes(const std::string& path,
+                                          const std::function<bool(const std::string&)>& ckpt) const {
+  for (size_t i = 0; i < units.size(); ++i)
+    if (units[i].path == path) return unit_bytes(units, i, ckpt);
+  return 0.0;
+}
+
+double ActivationPlan::head_peak_bytes(const std::function<bool(const std::string&)>& ckpt) const {
+  return forward_bytes(ckpt) + std::max(head_chunk_bytes, head_backward_bytes);
+}
+
+double ActivationPlan::units_peak_bytes(const std::function<bool(const std::string&)>& ckpt) const {
+  // u's backward: what the units before it keep, its own set (all of it again when
+  // checkpointed) and its working set.
+  double peak = 0, before = shared_bytes;
+  for (size_t i = 0; i < units.size(); ++i) {
+    const auto& u = units[i];
+    const double own = unit_bytes(units, i, ckpt);
+    peak = std::max(peak, before + (ckpt(u.path) ? u.kept_bytes : own) + u.backward_bytes);
+    before += own;
+  }
+  return peak;
+}
+
+double ActivationPlan::peak_bytes(const std::function<bool(const std::string&)>& ckpt) const {
+  return std::max(head_peak_bytes(ckpt), units_peak_bytes(ckpt));
+}
+
+}  // namespace vlm::app

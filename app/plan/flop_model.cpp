@@ -1,0 +1,79 @@
+// FLOPs of a training step and the device's peak FLOP/s (see flop_model.h).
+#include "app/plan/flop_model.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+
+#include "vlm/runtime/check.h"
+
+namespace vlm::app {
+
+namespace {
+bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
+}  // namespace
+
+FlopModel::FlopModel(const std::vector<vlm::sharding::UnitPlan>& units, const vlm::VlmConfig& cfg)
+    : merge_unit_(cfg.vision.merge_unit()) {
+  for (const auto& u : units) {
+    // Trained: forward + both backward matmuls (6P). Frozen: forward only (2P), except a
+    // LoRA base, whose backward computes the input gradient for the adapters below (4P).
+    const double f = u.trainable() ? 6.0 : u.has_adapters ? 4.0 : 2.0;
+    const double n = static_cast<double>(u.numel);
+    const std::string& path = u.adapter_of.empty() ? u.path : u.adapter_of;
+    if (path == "visual.merger" || starts_with(path, "visual.deepstack_merger_list.")) {
+      per_merged_patch_ += f * n;  // Qwen3-VL's DeepStack mergers also see merged tokens
+    } else if (starts_with(path, "visual.")) {
+      per_patch_ += f * n;
+    } else if (path == "model.embed_tokens") {
+      if (!u.aliases.empty())  // tied head: the embedding matrix is also the head's weight
+        per_token_ += f * static_cast<double>(cfg.text.vocab_size * cfg.text.hidden_size);
+    } else {
+      per_token_ += f * n;
+    }
+  }
+}
+
+double FlopModel::flops(int64_t llm_tokens, int64_t patches) const {
+  return per_token_ * static_cast<double>(llm_tokens) + per_patch_ * static_cast<double>(patches) +
+         per_merged_patch_ * static_cast<double>(patches) / static_cast<double>(merge_unit_);
+}
+
+double peak_flops_per_rank(torch::Device device, std::string* how) {
+  if (const char* env = std::getenv("VLMTRAIN_PEAK_TFLOPS"); env != nullptr && *env != '\0') {
+    const double v = std::atof(env);
+    VLM_CHECK(v > 0, "VLMTRAIN_PEAK_TFLOPS: expected a positive number of TFLOP/s, got '", env, "'");
+    if (how) *how = vlm::str("VLMTRAIN_PEAK_TFLOPS = ", v);
+    return v * 1e12;
+  }
+  if (device.is_cuda()) {
+    if (how) *how = "unknown CUDA device peak (set VLMTRAIN_PEAK_TFLOPS)";
+    return 0;
+  }
+  // CPU: the theoretical fp32 peak of the cores this rank computes on (its intra-op
+  // threads): cores x clock x FLOPs per cycle (AVX-512: 2 FMA x 16 lanes x 2 = 64;
+  // AVX2 + FMA: 32; else 8), from /proc/cpuinfo.
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  double mhz = 0;
+  int per_cycle = 8;
+  while (std::getline(in, line)) {
+    if (mhz == 0 && line.rfind("cpu MHz", 0) == 0) mhz = std::atof(line.substr(line.find(':') + 1).c_str());
+    if (line.rfind("flags", 0) == 0) {
+      if (line.find(" avx512f") != std::string::npos) per_cycle = 64;
+      else if (line.find(" avx2") != std::string::npos && line.find(" fma") != std::string::npos) per_cycle = 32;
+      break;
+    }
+  }
+  if (mhz <= 0) mhz = 2000;  // cpuinfo without a clock (some VMs): a conservative guess
+  const int threads = at::get_num_threads();
+  const double peak = threads * mhz * 1e6 * per_cycle;
+  if (how)
+    *how = vlm::str("theoretical fp32 peak of ", threads, " core(s) x ", mhz / 1000, " GHz x ", per_cycle,
+                    " FLOP/cycle = ", peak / 1e9, " GFLOP/s (set VLMTRAIN_PEAK_TFLOPS to override)");
+  return peak;
+}
+
+}  // namespace vlm::app

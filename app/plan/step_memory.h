@@ -1,0 +1,88 @@
+// The planned peak of a rank's device memory over one training step, next to which the step
+// log prints the measured one: `plan` for the recipe's largest micro-batch, the trainer for
+// the micro-batches it really runs.
+//
+//   peak = persistent (params, optimizer state, DDP buckets, FSDP shard grads:
+//          app/plan/memory_plan.h; on the CPU also the offloaded optimizer state and the
+//          loader's window of decoded samples, the host being the device)
+//        + the step's inputs on the device (all its micro-batches are staged at once)
+//        + the largest of three moments:
+//          the loss's backward: gathered units + the forward's activations and the head's
+//            transients (app/plan/activation_memory.h, checkpointed units as the policy table
+//            says); no unit has reduced yet
+//          a unit's backward: gathered units + reduce-scatter buffers in flight + what the
+//            units before it keep and its own (recomputed) set and working set
+//          both + the largest trainable unit's parameter gradient in param_dtype (autograd's
+//            .grad before the engine folds it into a bucket or reduce-scatters it) and, with
+//            several micro-batches, the gradients accumulating across them
+//          the end of backward: the reduce-scatter buffers and the step's gradients (DDP
+//            .grad in param dtype, FSDP unsharded sums), activations gone
+//
+// Peaks of parts that need not coincide are added, so the plan leans high; the bench row
+// (scripts/bench/memory_plan.py) measures how close it comes for each policy mix.
+#pragma once
+#include <algorithm>
+#include <vector>
+
+#include "collate/micro_batch.h"
+#include "app/plan/memory_plan.h"
+#include "sharding/parallel/policy.h"
+#include "app/plan/activation_memory.h"
+
+namespace vlm::app {
+
+struct StepMemory {
+  double persistent = 0;   // params, optimizer state, gradient buffers (+ the CPU's host parts)
+  double inputs = 0;       // the step's micro-batches on the device
+  double gathered = 0;     // gathered units (running + prefetched)
+  double reduce = 0;       // reduce-scatter buffers in flight
+  double act_head = 0;     // the largest micro-batch's activations through the loss's backward
+  double act_units = 0;    // ... and through the largest unit backward
+  double grads = 0;        // the largest unit's parameter gradient in param_dtype
+  double step_grads = 0;   // gradients alive until the optimizer: DDP .grad, FSDP unsharded sums
+  int64_t micro_batches = 1;
+  double activations() const { return std::max(act_head, act_units); }
+  double total() const {
+    const double accumulating = micro_batches > 1 ? step_grads : 0.0;
+    const double head = gathered + act_head, units = gathered + reduce + act_units;
+    return persistent + inputs + std::max(std::max(head, units) + grads + accumulating, reduce + step_grads);
+  }
+};
+
+class StepMemoryModel {
+ public:
+  // model: after the policies (requires_grad and adapters as they train); plan: its memory
+  // plan; units: the unit table (activation checkpointing per unit); prefetch_samples: the
+  // loader's window (data.prefetch x batch.samples_per_rank), counted on the CPU only.
+  StepMemoryModel(vlm::VisionLanguageModelImpl& model, const vlm::app::MemoryPlan& plan,
+                  const std::vector<vlm::sharding::UnitPlan>& units, torch::Dtype param_dtype,
+                  vlm::app::AttentionPath path, int64_t prefetch_samples);
+
+  // A step of these micro-batches.
+  StepMemory step(const std::vector<vlm::collate::MicroBatch>& micro_batches) const;
+  // A step of `count` micro-batches of this shape holding `samples` samples in all (plan:
+  // the recipe's budget).
+  StepMemory step(const vlm::app::MicroBatchShape& shape, int64_t count, int64_t samples) const;
+
+  // Bytes of one micro-batch's tensors: ids, labels, mask [B, L] int64, positions [3, B, L]
+  // int64, pixel_values [P, patch_dim] in param_dtype, loss rows.
+  double input_bytes(const vlm::app::MicroBatchShape& shape) const;
+  static vlm::app::MicroBatchShape shape_of(const vlm::collate::MicroBatch& mb);
+
+ private:
+  // The step's parts that do not depend on its micro-batches.
+  StepMemory base(int64_t micro_batches) const;
+  // Adds one micro-batch's activation peaks (loss, units) to m's maxima.
+  void add_activations(StepMemory& m, const vlm::app::MicroBatchShape& shape) const;
+  // The CPU's loader window: prefetch_samples decoded samples, at the step's bytes per sample.
+  void add_loader_window(StepMemory& m, int64_t samples) const;
+
+  vlm::VisionLanguageModelImpl* model_;
+  torch::Dtype dtype_;
+  vlm::app::AttentionPath path_;
+  std::vector<std::string> checkpointed_;
+  double persistent_ = 0, gathered_ = 0, reduce_ = 0, grads_ = 0, step_grads_ = 0;
+  int64_t prefetch_samples_ = 0;
+};
+
+}  // namespace vlm::app

@@ -1,0 +1,338 @@
+// Training checkpoints (see checkpoint.h).
+#include "app/train/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "vlm/runtime/check.h"
+#include "vlm/runtime/runtime_info.h"
+
+namespace fs = std::filesystem;
+
+namespace vlm::app {
+namespace {
+
+constexpr int kFormatVersion = 1;
+
+void fsync_path(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) return;  // best effort for directories on filesystems that refuse it
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// Writes `text` to `path`: temp file, fsync, rename.
+void write_durable(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    VLM_CHECK(out.good(), "checkpoint: cannot write ", tmp, " (hint: permissions or a full disk)");
+    out << text;
+    out.flush();
+    VLM_CHECK(out.good(), "checkpoint: writing ", tmp, " failed (disk full?)");
+  }
+  fsync_path(tmp, false);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  VLM_CHECK(!ec, "checkpoint: cannot rename ", tmp, " to ", path, ": ", ec.message());
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  VLM_CHECK(in.good(), "checkpoint: cannot read ", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string rank_file(int64_t rank, int64_t world) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "state-rank%05lld-of-%05lld.safetensors", static_cast<long long>(rank),
+                static_cast<long long>(world));
+  return buf;
+}
+
+// The step of a "step-<digits>" directory name, or -1.
+int64_t step_of(const std::string& name) {
+  static const std::regex re("step-([0-9]+)");
+  std::smatch m;
+  if (!std::regex_match(name, m, re)) return -1;
+  return std::stoll(m[1].str());
+}
+
+nlohmann::json unit_layout(const std::vector<vlm::sharding::UnitPlan>& units, bool stores_frozen) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& u : units) {
+    nlohmann::json params = nlohmann::json::array();
+    for (const auto& p : u.params)
+      params.push_back({{"name", p.name}, {"shape", p.param.sizes().vec()},
+                        {"dtype", vlm::st_dtype_name(p.param.scalar_type())}});
+    out.push_back({{"path", u.path},
+                   {"trainable", u.trainable()},
+                   {"stored", u.trainable() || stores_frozen},
+                   {"sharding", vlm::sharding::sharding_name(u.sharding)},
+                   {"numel", u.numel},
+                   {"params", params}});
+  }
+  return out;
+}
+
+// Test hook: VLMTRAIN_FAULT_EXIT_IN_SAVE="STEP[:RANK]" kills RANK (default 0) with _exit(3)
+// right after it wrote its state file for step STEP (the checkpoint is then incomplete).
+void maybe_exit_in_save(int64_t step, int64_t rank) {
+  const char* env = std::getenv("VLMTRAIN_FAULT_EXIT_IN_SAVE");
+  if (env == nullptr || *env == '\0') return;
+  const std::string s = env;
+  const size_t colon = s.find(':');
+  if (std::stoll(s.substr(0, colon)) != step) return;
+  if ((colon == std::string::npos ? 0 : std::stoll(s.substr(colon + 1))) != rank) return;
+  std::fprintf(stderr, "VLMTRAIN_FAULT_EXIT_IN_SAVE: rank %lld exits while saving step %lld\n",
+               static_cast<long long>(rank), static_cast<long long>(step));
+  std::fflush(stderr);
+  ::_exit(3);
+}
+
+// Every rank: 1 if `fn` succeeded; throws the same error everywhere when any rank failed.
+void all_ok(vlm::sharding::Comm& comm, const std::function<void()>& fn, const std::string& what) {
+  std::string error;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  torch::Tensor failed = torch::tensor({error.empty() ? 0.0 : 1.0}, torch::kFloat64);
+  comm.all_reduce(failed, vlm::sharding::ReduceOp::kSum, "checkpoint: " + what);
+  if (!error.empty()) throw vlm::Error(error);
+  VLM_CHECK(failed.item<double>() == 0, "checkpoint: ", what, " failed on ", failed.item<double>(),
+            " other rank(s) (their logs name the reason); the previous checkpoint is untouched");
+}
+
+}  // namespace
+
+nlohmann::json TrainerState::to_json() const {
+  return {{"step", step},
+          {"optimizer_steps", optimizer_steps},
+          {"cursor", {{"epoch", cursor.epoch}, {"offset", cursor.offset}}},
+          {"bad_steps", bad_steps},
+          {"consecutive_bad", consecutive_bad},
+          {"tokens_seen", tokens_seen},
+          {"samples_seen", samples_seen},
+          {"images_seen", images_seen},
+          {"train_seconds", train_seconds}};
+}
+
+TrainerState TrainerState::from_json(const nlohmann::json& j, const std::string& source) {
+  try {
+    TrainerState s;
+    s.step = j.at("step").get<int64_t>();
+    s.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
+    s.cursor.epoch = j.at("cursor").at("epoch").get<int64_t>();
+    s.cursor.offset = j.at("cursor").at("offset").get<int64_t>();
+    s.bad_steps = j.at("bad_steps").get<int64_t>();
+    s.consecutive_bad = j.at("consecutive_bad").get<int64_t>();
+    s.tokens_seen = j.at("tokens_seen").get<int64_t>();
+    s.samples_seen = j.at("samples_seen").get<int64_t>();
+    s.images_seen = j.at("images_seen").get<int64_t>();
+    s.train_seconds = j.at("train_seconds").get<double>();
+    return s;
+  } catch (const nlohmann::json::exception& e) {
+    throw vlm::Error(vlm::str(source, ": trainer state is malformed: ", e.what()));
+  }
+}
+
+std::string checkpoint_dir(const std::string& output_dir, int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step-%08lld", static_cast<long long>(step));
+  return (fs::path(output_dir) / buf).string();
+}
+
+std::string save_checkpoint(const std::string& output_dir, const TrainerState& state,
+                            const vlm::sharding::ShardedModel& model, vlm::sharding::Comm& comm,
+                            const CheckpointFiles& files, int64_t keep_last) {
+  const int64_t rank = comm.rank(), world = comm.world_size();
+  const std::string final_dir = checkpoint_dir(output_dir, state.step);
+  const std::string tmp_dir = (fs::path(output_dir) / ("." + fs::path(final_dir).filename().string() + ".tmp")).string();
+  all_ok(comm, [&] {
+    if (rank != 0) return;
+    std::error_code ec;
+    fs::remove_all(tmp_dir, ec);
+    fs::create_directories(tmp_dir, ec);
+    VLM_CHECK(!ec, "checkpoint: cannot create ", tmp_dir, ": ", ec.message(), " (hint: check run.output_dir)");
+  }, "create " + tmp_dir);
+
+  all_ok(comm, [&] {
+    std::vector<vlm::sharding::StateSlice> slices = model.state_slices();
+    vlm::NamedTensors tensors;
+    nlohmann::json meta = nlohmann::json::object();
+    for (auto& s : slices) {
+      meta[s.key] = {s.lo, s.hi, s.numel};
+      tensors.emplace_back(s.key, s.data);
+    }
+    tensors.emplace_back("rng/cpu", at::detail::getDefaultCPUGenerator().get_state());
+    vlm::SafetensorsWriteOptions so;
+    so.metadata = {{"slices", meta.dump()}, {"rank", std::to_string(rank)}, {"world_size", std::to_string(world)}};
+    vlm::save_safetensors((fs::path(tmp_dir) / rank_file(rank, world)).string(), tensors, so);
+    maybe_exit_in_save(state.step, rank);
+  }, "write rank state");
+
+  all_ok(comm, [&] {
+    if (rank != 0) return;
+    nlohmann::json j = {{"format_version", kFormatVersion},
+                        {"state", state.to_json()},
+                        {"world_size", world},
+                        {"files", nlohmann::json::array()},
+                        {"units", unit_layout(model.unit_table(), model.stores_frozen())},
+                        {"recipe_hash", files.recipe_hash},
+                        {"tokenizer", files.tokenizer_path},
+                        {"versions", {{"vlmtrain", VLMTRAIN_VERSION}, {"libtorch", vlm::torch_version()}}}};
+    for (int64_t r = 0; r < world; ++r) j["files"].push_back(rank_file(r, world));
+    write_durable((fs::path(tmp_dir) / "trainer.json").string(), j.dump(2) + "\n");
+    write_durable((fs::path(tmp_dir) / "recipe.toml").string(), files.recipe_toml);
+    write_durable((fs::path(tmp_dir) / "config.json").string(), files.config_json);
+    fsync_path(tmp_dir, true);
+    std::error_code ec;
+    fs::remove_all(final_dir, ec);  // an incomplete leftover of the same step
+    fs::rename(tmp_dir, final_dir, ec);
+    VLM_CHECK(!ec, "checkpoint: cannot rename ", tmp_dir, " to ", final_dir, ": ", ec.message());
+    fsync_path(output_dir, true);
+    write_durable((fs::path(final_dir) / "COMPLETE").string(), "step " + std::to_string(state.step) + "\n");
+    fsync_path(final_dir, true);
+    if (keep_last > 0) {
+      std::vector<std::string> all = complete_checkpoints(output_dir);
+      for (size_t k = 0; k + static_cast<size_t>(keep_last) < all.size(); ++k) fs::remove_all(all[k], ec);
+    }
+  }, "finish " + final_dir);
+  return final_dir;
+}
+
+std::vector<std::string> complete_checkpoints(const std::string& output_dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(output_dir, ec)) return {};
+  for (const auto& e : fs::directory_iterator(output_dir, ec)) {
+    const int64_t step = step_of(e.path().filename().string());
+    if (step >= 0 && e.is_directory() && fs::exists(e.path() / "COMPLETE")) found.emplace_back(step, e.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(f.second);
+  return out;
+}
+
+std::optional<std::string> resolve_resume(const std::string& resume, const std::string& output_dir) {
+  if (resume == "none") return std::nullopt;
+  if (resume == "auto") {
+    std::vector<std::string> all = complete_checkpoints(output_dir);
+    if (all.empty()) return std::nullopt;
+    return all.back();
+  }
+  VLM_CHECK(fs::is_directory(resume), "checkpoint.resume: ", resume,
+            " is not a directory (expected auto | none | a step-<N> checkpoint directory)");
+  VLM_CHECK(fs::exists(fs::path(resume) / "COMPLETE"), "checkpoint.resume: ", resume,
+            " has no COMPLETE marker: it is an incomplete checkpoint (a save that was interrupted); "
+            "hint: resume from an earlier step-<N> directory");
+  return resume;
+}
+
+CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
+  VLM_CHECK(fs::is_directory(dir), "checkpoint ", dir, ": not a directory");
+  VLM_CHECK(fs::exists(fs::path(dir) / "COMPLETE"), "checkpoint ", dir,
+            ": no COMPLETE marker (an interrupted save); hint: use an earlier step-<N> directory");
+  const std::string tj = (fs::path(dir) / "trainer.json").string();
+  try {
+    meta_ = nlohmann::json::parse(read_text(tj));
+  } catch (const nlohmann::json::exception& e) {
+    throw vlm::Error(vlm::str(tj, ": not valid JSON: ", e.what()));
+  }
+  VLM_CHECK(meta_.value("format_version", 0) == kFormatVersion, tj, ": format_version ",
+            meta_.value("format_version", 0), ", expected ", kFormatVersion);
+  VLM_CHECK(meta_.contains("files") && meta_["files"].is_array(), tj, ": missing the \"files\" list");
+  for (const auto& f : meta_["files"]) {
+    const std::string path = (fs::path(dir) / f.get<std::string>()).string();
+    VLM_CHECK(fs::exists(path), "checkpoint ", dir, ": rank file ", f.get<std::string>(),
+              " listed in trainer.json is missing");
+    files_.push_back(vlm::SafetensorsFile::open(path));
+    const size_t fi = files_.size() - 1;
+    const auto& md = files_.back().metadata();
+    auto it = md.find("slices");
+    VLM_CHECK(it != md.end(), path, ": no \"slices\" metadata (not a vlmtrain state file)");
+    nlohmann::json slices = nlohmann::json::parse(it->second);
+    for (const auto& [key, v] : slices.items()) {
+      const int64_t lo = v.at(0), hi = v.at(1), numel = v.at(2);
+      VLM_CHECK(files_.back().contains(key) && files_.back().info(key).numel() == hi - lo, path, ": slice ", key,
+                " [", lo, ", ", hi, ") does not match its tensor");
+      pieces_[key].push_back({fi, lo, hi});
+      numel_[key] = numel;
+    }
+  }
+  for (auto& [key, ps] : pieces_)
+    std::sort(ps.begin(), ps.end(), [](const Piece& a, const Piece& b) { return a.lo < b.lo; });
+}
+
+TrainerState CheckpointReader::state() const {
+  return TrainerState::from_json(meta_.at("state"), dir_ + "/trainer.json");
+}
+int64_t CheckpointReader::world_size() const { return meta_.at("world_size").get<int64_t>(); }
+std::string CheckpointReader::recipe_hash() const { return meta_.value("recipe_hash", ""); }
+std::string CheckpointReader::config_json() const { return read_text((fs::path(dir_) / "config.json").string()); }
+std::string CheckpointReader::tokenizer_path() const { return meta_.value("tokenizer", ""); }
+
+torch::Tensor CheckpointReader::read(const std::string& key, int64_t lo, int64_t hi) const {
+  auto it = pieces_.find(key);
+  VLM_CHECK(it != pieces_.end(), "checkpoint ", dir_, ": no state named ", key,
+            " (hint: the model's units or policies differ from the run that wrote it)");
+  VLM_CHECK(0 <= lo && lo <= hi && hi <= numel_.at(key), "checkpoint ", dir_, ": range [", lo, ", ", hi, ") of ",
+            key, " is outside its ", numel_.at(key), " elements (hint: a different model shape)");
+  torch::Tensor out;
+  int64_t covered = 0;
+  for (const Piece& p : it->second) {
+    const int64_t a = std::max(lo, p.lo), b = std::min(hi, p.hi);
+    if (a >= b) continue;
+    torch::Tensor t = files_[p.file].get(key).view({-1});
+    if (!out.defined()) out = torch::empty({hi - lo}, t.options());
+    out.narrow(0, a - lo, b - a).copy_(t.narrow(0, a - p.lo, b - a));
+    covered += b - a;
+  }
+  if (!out.defined()) out = torch::empty({0}, torch::kFloat32);
+  VLM_CHECK(covered == hi - lo, "checkpoint ", dir_, ": ", key, " [", lo, ", ", hi, ") is covered only for ",
+            covered, " elements (hint: a rank file is missing or from another run)");
+  return out;
+}
+
+vlm::sharding::StateReader CheckpointReader::reader() const {
+  return [this](const std::string& key, int64_t lo, int64_t hi) { return read(key, lo, hi); };
+}
+
+torch::Tensor CheckpointReader::rng_state(int64_t rank) const {
+  if (rank >= static_cast<int64_t>(files_.size()) || !files_[rank].contains("rng/cpu")) return {};
+  return files_[rank].get("rng/cpu").clone();
+}
+
+vlm::NamedTensors CheckpointReader::consolidated() const {
+  vlm::NamedTensors out;
+  for (const auto& u : meta_.at("units")) {
+    const std::string path = u.at("path");
+    const int64_t numel = u.at("numel");
+    if (!u.value("stored", true)) continue;  // LoRA checkpoint: the frozen base is not in it
+    torch::Tensor flat = read(path + (u.at("trainable").get<bool>() ? "/master" : "/param"), 0, numel);
+    int64_t off = 0;
+    for (const auto& p : u.at("params")) {
+      std::vector<int64_t> shape = p.at("shape");
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      out.emplace_back(p.at("name").get<std::string>(), flat.narrow(0, off, n).view(shape));
+      off += n;
+    }
+  }
+  return out;
+}
+
+}  // namespace vlm::app

@@ -1,0 +1,412 @@
+#include "sharding/dist/parallel_dims.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL  // defined by TorchConfig for LibTorch builds with NCCL (the PyPI wheel)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "sharding/dist/comm.h"
+#include "sharding/dist/device_context.h"
+#include "sharding/dist/shm_channel.h"
+#include "vlm/runtime/check.h"
+
+namespace vlm::sharding {
+
+const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::kNone: return "none";
+    case Backend::kGloo: return "gloo";
+    case Backend::kNccl: return "nccl";
+  }
+  return "?";
+}
+
+namespace {
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+// The local address this host would use to reach host:port (a UDP connect() sends no
+// packet, it only picks the route), e.g. "10.0.0.5"; "" when the host does not resolve or
+// there is no route. On the master's own node it is the master address itself.
+std::string local_address_towards(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return "";
+  std::string found;
+  for (addrinfo* a = res; a != nullptr && found.empty(); a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char buf[INET6_ADDRSTRLEN] = {0};
+      const void* src = local.ss_family == AF_INET
+                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+      if (::inet_ntop(local.ss_family, src, buf, sizeof buf) != nullptr) found = buf;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return found;
+}
+
+// Runs `f`, turning c10 / system errors into a vlm::Error with our context and hint.
+template <typename F>
+auto wrap(const std::string& what, const std::string& hint, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    throw Error(str(what, ": ", e.what_without_backtrace(), " (hint: ", hint, ")"));
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(str(what, ": ", e.what(), " (hint: ", hint, ")"));
+  }
+}
+
+// A Gloo group of every rank through `store`, bound to the right interface (see the header).
+c10::intrusive_ptr<c10d::Backend> make_gloo_group(const DistEnv& env, const ParallelOptions& opts,
+                                                  const c10::intrusive_ptr<c10d::Store>& store,
+                                                  const std::string& who, const std::string& where,
+                                                  int rank, int size) {
+  auto o = c10d::ProcessGroupGloo::Options::create(opts.timeout);
+  if (!env.gloo_ifname.empty()) {
+    o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(env.gloo_ifname));
+  } else if (is_loopback(env.master_addr)) {
+    o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  } else {
+    // Gloo's default device binds to the address this host's name resolves to, which is
+    // a loopback address on many machines (Debian maps the hostname to 127.0.1.1): peers on
+    // other nodes could not connect. Bind where the route to the master leaves instead.
+    const std::string local = local_address_towards(env.master_addr, env.master_port);
+    if (!local.empty())
+      o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(local));
+    else
+      o->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  }
+  o->threads = 2;
+  return wrap(str(who, ": Gloo rendezvous through ", where, " did not complete within ",
+                  opts.timeout.count() / 1000.0, " s"),
+              "did every rank start, with the same WORLD_SIZE and MASTER_ADDR/PORT?", [&] {
+                return c10::intrusive_ptr<c10d::Backend>(
+                    c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, o));
+              });
+}
+
+// An NCCL group of every rank through `store` (its own communicator and stream).
+c10::intrusive_ptr<c10d::Backend> make_nccl_group(const DistEnv& env, const ParallelOptions& opts,
+                                                  const c10::intrusive_ptr<c10d::Store>& store,
+                                                  const std::string& who, int rank, int size) {
+#ifdef USE_C10D_NCCL
+  auto o = c10d::ProcessGroupNCCL::Options::create();
+  // Our watchdog (ParallelDims::start_watchdog) reports a stuck op at opts.timeout with the
+  // comm layer's report; NCCL's own watchdog, a minute later, is the backstop.
+  o->timeout = opts.timeout + std::chrono::seconds(60);
+  return wrap(str(who, ": NCCL process group"), "check NCCL_DEBUG=INFO output", [&] {
+    return c10::intrusive_ptr<c10d::Backend>(
+        c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, o));
+  });
+#else
+  (void)env, (void)opts, (void)store, (void)rank, (void)size;
+  throw Error(str(who, ": device is CUDA but the LibTorch this vlmtrain was built against has no "
+                  "NCCL (hint: build against the PyPI wheel torch==2.11.0, or use device = \"cpu\")"));
+#endif
+}
+
+}  // namespace
+
+namespace {
+// A comm of one rank (every op is local): world 1, or a mesh group of size 1.
+std::shared_ptr<Comm> local_comm(const ParallelOptions& opts) {
+  return std::make_shared<Comm>(c10::intrusive_ptr<c10d::Backend>(), 0, 1, Backend::kNone, opts.timeout);
+}
+}  // namespace
+
+ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts) {
+  ParallelDims p;
+  p.env_ = env;
+  p.timeout_ = opts.timeout;
+  VLM_CHECK(opts.device == "auto" || opts.device == "cpu" || opts.device == "cuda",
+            "device: expected auto, cpu or cuda, got '", opts.device, "'");
+  VLM_CHECK(opts.backend == "auto" || opts.backend == "gloo" || opts.backend == "nccl",
+            "backend: expected auto, gloo or nccl, got '", opts.backend, "'");
+  const bool cuda = opts.device == "cuda" || (opts.device == "auto" && torch::cuda::is_available());
+  if (cuda) {
+    VLM_CHECK(torch::cuda::is_available(), "device = cuda, but this LibTorch sees no CUDA device",
+              " (hint: use device = \"cpu\" or a CUDA build of LibTorch)");
+    const int gpus = static_cast<int>(torch::cuda::device_count());
+    VLM_CHECK(env.local_rank < gpus || opts.backend == "gloo", "LOCAL_RANK ", env.local_rank,
+              " has no GPU: this node has ", gpus,
+              " (hint: --nproc_per_node must not exceed the GPU count; dist.backend = \"gloo\" lets ranks share one)");
+    p.device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank % gpus));
+  }
+  p.device_context_ = std::make_shared<DeviceContext>(p.device_);  // sets this thread's device
+  p.mesh_ = opts.mesh;
+  p.dp_shard_ = env.world_size;
+  if (opts.mesh) {
+    p.dp_shard_ = opts.dp_shard > 0 ? opts.dp_shard : env.local_world_size;
+    VLM_CHECK(opts.dp_shard >= 0, "dist.dp_shard: expected 0 (the ranks of one node) or a positive rank count, got ",
+              opts.dp_shard);
+    VLM_CHECK(p.dp_shard_ <= env.world_size && env.world_size % p.dp_shard_ == 0, "dist.dp_shard = ", p.dp_shard_,
+              opts.dp_shard > 0 ? "" : " (LOCAL_WORLD_SIZE)", " does not divide the world size ", env.world_size,
+              " (hint: hybrid_shard shards within groups of dp_shard ranks and replicates across world / dp_shard "
+              "of them; pick a divisor of the world size, usually the GPUs per node)");
+  }
+  if (env.world_size == 1) {
+    p.comm_ = local_comm(opts);
+    p.control_ = local_comm(opts);
+    p.control_->set_plane("control", p.comm_.get());
+    p.comm_->set_plane("data", p.control_.get());
+    p.lanes_[0] = p.comm_;
+    for (int l = 1; l < kNumLanes; ++l) {
+      p.lanes_[l] = local_comm(opts);
+      p.lanes_[l]->set_plane(str("data/", lane_name(static_cast<Lane>(l))), p.control_.get());
+    }
+    p.shard_lanes_ = {p.lanes_[static_cast<int>(Lane::kGather)], p.lanes_[static_cast<int>(Lane::kReduce)]};
+    p.replicate_ = local_comm(opts);
+    return p;
+  }
+
+  // ---------------------------------------------------------------- store
+  const std::string who = str("rank ", env.rank, "/", env.world_size, " (", launcher_name(env.launcher), ")");
+  const bool server = !env.use_agent_store && env.rank == 0;
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<std::uint16_t>(env.master_port);
+  so.isServer = server;
+  so.waitWorkers = false;
+  so.timeout = opts.timeout;
+  const std::string where = str(env.master_addr, ":", env.master_port);
+  c10::intrusive_ptr<c10d::Store> store = wrap(
+      server ? str(who, ": cannot host the rendezvous store on port ", env.master_port)
+             : str(who, ": cannot reach the rendezvous store at ", where, " within ",
+                   opts.timeout.count() / 1000.0, " s"),
+      server ? "the port is probably in use: pick another MASTER_PORT"
+             : (env.use_agent_store ? "the torchrun agent's store is not listening there"
+                                    : "is rank 0 running, and MASTER_ADDR/MASTER_PORT the same on all ranks?"),
+      [&] { return c10::make_intrusive<c10d::TCPStore>(env.master_addr, so); });
+  if (env.use_agent_store) store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix(), store);
+  store->setTimeout(opts.timeout);
+  p.store_ = store;
+
+  // ---------------------------------------------------------------- process group
+  VLM_CHECK(cuda || opts.backend != "nccl", "dist.backend = \"nccl\" needs the CUDA device, but this rank runs on ",
+            "the CPU (hint: dist.device = \"cuda\", or dist.backend = \"auto\")");
+  if (cuda && opts.backend != "gloo") {
+#ifdef USE_C10D_NCCL
+    p.group_ = make_nccl_group(env, opts, store, who, env.rank, env.world_size);
+    p.backend_ = Backend::kNccl;
+#else
+    throw Error(str("device is CUDA but the LibTorch this vlmtrain was built against has no "
+                    "NCCL (hint: build against the PyPI wheel torch==2.11.0, or use device = "
+                    "\"cpu\")"));
+#endif
+  } else {
+    p.group_ = make_gloo_group(env, opts, store, who, where, env.rank, env.world_size);
+    p.backend_ = Backend::kGloo;
+  }
+  p.comm_ = std::make_shared<Comm>(p.group_, env.rank, env.world_size, p.backend_, opts.timeout);
+  p.comm_->set_store(store);
+
+  // ---------------------------------------------------------------- control plane
+  // Small host-side agreement (token counts, statistics, votes, fingerprints, eval gathers,
+  // checkpoint barriers) on CPU tensors, over its own Gloo group: NCCL takes CUDA tensors
+  // only, and a separate group keeps these ops out of the data plane's order.
+  auto control_store = c10::make_intrusive<c10d::PrefixStore>("control", store);
+  p.control_group_ = make_gloo_group(env, opts, control_store, who, where, env.rank, env.world_size);
+  p.control_ = std::make_shared<Comm>(p.control_group_, env.rank, env.world_size, Backend::kGloo, opts.timeout);
+  p.control_->set_store(control_store);
+  p.control_->set_plane("control", p.comm_.get());
+  p.comm_->set_plane("data", p.control_.get());
+
+  // The shared-memory channel (CPU jobs on one host) for a Gloo comm, or the reason it is off.
+  auto attach_shm = [&](Comm& c, const c10::intrusive_ptr<c10d::Store>& st, int rank, int size) {
+    std::string why_not = "VLMTRAIN_SHM_COMM=0";
+    std::shared_ptr<ShmChannel> shm;
+    if (env.shm_comm) {
+      shm = wrap(str(who, ": shared-memory set-up through ", where), "set VLMTRAIN_SHM_COMM=0 to use Gloo's TCP only",
+                 [&] { return ShmChannel::create(st, rank, size, opts.timeout, &why_not); });
+    }
+    c.set_shm(shm, shm ? std::string() : "shared memory off: " + why_not);
+  };
+
+  // A data-plane comm over a group of its own: `size` ranks (this one `rank` among them)
+  // meeting under `prefix` in the store, with the main group's backend, and on Gloo the
+  // shared-memory channel when every rank is on one host. Size 1: local, no group.
+  auto make_comm = [&](const std::string& prefix, const std::string& plane, int rank, int size,
+                       c10::intrusive_ptr<c10d::Backend>* group) {
+    if (size == 1) {
+      auto c = local_comm(opts);
+      c->set_plane(plane, p.control_.get());
+      return c;
+    }
+    auto sub_store = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
+    *group = p.backend_ == Backend::kNccl ? make_nccl_group(env, opts, sub_store, who, rank, size)
+                                          : make_gloo_group(env, opts, sub_store, who, where, rank, size);
+    auto c = std::make_shared<Comm>(*group, rank, size, p.backend_, opts.timeout);
+    c->set_store(sub_store);
+    c->set_plane(plane, p.control_.get());
+    if (p.backend_ == Backend::kGloo) attach_shm(*c, sub_store, rank, size);
+    return c;
+  };
+
+  // ---------------------------------------------------------------- lanes
+  // One group per lane (the header comment), each with the main group's transport.
+  if (p.backend_ == Backend::kGloo) attach_shm(*p.comm_, store, env.rank, env.world_size);
+  p.lanes_[0] = p.comm_;
+  for (int l = 1; l < kNumLanes; ++l) {
+    const std::string name = lane_name(static_cast<Lane>(l));
+    if (!opts.lanes) {
+      p.lanes_[l] = p.comm_;
+      continue;
+    }
+    p.lanes_[l] = make_comm(str("lane/", name), str("data/", name), env.rank, env.world_size, &p.lane_groups_[l]);
+  }
+
+  // ---------------------------------------------------------------- mesh (hybrid_shard)
+  // Without a mesh the "shard group" is the world and there is no replica.
+  p.shard_lanes_ = {p.lanes_[static_cast<int>(Lane::kGather)], p.lanes_[static_cast<int>(Lane::kReduce)]};
+  p.replicate_ = local_comm(opts);
+  p.replicate_->set_plane("data/replicate", p.control_.get());
+  // rank = replica * dp_shard + shard_rank: the shard groups are runs of consecutive ranks
+  // (a node's under torchrun / Slurm when dp_shard = LOCAL_WORLD_SIZE), the replicate groups
+  // take every dp_shard-th rank.
+  if (opts.mesh) {
+    // Every rank must derive the same mesh (dp_shard 0 follows LOCAL_WORLD_SIZE, which may
+    // differ between nodes): agree on it before any rank creates a group of it.
+    torch::Tensor d = torch::tensor({static_cast<double>(p.dp_shard_), -static_cast<double>(p.dp_shard_)}, torch::kFloat64);
+    p.control_->all_reduce(d, ReduceOp::kMax, "agree on the mesh (dist.dp_shard)");
+    VLM_CHECK(d[0].item<double>() == -d[1].item<double>(), who, ": the ranks derive different mesh shapes: dp_shard is ",
+              p.dp_shard_, " here, between ", -d[1].item<double>(), " and ", d[0].item<double>(), " over the ranks",
+              opts.dp_shard > 0 ? "" : " (dist.dp_shard = 0 follows LOCAL_WORLD_SIZE, which differs between nodes)",
+              " (hint: set dist.dp_shard explicitly, the same on every node)");
+    const int replica = p.replica(), shard_rank = p.shard_rank();
+    const int dp_shard = p.dp_shard_, dp_replicate = p.dp_replicate();
+    for (int k = 0; k < 2; ++k) {
+      const Lane lane = k == 0 ? Lane::kGather : Lane::kReduce;
+      if (dp_shard == env.world_size) {  // one shard group: the world's lanes
+        p.shard_lanes_[k] = p.lanes_[static_cast<int>(lane)];
+      } else {
+        c10::intrusive_ptr<c10d::Backend> g;
+        p.shard_lanes_[k] = make_comm(str("mesh/shard", replica, "/", lane_name(lane)),
+                                      str("data/shard", replica, "/", lane_name(lane)), shard_rank, dp_shard, &g);
+        if (g) p.mesh_groups_.push_back(g);
+      }
+    }
+    c10::intrusive_ptr<c10d::Backend> g;
+    p.replicate_ = make_comm(str("mesh/replicate", shard_rank), str("data/replicate", shard_rank), replica,
+                             dp_replicate, &g);
+    if (g) p.mesh_groups_.push_back(g);
+  }
+
+  if (p.backend_ == Backend::kNccl) p.start_watchdog();
+  return p;
+}
+
+const char* lane_name(Lane lane) {
+  switch (lane) {
+    case Lane::kMain: return "main";
+    case Lane::kGather: return "fsdp-gather";
+    case Lane::kReduce: return "fsdp-reduce";
+    case Lane::kDdp: return "ddp";
+  }
+  return "?";
+}
+
+std::vector<Comm*> ParallelDims::data_comms() const {
+  std::vector<Comm*> out;
+  auto add = [&out](const std::shared_ptr<Comm>& c) {
+    if (c && std::find(out.begin(), out.end(), c.get()) == out.end()) out.push_back(c.get());
+  };
+  for (const auto& c : lanes_) add(c);  // lanes off: the main comm counted once
+  for (const auto& c : shard_lanes_) add(c);
+  add(replicate_);
+  return out;
+}
+
+CommStats ParallelDims::data_stats() const {
+  CommStats sum;
+  for (const Comm* c : data_comms()) {
+    for (int k = 0; k < kNumOpKinds; ++k) {
+      const OpStats& o = c->stats().ops[k];
+      sum.ops[k].calls += o.calls;
+      sum.ops[k].logical_bytes += o.logical_bytes;
+      sum.ops[k].wire_bytes += o.wire_bytes;
+      sum.ops[k].wait_s += o.wait_s;
+    }
+  }
+  return sum;
+}
+
+void ParallelDims::reset_data_stats() const {
+  for (Comm* c : data_comms()) c->reset_stats();
+}
+
+ParallelDims ParallelDims::from_environment(const ParallelOptions& opts) {
+  return init(detect_dist_env(process_env()), opts);
+}
+
+namespace {
+bool write_error_json(const std::string& path, const std::string& message) {
+  if (path.empty()) return false;
+  nlohmann::json j = {{"message", message}, {"timestamp", static_cast<int64_t>(std::time(nullptr))}};
+  std::ofstream f(path, std::ios::trunc);
+  if (!f) return false;
+  f << j.dump() << "\n";
+  return static_cast<bool>(f);
+}
+}  // namespace
+
+bool ParallelDims::write_error_file(const std::string& message) const {
+  return write_error_json(env_.error_file, message);
+}
+
+void ParallelDims::start_watchdog() {
+  if (!distributed()) return;
+  std::vector<c10::intrusive_ptr<c10d::Backend>> groups = {group_};
+  for (const auto& g : lane_groups_)
+    if (g) groups.push_back(g);
+  for (const auto& g : mesh_groups_) groups.push_back(g);
+  for (Comm* cp : data_comms()) {
+    Comm& c = *cp;
+    if (c.world_size() == 1 || c.watchdog_running()) continue;
+    // Runs on the watchdog's thread while the main thread may be blocked in the driver: no
+    // exception can reach main, so the process ends here.
+    c.start_watchdog([error_file = env_.error_file, groups, rank = env_.rank](const std::string& report) {
+      std::fprintf(stderr, "vlmtrain: error (rank %d): %s\n", rank, report.c_str());
+      std::fflush(stderr);
+      write_error_json(error_file, report);
+      for (const auto& group : groups) {
+        try {
+          group->abort();  // NCCL: frees the communicators; kernels waiting on peers return
+        } catch (...) {
+        }
+      }
+      std::_Exit(1);
+    });
+  }
+}
+
+}  // namespace vlm::sharding

@@ -1,0 +1,519 @@
+// Sharded AdamW (see optimizer.h).
+#include "sharding/parallel/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <tuple>
+
+#include "sharding/parallel/cpu_pieces.h"
+#include "sharding/parallel/ddp.h"
+#include "sharding/parallel/fsdp.h"
+#include "vlm/runtime/check.h"
+
+namespace vlm::sharding {
+
+std::pair<int64_t, int64_t> owned_range(int64_t numel, int64_t world, int64_t rank) {
+  const int64_t shard = (numel + world - 1) / world;
+  return {std::min(rank * shard, numel), std::min((rank + 1) * shard, numel)};
+}
+
+ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const AdamWOptions& opts,
+                           FsdpEngine* fsdp, Comm* control, bool offload)
+    : comm_(comm), control_(control), opts_(opts), fsdp_(fsdp) {
+  if (offload) queue_ = std::make_unique<HostUpdateQueue>();
+  torch::NoGradGuard no_grad;
+  const int64_t n = comm.world_size(), r = comm.rank();
+  for (const auto& u : units) {
+    if (!u.trainable()) continue;
+    Group g;
+    g.path = u.path;
+    g.zero1 = u.sharding == Sharding::kShardOptimizer;
+    if (u.sharding == Sharding::kFullShard || u.sharding == Sharding::kShardGradOp ||
+        u.sharding == Sharding::kHybridShard) {
+      g.fsdp = fsdp != nullptr ? fsdp->find_unit(u.path) : nullptr;
+      VLM_CHECK(g.fsdp != nullptr, "optimizer: unit ", u.path, " has sharding ", sharding_name(u.sharding),
+                " but no FSDP unit (hint: build it through apply_policies, which creates the FsdpEngine)");
+    }
+    VLM_CHECK(g.zero1 || g.fsdp != nullptr || u.sharding == Sharding::kReplicated,
+              "optimizer: unit ", u.path, " has sharding ", sharding_name(u.sharding),
+              "; expected replicated, ZeRO-1 or an FSDP unit");
+    g.params = u.params;
+    for (const auto& p : g.params) {
+      g.offsets.push_back(g.numel);
+      g.numel += p.param.numel();
+    }
+    g.shard = (g.numel + n - 1) / n;
+    g.lo = std::min(r * g.shard, g.numel);
+    g.hi = std::min((r + 1) * g.shard, g.numel);
+    g.own_lo = g.lo;
+    g.own_hi = g.hi;
+    if (g.fsdp != nullptr) {  // the unit's own split (hybrid_shard: over its shard group)
+      VLM_CHECK(g.fsdp->numel() == g.numel, "optimizer: unit ", u.path, " has ", g.numel,
+                " elements, its FSDP unit ", g.fsdp->numel());
+      g.shard = g.fsdp->shard();
+      g.lo = g.fsdp->lo();
+      g.hi = g.fsdp->hi();
+      g.own_lo = g.fsdp->own_lo();
+      g.own_hi = g.fsdp->own_hi();
+    }
+    const bool sharded = g.zero1 || g.fsdp != nullptr;
+    const int64_t state_lo = sharded ? g.lo : 0, state_hi = sharded ? g.hi : g.numel;
+    for (size_t k = 0; k < g.params.size(); ++k) {
+      const torch::Tensor& p = g.params[k].param;
+      const int64_t a = std::max(state_lo, g.offsets[k]), b = std::min(state_hi, g.offsets[k] + p.numel());
+      if (a >= b) continue;
+      Segment s;
+      s.param = static_cast<int64_t>(k);
+      s.param_offset = a - g.offsets[k];
+      s.len = b - a;
+      s.flat_offset = a;
+      torch::Tensor view = g.fsdp != nullptr ? g.fsdp->shard_param().narrow(0, a - g.lo, s.len)
+                                             : p.detach().view({-1}).narrow(0, s.param_offset, s.len);
+      s.target = view;
+      if (offload) {  // host memory (pinned on CUDA); the master is a copy even for fp32
+        s.master = host_zeros(s.len, view.device());
+        s.master.copy_(view);
+        s.m = host_zeros(s.len, view.device());
+        s.v = host_zeros(s.len, view.device());
+        s.host_grad = host_zeros(s.len, view.device());
+        g.segments.push_back(std::move(s));
+        continue;
+      }
+      s.master = p.scalar_type() == torch::kFloat32 ? view : view.to(torch::kFloat32).clone();
+      s.m = torch::zeros({s.len}, view.options().dtype(torch::kFloat32));
+      s.v = torch::zeros({s.len}, view.options().dtype(torch::kFloat32));
+      g.segments.push_back(std::move(s));
+    }
+    g.ddp_index.assign(g.params.size(), -1);
+    g.param_steps.assign(g.params.size(), 0);
+    g.active.assign(g.params.size(), 0);
+    groups_.push_back(std::move(g));
+  }
+}
+
+ShardedAdamW::~ShardedAdamW() = default;  // queue_ (declared last, destroyed first) runs what is queued
+
+void ShardedAdamW::wait() const {
+  if (queue_) queue_->wait_all();
+}
+
+void ShardedAdamW::wait_unit(const FsdpUnit& u) const {
+  if (!queue_) return;
+  for (const auto& g : groups_)
+    if (g.fsdp == &u) return queue_->wait(g.ticket);
+}
+
+void ShardedAdamW::wait_unsharded() const {
+  if (queue_) queue_->wait(unsharded_ticket_);
+}
+
+void ShardedAdamW::attach_ddp(DdpReducer* ddp) {
+  ddp_ = ddp;
+  for (auto& g : groups_)
+    for (size_t k = 0; k < g.params.size(); ++k)
+      g.ddp_index[k] = (ddp != nullptr && g.fsdp == nullptr) ? ddp->index_of(g.params[k].param) : -1;
+}
+
+bool ShardedAdamW::local_had_grad(const Group& g, size_t k) const {
+  if (g.fsdp != nullptr) return g.fsdp->had_grad(k);
+  if (ddp_ != nullptr && g.ddp_index[k] >= 0) return ddp_->had_grad(g.ddp_index[k]);
+  return g.params[k].param.grad().defined();
+}
+
+torch::Tensor ShardedAdamW::param_grad(const Group& g, size_t k) const {
+  // DDP: the reducer's gradient (its fp32 bucket view when gradients accumulate there).
+  if (ddp_ != nullptr && g.ddp_index[k] >= 0) return ddp_->grad(g.ddp_index[k]);
+  return g.params[k].param.grad();
+}
+
+torch::Tensor ShardedAdamW::segment_grad(const Group& g, const Segment& s) const {
+  if (g.fsdp != nullptr) return g.fsdp->shard_grad().narrow(0, s.flat_offset - g.lo, s.len);
+  const torch::Tensor grad = param_grad(g, static_cast<size_t>(s.param));
+  if (!grad.defined()) return torch::zeros_like(s.m);  // no gradient here, but on another rank
+  return grad.reshape({-1}).narrow(0, s.param_offset, s.len).to(torch::kFloat32);
+}
+
+std::vector<torch::Tensor> ShardedAdamW::norm_parts() const {
+  std::vector<torch::Tensor> parts;
+  for (const auto& g : groups_) {
+    if (g.fsdp != nullptr) {  // the reduced shard grad covers R_r; counted once over the replicas
+      if (g.own_hi > g.own_lo) parts.push_back(g.fsdp->shard_grad().narrow(0, g.own_lo - g.lo, g.own_hi - g.own_lo));
+      continue;
+    }
+    for (size_t k = 0; k < g.params.size(); ++k) {
+      const torch::Tensor grad = param_grad(g, k);
+      if (!grad.defined()) continue;
+      const int64_t a = std::max(g.lo, g.offsets[k]), b = std::min(g.hi, g.offsets[k] + grad.numel());
+      if (a < b) parts.push_back(grad.reshape({-1}).narrow(0, a - g.offsets[k], b - a));
+    }
+  }
+  return parts;
+}
+
+
+double ShardedAdamW::agree(double local_sumsq, const std::string& ctx) {
+  int64_t flags = 0;
+  for (const auto& g : groups_) flags += static_cast<int64_t>(g.params.size());
+  torch::Tensor t = torch::empty({1 + flags}, torch::kFloat64);  // [sum of squares, had-grad flags...]
+  double* d = t.data_ptr<double>();
+  d[0] = local_sumsq;
+  int64_t i = 1;
+  for (const auto& g : groups_)
+    for (size_t k = 0; k < g.params.size(); ++k) d[i++] = local_had_grad(g, k) ? 1.0 : 0.0;
+  if (comm_.world_size() > 1) {
+    control().all_reduce(t, ReduceOp::kSum, ctx);
+    d = t.data_ptr<double>();
+  }
+  i = 1;
+  for (auto& g : groups_)
+    for (size_t k = 0; k < g.params.size(); ++k) g.active[k] = d[i++] > 0.5;
+  agreed_ = true;
+  return d[0];
+}
+
+double ShardedAdamW::clip_grad_norm(const std::string& ctx) {
+  torch::NoGradGuard no_grad;
+  if (fsdp_ != nullptr) fsdp_->check_reduced(ctx);
+  wait();
+  const double norm = std::sqrt(agree(sum_of_squares(norm_parts()), ctx));
+  if (opts_.grad_clip > 0) {
+    const double coef = opts_.grad_clip / (norm + 1e-6);
+    if (coef < 1) {  // NaN: no clip (the trainer skips the step)
+      std::vector<torch::Tensor> grads;
+      for (auto& g : groups_) {
+        if (g.fsdp != nullptr) {
+          grads.push_back(g.fsdp->shard_grad());
+          continue;
+        }
+        for (size_t k = 0; k < g.params.size(); ++k)
+          if (torch::Tensor grad = param_grad(g, k); grad.defined()) grads.push_back(grad);
+      }
+      if (!grads.empty()) at::_foreach_mul_(grads, coef);
+    }
+  }
+  return norm;
+}
+
+void ShardedAdamW::add_segment(Batch& b, const Group& g, const Segment& s, torch::Tensor grad,
+                               double lr_scale) const {
+  const UnitParam& up = g.params[s.param];
+  const double t = static_cast<double>(g.param_steps[s.param]);
+  b.master.push_back(s.master);
+  b.grad.push_back(std::move(grad));
+  b.m.push_back(s.m);
+  b.v.push_back(s.v);
+  b.lr.push_back(up.lr * lr_scale);
+  b.wd.push_back(up.weight_decay);
+  b.bc1.push_back(1 - std::pow(opts_.beta1, t));
+  b.bc2.push_back(1 - std::pow(opts_.beta2, t));
+  b.t.push_back(t);
+}
+
+void ShardedAdamW::step(double lr_scale, const std::string& ctx) {
+  torch::NoGradGuard no_grad;
+  if (fsdp_ != nullptr) fsdp_->check_reduced(ctx);
+  wait();
+  if (!agreed_) agree(0.0, ctx + ", gradient flags");
+  agreed_ = false;
+  ++step_;
+  if (queue_) return step_offload(lr_scale, ctx);
+  Batch fused, blocked, foreach;
+  std::vector<torch::Tensor> targets, masters;  // low-precision parameters to write back
+  for (auto& g : groups_) {
+    for (size_t k = 0; k < g.params.size(); ++k) g.param_steps[k] += g.active[k];
+    for (auto& s : g.segments) {
+      if (!g.active[s.param]) continue;  // no gradient on any rank: skipped (torch.optim.AdamW)
+      const UnitParam& up = g.params[s.param];
+      torch::Tensor grad = segment_grad(g, s);
+      const bool cpu = s.master.is_cpu() && grad.is_cpu();
+      Batch& b = (kernel_ == AdamWKernel::kFused || (kernel_ == AdamWKernel::kAuto && fused_fits(s.master, grad))) ? fused
+                 : (kernel_ == AdamWKernel::kBlocked || (kernel_ == AdamWKernel::kAuto && cpu)) ? blocked
+                                                                                                 : foreach;
+      add_segment(b, g, s, std::move(grad), lr_scale);
+      if (up.param.scalar_type() != torch::kFloat32) {
+        targets.push_back(s.target);
+        masters.push_back(s.master);
+      }
+    }
+  }
+  if (!foreach.master.empty()) update_foreach(foreach);
+  if (!blocked.master.empty()) update_blocked(blocked);
+  if (!fused.master.empty()) update_fused(fused);
+  if (!targets.empty()) at::_foreach_copy_(targets, masters);  // write back into the low-precision params
+  for (auto& g : groups_)
+    if (g.zero1 && comm_.world_size() > 1) zero1_gather(g, ctx);
+}
+
+// Offload (offload.h): per unit, the gradients to host staging, then one queued host update
+// (blocked kernel + write-back). ZeRO-1 units first (at world > 1 step() waits for them: their
+// all-gather sends the update), then the replicated ones (a forward waits for all of these
+// before its first unit), then the FSDP units in unit order (each waited by its gather).
+void ShardedAdamW::step_offload(double lr_scale, const std::string& ctx) {
+  std::vector<Group*> order;
+  for (auto& g : groups_)
+    if (g.zero1) order.push_back(&g);
+  for (auto& g : groups_)
+    if (g.fsdp == nullptr && !g.zero1) order.push_back(&g);
+  for (auto& g : groups_)
+    if (g.fsdp != nullptr) order.push_back(&g);
+  for (Group* gp : order) {
+    Group& g = *gp;
+    for (size_t k = 0; k < g.params.size(); ++k) g.param_steps[k] += g.active[k];
+    auto b = std::make_shared<Batch>();
+    std::vector<torch::Tensor> targets, masters;  // device parameters <- host masters
+    for (auto& s : g.segments) {
+      if (!g.active[s.param]) continue;  // no gradient on any rank: skipped (torch.optim.AdamW)
+      s.host_grad.copy_(segment_grad(g, s), /*non_blocking=*/true);  // device -> pinned host
+      add_segment(*b, g, s, s.host_grad, lr_scale);
+      targets.push_back(s.target);
+      masters.push_back(s.master);
+    }
+    if (b->master.empty()) continue;
+    const CopyFence fence = CopyFence::record(targets.front().device());
+    g.ticket = queue_->submit([this, b, targets = std::move(targets), masters = std::move(masters), fence] {
+      fence.wait();  // the gradients have arrived in host memory
+      update_host(*b);
+      copy_back(targets, masters);
+    });
+    if (g.fsdp == nullptr) unsharded_ticket_ = g.ticket;
+    if (g.zero1 && comm_.world_size() > 1) {
+      queue_->wait(g.ticket);  // the all-gather sends the updated slice
+      zero1_gather(g, ctx);
+    }
+  }
+}
+
+// torch::optim::AdamW's per-parameter ops, as foreach ops over the segments.
+void ShardedAdamW::update_foreach(Batch& b) {
+  const double b1 = opts_.beta1, b2 = opts_.beta2;
+  std::vector<torch::Tensor> decayed;
+  std::vector<at::Scalar> decay, bc2_sqrt, step_size;
+  for (size_t i = 0; i < b.master.size(); ++i) {
+    if (b.wd[i] != 0) {
+      decayed.push_back(b.master[i]);
+      decay.emplace_back(1 - b.lr[i] * b.wd[i]);
+    }
+    bc2_sqrt.emplace_back(std::sqrt(b.bc2[i]));
+    step_size.emplace_back(-b.lr[i] / b.bc1[i]);
+  }
+  if (!decayed.empty()) at::_foreach_mul_(decayed, decay);
+  at::_foreach_mul_(b.m, b1);
+  at::_foreach_add_(b.m, b.grad, 1 - b1);
+  at::_foreach_mul_(b.v, b2);
+  at::_foreach_addcmul_(b.v, b.grad, b.grad, 1 - b2);
+  std::vector<torch::Tensor> denom = at::_foreach_sqrt(b.v);
+  at::_foreach_div_(denom, bc2_sqrt);
+  at::_foreach_add_(denom, opts_.eps);
+  at::_foreach_addcdiv_(b.master, b.m, denom, step_size);
+}
+
+// at::_fused_adamw_ takes master, grad, m and v of one dtype and device: fp32 here (m and v
+// are fp32 and on the master's device).
+bool ShardedAdamW::fused_fits(const torch::Tensor& master, const torch::Tensor& grad) {
+  return master.scalar_type() == torch::kFloat32 && grad.scalar_type() == torch::kFloat32 &&
+         master.device() == grad.device() && (master.is_cpu() || master.is_cuda());
+}
+
+// The offload's host update: the kernel step() would pick for host tensors.
+void ShardedAdamW::update_host(Batch& b) {
+  bool fused = kernel_ == AdamWKernel::kFused;
+  if (kernel_ == AdamWKernel::kAuto) {
+    fused = true;
+    for (size_t i = 0; i < b.master.size(); ++i) fused = fused && fused_fits(b.master[i], b.grad[i]);
+  }
+  if (fused) update_fused(b);
+  else update_blocked(b);
+}
+
+// update_foreach's ops with the same scalars, run piece by piece (for_each_piece): each
+// piece's master, grad, m, v and denominator stay in cache from the first op to the last,
+// one pass over memory instead of one per op, and the small tensors (biases, norms) run
+// beside the large ones. Every element gets the same ATen ops in the same order as in
+// update_foreach, so the same bits.
+void ShardedAdamW::update_blocked(Batch& b) {
+  const double b1 = opts_.beta1, b2 = opts_.beta2, eps = opts_.eps;
+  std::vector<int64_t> lens, start;
+  for (const auto& t : b.master) lens.push_back(t.numel());
+  int64_t total = 0;
+  const std::vector<Piece> pieces = cut_pieces(lens, &start, &total);
+  std::vector<at::Scalar> decay, bc2_sqrt, step_size;
+  for (size_t i = 0; i < b.master.size(); ++i) {
+    decay.emplace_back(1 - b.lr[i] * b.wd[i]);
+    bc2_sqrt.emplace_back(std::sqrt(b.bc2[i]));
+    step_size.emplace_back(-b.lr[i] / b.bc1[i]);
+  }
+  for_each_piece(start, total, [&](size_t p, torch::Tensor& scratch) {
+    const Piece& pc = pieces[p];
+    const size_t i = pc.tensor;
+    if (!scratch.defined()) scratch = torch::empty({kPiece}, torch::kFloat32);
+    auto part = [&](const torch::Tensor& t) { return t.narrow(0, pc.offset, pc.len); };
+    torch::Tensor master = part(b.master[i]), grad = part(b.grad[i]), m = part(b.m[i]), v = part(b.v[i]);
+    if (b.wd[i] != 0) master.mul_(decay[i]);
+    m.mul_(b1);
+    m.add_(grad, 1 - b1);
+    v.mul_(b2);
+    v.addcmul_(grad, grad, 1 - b2);
+    torch::Tensor denom = scratch.narrow(0, 0, pc.len);
+    at::sqrt_out(denom, v);
+    denom.div_(bc2_sqrt[i]);
+    denom.add_(eps);
+    master.addcdiv_(m, denom, step_size[i]);
+  });
+}
+
+// at::_fused_adamw_, one call per (device, lr, weight decay); the step counts go in as a
+// device tensor (one host-to-device copy per call).
+void ShardedAdamW::update_fused(Batch& b) {
+  std::vector<size_t> order(b.master.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto key = [&](size_t i) { return std::make_tuple(b.master[i].device().type(), b.master[i].device().index(), b.lr[i], b.wd[i]); };
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return key(x) < key(y); });
+  for (size_t lo = 0; lo < order.size();) {
+    size_t hi = lo;
+    while (hi < order.size() && key(order[hi]) == key(order[lo])) ++hi;
+    std::vector<torch::Tensor> master, grad, m, v, steps;
+    std::vector<float> t;
+    for (size_t j = lo; j < hi; ++j) {
+      const size_t i = order[j];
+      master.push_back(b.master[i]);
+      grad.push_back(b.grad[i]);
+      m.push_back(b.m[i]);
+      v.push_back(b.v[i]);
+      t.push_back(static_cast<float>(b.t[i]));
+    }
+    torch::Tensor step_t = torch::tensor(t, torch::kFloat32).to(master.front().device(), /*non_blocking=*/true);
+    for (size_t j = 0; j < t.size(); ++j) steps.push_back(step_t[static_cast<int64_t>(j)]);
+    at::_fused_adamw_(master, grad, m, v, /*max_exp_avg_sqs=*/{}, steps, b.lr[order[lo]], opts_.beta1, opts_.beta2,
+                      b.wd[order[lo]], opts_.eps, /*amsgrad=*/false, /*maximize=*/false);
+    lo = hi;
+  }
+}
+
+// ZeRO-1: every rank's updated slice -> every rank's parameters.
+void ShardedAdamW::zero1_gather(Group& g, const std::string& ctx) {
+  const torch::Tensor& p0 = g.params.front().param;
+  torch::Tensor flat = torch::zeros({g.shard * comm_.world_size()}, p0.options().requires_grad(false));
+  for (auto& s : g.segments)
+    flat.narrow(0, s.flat_offset, s.len).copy_(g.params[s.param].param.detach().view({-1}).narrow(0, s.param_offset, s.len));
+  comm_.all_gather(flat, flat.narrow(0, comm_.rank() * g.shard, g.shard), str(ctx, ", ZeRO-1 unit ", g.path));
+  for (size_t k = 0; k < g.params.size(); ++k) {
+    torch::Tensor p = g.params[k].param.detach();
+    p.view({-1}).copy_(flat.narrow(0, g.offsets[k], p.numel()));
+  }
+}
+
+std::vector<int64_t> ShardedAdamW::param_steps(const std::string& unit_path) const {
+  for (const auto& g : groups_)
+    if (g.path == unit_path) return g.param_steps;
+  throw Error(str("optimizer: no trainable unit ", unit_path, " (hint: frozen units have no optimizer state)"));
+}
+
+void ShardedAdamW::zero_grad() {
+  torch::NoGradGuard no_grad;
+  for (auto& g : groups_)
+    for (auto& p : g.params) p.param.mutable_grad() = torch::Tensor();
+  if (ddp_ != nullptr) ddp_->zero_grad();    // its bucket accumulation and had-gradient flags
+  if (fsdp_ != nullptr) fsdp_->zero_grad();  // shard grads and their had-gradient flags
+  agreed_ = false;
+}
+
+std::vector<StateSlice> ShardedAdamW::state_slices() const {
+  torch::NoGradGuard no_grad;
+  wait();
+  std::vector<StateSlice> out;
+  for (const auto& g : groups_) {
+    // Every rank holds state for at least [lo, hi) (replicated: all of [0, P)) and writes
+    // [own_lo, own_hi): R_r, or under hybrid_shard its replica's share of it, so the ranks'
+    // slices cover each vector once.
+    const int64_t lo = g.own_lo, hi = g.own_hi;
+    StateSlice master{g.path + "/master", g.numel, lo, hi, torch::empty({hi - lo}, torch::kFloat32)};
+    StateSlice m{g.path + "/exp_avg", g.numel, lo, hi, torch::empty({hi - lo}, torch::kFloat32)};
+    StateSlice v{g.path + "/exp_avg_sq", g.numel, lo, hi, torch::empty({hi - lo}, torch::kFloat32)};
+    int64_t covered = 0;
+    for (const auto& s : g.segments) {
+      const int64_t a = std::max(lo, s.flat_offset), b = std::min(hi, s.flat_offset + s.len);
+      if (a >= b) continue;
+      master.data.narrow(0, a - lo, b - a).copy_(s.master.narrow(0, a - s.flat_offset, b - a));
+      m.data.narrow(0, a - lo, b - a).copy_(s.m.narrow(0, a - s.flat_offset, b - a));
+      v.data.narrow(0, a - lo, b - a).copy_(s.v.narrow(0, a - s.flat_offset, b - a));
+      covered += b - a;
+    }
+    VLM_CHECK(covered == hi - lo, "optimizer state of unit ", g.path, ": segments cover ", covered,
+              " of the written range's ", hi - lo, " elements (internal error)");
+    out.push_back(std::move(master));
+    out.push_back(std::move(m));
+    out.push_back(std::move(v));
+    // Step counts are the same on every rank; each writes its owned_range of them.
+    const int64_t np = static_cast<int64_t>(g.params.size());
+    const auto [slo, shi] = owned_range(np, comm_.world_size(), comm_.rank());
+    torch::Tensor steps = torch::tensor(g.param_steps, torch::kInt64).narrow(0, slo, shi - slo).clone();
+    out.push_back({g.path + "/step", np, slo, shi, steps});
+  }
+  return out;
+}
+
+namespace {
+// "<unit>/step" [np] from a checkpoint, or np x `fallback` when it has none (written before
+// per-parameter step counts; CheckpointReader says "no state named ..." then).
+std::vector<int64_t> read_param_steps(const StateReader& read, const std::string& unit, int64_t np,
+                                      int64_t fallback) {
+  torch::Tensor t;
+  try {
+    t = read(unit + "/step", 0, np);
+  } catch (const Error& e) {
+    if (std::string(e.what()).find("no state named") == std::string::npos) throw;
+    return std::vector<int64_t>(static_cast<size_t>(np), fallback);
+  }
+  VLM_CHECK(t.numel() == np, "checkpoint: ", unit, "/step has ", t.numel(), " elements, expected ", np,
+            " (one per parameter of the unit)");
+  t = t.to(torch::kFloat64).round().to(torch::kInt64).contiguous();  // readers may hand back floats
+  return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + np);
+}
+}  // namespace
+
+void ShardedAdamW::load_state(const StateReader& read, int64_t steps) {
+  torch::NoGradGuard no_grad;
+  wait();
+  for (auto& g : groups_) {
+    // Parameters: every element, from the fp32 masters.
+    torch::Tensor all = read(g.path + "/master", 0, g.numel).to(torch::kFloat32);
+    VLM_CHECK(all.numel() == g.numel, "checkpoint: ", g.path, "/master has ", all.numel(), " elements, expected ",
+              g.numel);
+    if (g.fsdp != nullptr) {
+      fsdp_->load_params(*g.fsdp, all);  // local shard only; the parameters are gathered on use
+    } else {
+      for (size_t k = 0; k < g.params.size(); ++k) {
+        torch::Tensor p = g.params[k].param.detach();
+        p.view({-1}).copy_(all.narrow(0, g.offsets[k], p.numel()));
+      }
+    }
+    for (auto& s : g.segments) {
+      s.master.copy_(all.narrow(0, s.flat_offset, s.len));  // a no-op copy onto itself for fp32 views
+      s.m.copy_(read(g.path + "/exp_avg", s.flat_offset, s.flat_offset + s.len));
+      s.v.copy_(read(g.path + "/exp_avg_sq", s.flat_offset, s.flat_offset + s.len));
+    }
+    g.param_steps = read_param_steps(read, g.path, static_cast<int64_t>(g.params.size()), steps);
+  }
+  step_ = steps;
+  agreed_ = false;
+}
+
+int64_t ShardedAdamW::state_numel() const {
+  int64_t n = 0;
+  for (const auto& g : groups_)
+    for (const auto& s : g.segments) {
+      n += 2 * s.len;
+      if (queue_ || g.params[s.param].param.scalar_type() != torch::kFloat32) n += s.len;
+    }
+  return n;
+}
+
+bool ShardedAdamW::has_state(const torch::Tensor& param) const {
+  for (const auto& g : groups_)
+    for (const auto& s : g.segments)
+      if (g.params[s.param].param.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return true;
+  return false;
+}
+
+}  // namespace vlm::sharding

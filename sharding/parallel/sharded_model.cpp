@@ -1,0 +1,259 @@
+// apply_policies and the pieces it composes (see sharded_model.h for the order).
+#include "sharding/parallel/sharded_model.h"
+
+#include <algorithm>
+
+#include "sharding/parallel/activation_checkpoint.h"
+#include "sharding/parallel/fsdp.h"
+#include "sharding/parallel/lora.h"
+#include "sharding/parallel/sharded_load.h"
+#include "vlm/runtime/check.h"
+#include "vlm/model/recompute_tail.h"
+
+namespace vlm::sharding {
+
+void apply_freeze(const std::vector<UnitPlan>& units) {
+  for (const auto& u : units)
+    if (!u.trainable())
+      for (const auto& p : u.params) {
+        auto t = p.param;
+        t.set_requires_grad(false);
+        t.mutable_grad() = torch::Tensor();
+      }
+}
+
+namespace {
+void add_names(std::vector<std::string>& out, const UnitPlan& u) {
+  out.push_back(u.path);
+  size_t start = 0;  // aliases: comma-separated
+  while (start < u.aliases.size()) {
+    const size_t comma = u.aliases.find(',', start);
+    out.push_back(u.aliases.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+}
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+}  // namespace
+
+PolicyRunner::PolicyRunner(const std::vector<UnitPlan>& units, FsdpEngine* fsdp) : fsdp_(fsdp) {
+  for (const auto& u : units) {
+    if (!u.trainable() && !u.has_adapters) add_names(frozen_, u);
+    if (u.checkpointed) add_names(checkpointed_, u);
+  }
+}
+
+torch::Tensor PolicyRunner::run(const std::string& path, torch::nn::Module& unit, const torch::Tensor& x_in,
+                                const std::function<torch::Tensor(const torch::Tensor&)>& fn) {
+  if (before_call_) before_call_();
+  FsdpEngine* fsdp = fsdp_;
+  if (fsdp != nullptr) fsdp->pre_forward(path);  // gather (no-op for other units)
+  // The post-backward signal on the input (frees the unit when its backward is over).
+  const torch::Tensor x = fsdp != nullptr ? fsdp->mark_input(path, x_in) : x_in;
+  torch::Tensor out;
+  if (contains(frozen_, path) && !(x.defined() && x.requires_grad())) {
+    // Nothing below this unit needs a gradient and its own parameters take none.
+    torch::NoGradGuard no_grad;
+    ++no_grad_calls_;
+    out = fn(x);
+  } else if (torch::GradMode::is_enabled() && contains(checkpointed_, path)) {
+    std::function<void()> before_recompute;
+    if (fsdp != nullptr && fsdp->find(path) != nullptr) {
+      const int64_t pos = fsdp->position(path);
+      before_recompute = [fsdp, pos] { fsdp->pre_backward(pos); };
+    }
+    ++checkpointed_calls_;
+    // The recompute differentiates the output without reading it: the unit may skip its
+    // last matmul (vlm/model/recompute_tail.h).
+    auto recompute = [fn, u = static_cast<const torch::nn::Module*>(&unit)](const torch::Tensor& xr) {
+      vlm::RecomputeTail tail(u);
+      return fn(xr);
+    };
+    out = checkpoint_unit(x, unit.parameters(), fn, std::move(before_recompute), recompute);
+  } else {
+    out = fn(x);
+  }
+  if (fsdp != nullptr) out = fsdp->post_forward(path, out);  // free / pre-backward hook
+  return out;
+}
+
+ShardedModel::~ShardedModel() {
+  if (runner_) runner_->set_before_call(nullptr);  // the runner may outlive the optimizer
+  if (fsdp_) fsdp_->set_before_gather(nullptr);
+  if (runner_) runner_->detach_fsdp();
+}
+
+void ShardedModel::set_sync(bool sync) {
+  if (reducer_) reducer_->set_sync(sync);
+  if (fsdp_) fsdp_->set_sync(sync);
+}
+
+void ShardedModel::finish_backward(const std::string& ctx) {
+  if (reducer_) reducer_->finish_backward(ctx);
+  if (fsdp_) fsdp_->finish_backward(ctx);
+}
+
+MemoryReport ShardedModel::memory() const {
+  MemoryReport m;
+  for (const auto& u : units_) {
+    FsdpUnit* f = fsdp_ ? fsdp_->find_unit(u.path) : nullptr;
+    if (f != nullptr) {
+      m.param_bytes += f->shard_param_bytes();
+      m.grad_bytes += f->shard_grad_bytes();
+      continue;
+    }
+    for (const auto& p : u.params)
+      m.param_bytes += static_cast<double>(p.param.numel()) * static_cast<double>(p.param.element_size());
+  }
+  // Trainable replicated / ZeRO-1 units: the DDP bucket buffers (reduce dtype) plus the .grad
+  // it keeps (param dtype; none when the gradients accumulate in the buckets, ddp.h).
+  if (reducer_) m.grad_bytes += reducer_->buffer_bytes() + reducer_->kept_grad_bytes();
+  const double optim = 4.0 * static_cast<double>(optimizer_->state_numel());
+  if (optimizer_->offload_queue() != nullptr) {  // master + m + v, plus grad staging of master's size
+    m.host_optim_bytes = optim * 4.0 / 3.0;
+  } else {
+    m.optim_bytes = optim;
+  }
+  if (fsdp_) {
+    const GatherStats& g = fsdp_->gather_stats();
+    m.gathered_bytes = g.bytes;
+    m.gathered_peak_bytes = g.peak_bytes;
+    m.gathered_peak_units = g.peak_units;
+    m.reduce_scatter_peak_bytes = g.rs_peak_bytes;
+    m.unsharded_accum_peak_bytes = g.acc_peak_bytes;
+  }
+  return m;
+}
+
+void ShardedModel::reset_gather_peak() {
+  if (fsdp_) fsdp_->reset_peak();
+}
+
+std::vector<StateSlice> ShardedModel::state_slices() const {
+  torch::NoGradGuard no_grad;
+  std::vector<StateSlice> out = optimizer_->state_slices();
+  for (const auto& u : units_) {
+    if (u.trainable() || !stores_frozen()) continue;
+    const auto [lo, hi] = owned_range(u.numel, world_, rank_);
+    if (FsdpUnit* f = fsdp_ ? fsdp_->find_unit(u.path) : nullptr) {
+      // Sharded: this rank's part of its shard R_r (under hybrid_shard its replica's share, so
+      // the replicas of a shard write it once between them).
+      const int64_t a = f->own_lo(), b = f->own_hi();
+      out.push_back({u.path + "/param", u.numel, a, b,
+                     f->shard_param().narrow(0, a - f->lo(), b - a).to(torch::kCPU).clone()});
+      continue;
+    }
+    StateSlice s{u.path + "/param", u.numel, lo, hi, torch::empty({hi - lo}, u.params.front().param.options().device(torch::kCPU))};
+    int64_t off = 0;
+    for (const auto& p : u.params) {
+      const int64_t a = std::max(lo, off), b = std::min(hi, off + p.param.numel());
+      if (a < b) s.data.narrow(0, a - lo, b - a).copy_(p.param.detach().reshape({-1}).narrow(0, a - off, b - a));
+      off += p.param.numel();
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+void ShardedModel::load_state(const StateReader& read, int64_t optimizer_steps) {
+  torch::NoGradGuard no_grad;
+  optimizer_->load_state(read, optimizer_steps);
+  for (const auto& u : units_) {
+    if (u.trainable() || !stores_frozen()) continue;
+    torch::Tensor all = read(u.path + "/param", 0, u.numel);
+    if (FsdpUnit* f = fsdp_ ? fsdp_->find_unit(u.path) : nullptr) {
+      fsdp_->load_params(*f, all);
+      continue;
+    }
+    int64_t off = 0;
+    for (const auto& p : u.params) {
+      torch::Tensor t = p.param.detach();
+      t.view({-1}).copy_(all.narrow(0, off, t.numel()));
+      off += t.numel();
+    }
+  }
+}
+
+std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model, const ShardingOptions& opts,
+                                             ParallelDims& dims, vlm::ParamSource* source) {
+  std::unique_ptr<ShardedModel> sm(new ShardedModel());
+  Comm& comm = dims.comm();
+  sm->rank_ = comm.rank();
+  sm->world_ = comm.world_size();
+  // 0. LoRA adapters on the Linear modules the lora rules select.
+  attach_lora(model, opts);
+  // 1. Policy table.
+  sm->units_ = resolve_units(model, opts);
+  for (const auto& u : sm->units_)
+    VLM_CHECK((u.sharding != Sharding::kHybridShard && u.sharding != Sharding::kFrozenHybrid) || dims.has_mesh(),
+              "apply_policies: unit ", u.path,
+              " is hybrid_shard (", u.rule, "), but ParallelDims has no mesh (hint: ParallelOptions::mesh = true, "
+              "with dp_shard = the ranks per shard group; the trainer sets it from the recipe)");
+  ShardedLoad loaded;
+  if (source != nullptr) {  // 1b. sharded loading: real memory for what this rank keeps
+    loaded = materialize_units(model, sm->units_, sm->rank_, sm->world_, dims.device(), opts.param_dtype, *source,
+                               dims.shard_rank(), dims.dp_shard());
+    sm->load_stats_ = loaded.stats;
+    sm->units_ = resolve_units(model, opts);  // the new parameter handles
+  }
+  for (const auto& u : sm->units_)
+    if (!u.adapter_of.empty()) sm->stores_frozen_ = false;
+  for (const auto& u : sm->units_)
+    for (const auto& p : u.params) {
+      VLM_CHECK(p.param.scalar_type() == opts.param_dtype, "apply_policies: parameter ", p.name, " is ",
+                p.param.scalar_type(), " but precision.param_dtype is ", c10::toString(opts.param_dtype),
+                " (hint: build or materialise the model in the recipe's param_dtype before sharding)");
+      VLM_CHECK(p.param.device() == dims.device(), "apply_policies: parameter ", p.name, " is on ",
+                p.param.device(), " but this rank computes on ", dims.device(),
+                " (hint: materialise the model on ParallelDims::device())");
+    }
+  // 2. Freeze.
+  apply_freeze(sm->units_);
+  // 3. Same starting point on every rank (sharded loading: by construction, every rank read
+  //    its ranges from the same source).
+  if (source == nullptr) {
+    std::vector<torch::Tensor> all;
+    for (const auto& u : sm->units_)
+      for (const auto& p : u.params) all.push_back(p.param.detach());
+    broadcast_from_rank0(comm, all, "broadcast parameters from rank 0");
+  }
+  // 4. FSDP units (flat buffers, local shards, gradient hooks).
+  std::vector<std::pair<std::string, std::string>> call_order;
+  for (const auto& u : model.units())
+    call_order.emplace_back(u.path, u.shares_params_with.empty() ? u.path : u.shares_params_with);
+  const HybridComms hybrid{&dims.shard_comm(Lane::kGather), &dims.shard_comm(Lane::kReduce), &dims.replicate_comm()};
+  auto fsdp = std::make_unique<FsdpEngine>(dims.comm(Lane::kGather), dims.comm(Lane::kReduce), sm->units_, call_order,
+                                           opts.reduce_dtype, std::move(loaded.shards), hybrid);
+  fsdp->set_accumulate_unsharded(opts.fsdp_accumulate_unsharded);
+  if (!fsdp->units().empty()) sm->fsdp_ = std::move(fsdp);
+  // 5. DDP buckets over the trainable replicated / ZeRO-1 units (forward registration order).
+  std::vector<torch::Tensor> params;
+  std::vector<std::string> names;
+  for (const auto& u : sm->units_)
+    if (u.trainable() && (u.sharding == Sharding::kReplicated || u.sharding == Sharding::kShardOptimizer))
+      for (const auto& p : u.params) {
+        params.push_back(p.param);
+        names.push_back(p.name);
+      }
+  if (!params.empty()) {
+    const double bucket_bytes = opts.ddp_bucket_mb * 1024.0 * 1024.0;
+    sm->reducer_ = std::make_unique<DdpReducer>(dims.comm(Lane::kDdp), params, names, bucket_bytes, opts.reduce_dtype);
+  }
+  // 6. Runner.
+  sm->runner_ = std::make_shared<PolicyRunner>(sm->units_, sm->fsdp_.get());
+  model.set_runner(sm->runner_);
+  // 7. Optimizer.
+  sm->optimizer_ = std::make_unique<ShardedAdamW>(comm, sm->units_, opts.optim, sm->fsdp_.get(), &dims.control(),
+                                                  opts.optimizer_offload);
+  sm->optimizer_->attach_ddp(sm->reducer_.get());
+  if (opts.optimizer_offload) {  // offload.h: each read of parameters waits for its update
+    ShardedAdamW* opt = sm->optimizer_.get();
+    sm->runner_->set_before_call([opt] { opt->wait_unsharded(); });
+    if (sm->fsdp_) sm->fsdp_->set_before_gather([opt](FsdpUnit& u) { opt->wait_unit(u); });
+  }
+  return sm;
+}
+
+}  // namespace vlm::sharding

@@ -1,0 +1,136 @@
+// `vlmtrain plan --preset` as a real subprocess: parameter totals of the real presets
+// against the published figure (REFERENCE.md: Qwen2-VL-2B = 2,208,985,600).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/testing.h"
+
+namespace {
+
+nlohmann::json plan_json(const std::string& preset) {
+  auto r = vlm::test::run({vlm::test::vlmtrain_bin(), "plan", "--preset", preset, "--json"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return nlohmann::json::parse(r.output);
+}
+
+TEST(Plan, Qwen2Vl2bTotalsMatchPublishedCounts) {
+  auto j = plan_json("qwen2-vl-2b");
+  EXPECT_EQ(j["total_params"].get<int64_t>(), 2208985600LL);
+  EXPECT_EQ(j["vision_params"].get<int64_t>(), 665271296LL);
+  EXPECT_EQ(j["merger_params"].get<int64_t>(), 34087936LL);
+  EXPECT_EQ(j["llm_params"].get<int64_t>(), 1543714304LL);
+  // The module rows add up to the total (the tied head owns nothing).
+  int64_t sum = 0;
+  for (const auto& m : j["modules"]) sum += m["params"].get<int64_t>();
+  EXPECT_EQ(sum, 2208985600LL);
+  EXPECT_EQ(j["modules"].front()["path"], "visual.patch_embed");
+  EXPECT_EQ(j["modules"].back()["path"], "lm_head");
+}
+
+TEST(Plan, HumanTableShowsTotal) {
+  auto r = vlm::test::run({vlm::test::vlmtrain_bin(), "plan", "--preset", "qwen2-vl-2b"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("2,208,985,600"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model.layers.27"), std::string::npos);
+}
+
+TEST(Plan, SevenBPresetPlansWithoutMemory) {
+  // Building 8B parameters for real would need > 16 GB; on meta it is instant.
+  auto j = plan_json("qwen2.5-vl-7b");
+  EXPECT_GT(j["total_params"].get<int64_t>(), 8000000000LL);
+}
+
+TEST(Plan, UnknownPresetFailsWithList) {
+  auto r = vlm::test::run({vlm::test::vlmtrain_bin(), "plan", "--preset", "nope"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("qwen2-vl-2b"), std::string::npos) << r.output;
+}
+
+TEST(Plan, MissingRecipeFileIsAClearError) {
+  auto r = vlm::test::run({vlm::test::vlmtrain_bin(), "plan", "no_such_recipe.toml"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("no_such_recipe.toml"), std::string::npos) << r.output;
+}
+
+// ocr_qwen.toml (vision frozen, merger ddp, LLM fsdp full_shard, bf16) on the 2B preset at
+// N = 8: every unit's bytes per rank against app/plan/memory_plan.h (P unit parameters,
+// bf16 params, fp32 reduce): frozen 2P, ddp 2P + 4P + 12P = 18P (the fp32 bucket is the
+// gradient: it accumulates there, no bf16 .grad is kept), ZeRO-3 (2 + 4 + 12)P/N = 18P/N with fp32 shard grads (every 2B unit is divisible by 8).
+TEST(Plan, OcrQwenRecipeAtWorld8MatchesZeroFormulas) {
+  const std::string recipe = vlm::test::source_dir() + "/recipes/ocr_qwen.toml";
+  auto r = vlm::test::run({vlm::test::vlmtrain_bin(), "plan", recipe, "--preset", "qwen2-vl-2b", "--world-size", "8",
+                         "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["world_size"], 8);
+  EXPECT_EQ(j["param_dtype"], "bf16");
+  const double n = 8;
+  double sum = 0, total_params = 0;
+  int frozen = 0, ddp = 0, fsdp = 0;
+  for (const auto& u : j["units"]) {
+    const double p = u["params"].get<double>();
+    total_params += p;
+    const std::string policy = u["policy"], path = u["path"];
+    double want = 0;
+    if (policy == "freeze") {
+      ++frozen;
+      want = 2 * p;
+      EXPECT_EQ(u["grad_bytes"].get<double>(), 0) << path;
+      EXPECT_EQ(u["optim_bytes"].get<double>(), 0) << path;
+    } else if (policy == "ddp") {
+      ++ddp;
+      want = 18 * p;
+      EXPECT_EQ(path, "visual.merger");
+      EXPECT_EQ(u["grad_bytes"].get<double>(), 4 * p);
+      EXPECT_EQ(u["optim_bytes"].get<double>(), 12 * p);
+    } else {
+      ++fsdp;
+      EXPECT_EQ(policy, "fsdp");
+      EXPECT_EQ(static_cast<int64_t>(p) % 8, 0) << path;
+      want = 18 * p / n;
+    }
+    EXPECT_EQ(u["total_bytes"].get<double>(), want) << path;
+    EXPECT_EQ(u["activation_checkpointing"].get<bool>(), path.rfind("model.layers.", 0) == 0) << path;
+    sum += want;
+  }
+  EXPECT_EQ(frozen, 1 + 32);  // patch_embed + 32 blocks
+  EXPECT_EQ(ddp, 1);
+  EXPECT_EQ(fsdp, 28 + 2);    // layers + embed_tokens (with the tied lm_head) + norm
+  EXPECT_EQ(total_params, 2208985600.0);
+  EXPECT_EQ(j["totals"]["total_bytes"].get<double>(), sum);
+  // Published groups: frozen vision 2P, merger 18P, LLM 18P/8.
+  EXPECT_EQ(sum, 2 * (665271296.0 - 34087936.0) + 18 * 34087936.0 + 18 * 1543714304.0 / 8);
+  EXPECT_GT(j["reduce_scatter_peak_bytes"].get<double>(), 0);
+  EXPECT_EQ(j["peak_bytes"].get<double>(), sum + j["gathered_peak_bytes"].get<double>() +
+                                               j["reduce_scatter_peak_bytes"].get<double>());
+  bool tiny_norm = false;
+  for (const auto& w : j["warnings"]) tiny_norm |= w.get<std::string>().find("model.norm is tiny") != std::string::npos;
+  EXPECT_TRUE(tiny_norm) << j["warnings"].dump();
+}
+
+TEST(Plan, OcrQwenHumanTable) {
+  const std::string recipe = vlm::test::source_dir() + "/recipes/ocr_qwen.toml";
+  auto r = vlm::test::run({vlm::test::vlmtrain_bin(), "plan", recipe, "--preset", "qwen2-vl-2b", "--world-size", "8"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("model.embed_tokens (lm_head)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("total per rank"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ZeRO-3"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("issue #8"), std::string::npos) << "FSDP trains now; no stale note: " << r.output;
+  EXPECT_NE(r.output.find("params: total 2,208,985,600, trainable"), std::string::npos) << r.output;
+}
+
+TEST(Plan, RuleMatchingNothingFailsNamingTheRule) {
+  const std::string path = vlm::test::binary_dir() + "/plan_bad_rule.toml";
+  FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("[model]\npreset = \"tiny\"\n[[sharding.module]]\nmatch = \"visual.mergr\"\npolicy = \"ddp\"\n", f);
+  std::fclose(f);
+  auto r = vlm::test::run({vlm::test::vlmtrain_bin(), "plan", path});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("rule 1 (match = \"visual.mergr\") matches no parameter"), std::string::npos) << r.output;
+}
+
+}  // namespace

@@ -1,0 +1,90 @@
+// Shared by the trainer's end-to-end tests: a small synthetic OCR set, the tiny recipe's
+// command line pointed at it, and metrics.jsonl readers.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tests/testing.h"
+#include "vlm/model/vision_language_model.h"
+
+namespace vlm::test {
+
+// Renders `train` + 4 synthetic OCR lines and a 400-piece sentencepiece model into `dir`.
+inline void make_synth_data(const std::string& dir, int train, int seed) {
+  auto r = run({vlmtrain_bin(), "synth-ocr", "--out", dir, "--train", std::to_string(train), "--val", "4", "--seed",
+                std::to_string(seed), "--vocab-size", "400"},
+               std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+}
+
+// `vlmtrain train recipes/ocr_tiny.toml` on the data in `data_dir`: 2 samples per rank,
+// `steps` steps, log every step, no eval, a 60 s collective timeout.
+inline std::vector<std::string> tiny_train_args(const std::string& run_dir, const std::string& data_dir, int steps,
+                                                int checkpoint_every) {
+  return {vlmtrain_bin(),
+          "train",
+          source_dir() + "/recipes/ocr_tiny.toml",
+          "--set", "run.output_dir=" + run_dir,
+          "--set", "model.tokenizer=" + data_dir + "/tokenizer.model",
+          "--set", "data.train=" + data_dir + "/train.jsonl",
+          "--set", "data.eval=[]",
+          "--set", "data.synth.generate_if_missing=false",
+          "--set", "data.num_workers=1",
+          "--set", "batch.samples_per_rank=2",
+          "--set", "schedule.steps=" + std::to_string(steps),
+          "--set", "schedule.warmup_steps=1",
+          "--set", "checkpoint.every=" + std::to_string(checkpoint_every),
+          "--set", "eval.every=0",
+          "--set", "eval.at_end=false",
+          "--set", "log.every=1",
+          "--set", "dist.timeout_s=60"};
+}
+
+// The lines of <run_dir>/metrics.jsonl (or of a .jsonl file given by path), in order.
+inline std::vector<nlohmann::json> metrics_lines(const std::string& run_dir) {
+  std::vector<nlohmann::json> out;
+  const bool file = run_dir.size() > 6 && run_dir.compare(run_dir.size() - 6, 6, ".jsonl") == 0;
+  std::ifstream in(file ? run_dir : run_dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// step -> loss of the training lines (eval lines carry no loss; a resumed run appends to
+// the same file: the later line wins).
+inline std::map<int64_t, double> losses_by_step(const std::string& run_dir) {
+  std::map<int64_t, double> out;
+  for (const auto& j : metrics_lines(run_dir))
+    if (j.contains("loss")) out[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
+  return out;
+}
+
+// Two rows: <vision_start>, 4 image pads (one 4x4-patch image each), <vision_end>, then
+// `text` random ids in [16, 300) (above the synthetic tokenizer's special ids, so no stray
+// vision_start changes HF's M-RoPE ids); labels on the text; random pixels from `seed`.
+inline vlm::Batch image_text_batch(const vlm::VlmConfig& cfg, uint64_t seed, int64_t text) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const int64_t B = 2, L = 6 + text;
+  vlm::Batch b;
+  b.input_ids = torch::randint(16, 300, {B, L}, gen, torch::kInt64);
+  for (int64_t i = 0; i < B; ++i) {
+    b.input_ids[i][0] = cfg.vision_start_token_id;
+    for (int64_t k = 1; k <= 4; ++k) b.input_ids[i][k] = cfg.image_token_id;
+    b.input_ids[i][5] = cfg.vision_end_token_id;
+  }
+  b.attention_mask = torch::ones({B, L}, torch::kInt64);
+  b.labels = b.input_ids.clone();
+  b.labels.narrow(1, 0, 6).fill_(-100);
+  b.image_grid_thw = torch::tensor({1, 4, 4, 1, 4, 4}, torch::kInt64).view({2, 3});
+  b.pixel_values = torch::randn({32, cfg.vision.patch_dim()}, gen);
+  return b;
+}
+
+}  // namespace vlm::test

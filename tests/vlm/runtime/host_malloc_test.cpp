@@ -1,0 +1,100 @@
+// tune_host_malloc(): freed tensor memory is reused instead of being page-faulted afresh
+// on every allocation. The control is the same loop under glibc's defaults, measured first
+// in this process (mallopt is process-wide and one-way, so the tuned half runs second).
+#include "vlm/runtime/host_malloc.h"
+
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <vector>
+
+namespace {
+
+long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+// Minor page faults of `cycles` rounds of allocating and filling six 8 MiB tensors at once
+// (48 MiB live: a few FSDP units or activations) and freeing them, after four rounds of
+// warm-up. Under glibc's defaults the 8 MiB blocks come from the heap once the dynamic mmap
+// threshold has adapted, but the 48 MiB freed at the heap's top exceed the (dynamic, about
+// 16 MiB) trim threshold and go back to the kernel, so every round faults them in again.
+// The warm-up also lets the heap settle: torch allocates with 64-byte alignment, so the first
+// rounds may extend the heap until the freed space fits an aligned request (how many depends
+// on the heap's layout, which differs between builds of the test binary).
+long faults_of_alloc_cycles(int cycles) {
+  auto round = [] {
+    std::vector<torch::Tensor> live;
+    float s = 0;
+    for (int k = 0; k < 6; ++k) {
+      live.push_back(torch::empty({2 << 20}, torch::kFloat32));  // 8 MiB
+      live.back().fill_(1.0f);
+      s += live.back().sum().item<float>();
+    }
+    return s;
+  };
+  for (int i = 0; i < 4; ++i) round();
+  const long before = minor_faults();
+  float sink = 0;
+  for (int i = 0; i < cycles; ++i) sink += round();
+  EXPECT_EQ(sink, static_cast<float>(cycles) * 6 * (2 << 20));
+  return minor_faults() - before;
+}
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(memory_sanitizer)
+#define VLM_SANITIZED_MALLOC 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define VLM_SANITIZED_MALLOC 1
+#endif
+
+TEST(HostMalloc, FreedMemoryIsReusedWithoutPageFaults) {
+#if !defined(__GLIBC__) || defined(VLM_SANITIZED_MALLOC)
+  GTEST_SKIP() << "tune_host_malloc() tunes glibc's malloc only (not a sanitizer's)";
+#else
+  ASSERT_EQ(std::getenv("GLIBC_TUNABLES"), nullptr) << "run this test without glibc malloc tunables";
+  // One thread: no worker thread touches the pages or holds the main arena's lock (a
+  // contended lock sends an allocation to another arena, whose heaps shrink on free), so
+  // the counts measure the allocator setting, not the scheduling.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const int cycles = 8;
+  const long pages = cycles * 6 * (8l << 20) / 4096;  // 98,304 pages of 4 KiB
+  const long before = faults_of_alloc_cycles(cycles);
+  const std::string what = vlm::tune_host_malloc();
+  EXPECT_NE(what.find("keeps freed memory"), std::string::npos) << what;
+  EXPECT_EQ(vlm::host_malloc_setting(), what);
+  const long after = faults_of_alloc_cycles(cycles);
+  std::printf("minor page faults for %d alloc/fill/free cycles of 6 x 8 MiB (%ld pages): glibc defaults %ld, "
+              "tuned %ld\n", cycles, pages, before, after);
+  // glibc's defaults trim the freed 48 MiB back to the kernel (or map blocks afresh), so their
+  // pages fault again; how many depends on the process's allocation history (glibc's dynamic
+  // mmap / trim thresholds): 10,208 of 98,304 measured here (November 2026), so the control
+  // is reported, not bounded. The tuned setting must keep the memory: under 1/20 of the pages
+  // refault (0 measured), never more than the defaults. (With one 8 MiB tensor per round and
+  // one warm-up round, this test failed once the binary's heap layout changed: the aligned
+  // requests extended the heap for the first rounds. Hence six live tensors and four
+  // warm-up rounds.)
+  EXPECT_LT(after, pages / 20);
+  EXPECT_LE(after, before);
+  at::set_num_threads(threads);
+#endif
+}
+
+TEST(HostMalloc, LeavesAnEnvironmentChoiceAlone) {
+  ASSERT_EQ(setenv("VLMTRAIN_HOST_MALLOC", "system", 1), 0);
+  const std::string what = vlm::tune_host_malloc();
+  unsetenv("VLMTRAIN_HOST_MALLOC");
+#if defined(__GLIBC__)
+  EXPECT_NE(what.find("left to the environment"), std::string::npos) << what;
+  EXPECT_NE(what.find("VLMTRAIN_HOST_MALLOC=system"), std::string::npos) << what;
+#endif
+}
+
+}  // namespace

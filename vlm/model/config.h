@@ -1,0 +1,118 @@
+// Model configuration of the Qwen VL families: plain structs, HF config.json parsing
+// (legacy top-level text fields and newer `text_config`; `rope_scaling` and
+// `rope_parameters`), export back to an HF config.json, and built-in presets. What differs
+// per family (its config keys, presets, vision tower, processor and chat defaults) lives in
+// the family's own files behind one registry entry (vlm/families/registry.h); this file holds
+// the shared structs and dispatches by `model_type`.
+//
+// The one trap: in Qwen2-VL's `vision_config`, `hidden_size` is the merger OUTPUT width and
+// `embed_dim` the ViT width; in Qwen2.5-VL `hidden_size` is the ViT width and
+// `out_hidden_size` the merger output. Here the fields have one meaning for both families.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace vlm {
+
+enum class Family {
+  qwen2_vl,    // Qwen2-VL: LayerNorm + QuickGELU ViT, full attention per image
+  qwen2_5_vl,  // Qwen2.5-VL: RMSNorm + gated SiLU ViT, window attention + full-attention blocks
+  qwen3_vl,    // Qwen3-VL (dense): 16-px patches, learned 2-D position table, DeepStack
+               // mergers, Qwen3 decoder (q/k norm, no attention bias), interleaved M-RoPE
+};
+
+std::string family_name(Family f);  // the HF model_type: "qwen2_vl" | "qwen2_5_vl" | "qwen3_vl"
+
+struct VisionConfig {
+  int64_t depth = 0;                // number of ViT blocks
+  int64_t embed_dim = 0;            // ViT width (2-VL key `embed_dim`, 2.5 key `hidden_size`)
+  int64_t num_heads = 0;            // attention heads; head_dim = embed_dim / num_heads
+  int64_t intermediate_size = 0;    // MLP width (2-VL: embed_dim * mlp_ratio)
+  int64_t out_hidden_size = 0;      // merger output = text hidden (2-VL key `hidden_size`)
+  int64_t patch_size = 14;          // spatial patch side in pixels
+  int64_t temporal_patch_size = 2;  // frames per patch (an image is repeated to 2 frames)
+  int64_t spatial_merge_size = 2;   // merger groups merge x merge patches into one token
+  int64_t in_chans = 3;             // image channels
+  std::string hidden_act;           // "quick_gelu" (2-VL, fc1/fc2) | "silu" (2.5, gated)
+  int64_t window_size = 0;          // 2.5: window side in pixels (112 -> 4x4 merged tokens)
+  std::vector<int64_t> fullatt_block_indexes;  // 2.5: blocks attending over the full image
+  double tokens_per_second = 2.0;   // 2.5: temporal position scale (videos only; presets 2 as
+                                    // the released models, absent from config.json: 4 as HF)
+  double norm_eps = 1e-6;           // ViT and merger norms (hard-coded in HF)
+  double rope_theta = 10000.0;      // 2-D rotary base of the ViT
+  int64_t num_position_embeddings = 0;  // Qwen3: learned position table of side^2 entries,
+                                        // bilinearly resampled to each image's grid
+  std::vector<int64_t> deepstack_visual_indexes;  // Qwen3: blocks whose output feeds a
+                                                  // DeepStack merger (added to LLM layer k)
+
+  int64_t head_dim() const { return embed_dim / num_heads; }
+  int64_t patch_dim() const { return in_chans * temporal_patch_size * patch_size * patch_size; }
+  int64_t merge_unit() const { return spatial_merge_size * spatial_merge_size; }
+};
+
+struct TextConfig {
+  int64_t vocab_size = 0;           // rows of embed_tokens / lm_head
+  int64_t hidden_size = 0;          // d
+  int64_t intermediate_size = 0;    // MLP width I
+  int64_t num_hidden_layers = 0;    // decoder layers
+  int64_t num_attention_heads = 0;  // query heads
+  int64_t num_key_value_heads = 0;  // kv heads (GQA)
+  double rms_norm_eps = 1e-6;       // presets: 1e-6 as the released models; absent from
+                                    // config.json: 1e-5 (HF's class default)
+  double rope_theta = 1e6;          // rotary base
+  std::vector<int64_t> mrope_section{16, 24, 24};  // frequencies per stream (T, H, W)
+  int64_t max_position_embeddings = 32768;
+  std::string hidden_act = "silu";
+  // config.json's pad_token_id (absent or null: -1, none). HF makes it embed_tokens'
+  // padding_idx: that row never receives a gradient, so it is never trained.
+  int64_t pad_token_id = -1;
+  int64_t explicit_head_dim = 0;    // config.json head_dim (Qwen3); 0 = hidden / heads
+  bool attention_bias = true;       // q/k/v_proj biases (Qwen2: true, Qwen3: false)
+  bool qk_norm = false;             // Qwen3: RMSNorm over head_dim on q and k (q_norm, k_norm)
+  bool mrope_interleaved = false;   // Qwen3: frequency k takes stream k % 3 (within the
+                                    // sections); Qwen2: consecutive sections T, H, W
+
+  int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : hidden_size / num_attention_heads; }
+};
+
+struct VlmConfig {
+  Family family = Family::qwen2_vl;
+  VisionConfig vision;
+  TextConfig text;
+  int64_t image_token_id = 151655;         // <|image_pad|>
+  int64_t video_token_id = 151656;         // <|video_pad|>
+  int64_t vision_start_token_id = 151652;  // <|vision_start|>
+  int64_t vision_end_token_id = 151653;    // <|vision_end|>
+  int64_t bos_token_id = 151643;           // <|endoftext|>
+  int64_t eos_token_id = 151645;           // <|im_end|>
+  bool tie_word_embeddings = false;        // lm_head uses model.embed_tokens.weight
+  std::string torch_dtype = "bfloat16";    // dtype of the checkpoint
+};
+
+// Bounds validate() enforces, far above any real model, so that no size product overflows.
+constexpr int64_t kMaxConfigSize = int64_t(1) << 24;   // widths, heads, vocab, window
+constexpr int64_t kMaxConfigLayers = 4096;             // depth, num_hidden_layers
+constexpr int64_t kMaxPatchGeometry = 1024;            // patch, temporal, merge, channels
+
+// Keys absent from the file take transformers 5.23's defaults (Qwen2VLConfig /
+// Qwen2_5_VLConfig / Qwen3VLConfig and their sub-configs); with a `text_config` object the top-level text
+// keys are ignored, as in HF. Throws vlm::Error naming `source_name` and the key when a
+// value has the wrong type or is out of range.
+VlmConfig parse_hf_config(const std::string& json_text, const std::string& source_name);
+// `dir_or_file`: an HF model directory (reads config.json) or a config.json path.
+VlmConfig load_hf_config(const std::string& dir_or_file);
+// An HF config.json (legacy layout: text fields top-level) that transformers loads.
+nlohmann::json to_hf_json(const VlmConfig& cfg);
+
+// Built-in presets of every family in the registry: tiny, tiny-qwen2.5, tiny-qwen3, small,
+// qwen2-vl-2b, qwen2-vl-7b, qwen2.5-vl-3b, qwen2.5-vl-7b, qwen3-vl-2b, qwen3-vl-4b, qwen3-vl-8b.
+VlmConfig preset(const std::string& name);
+std::vector<std::string> preset_names();
+
+// Checks bounds and internal consistency (divisibility, section sums); throws vlm::Error.
+void validate(const VlmConfig& cfg, const std::string& source_name);
+
+}  // namespace vlm

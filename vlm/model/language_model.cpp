@@ -1,0 +1,82 @@
+#include "vlm/model/language_model.h"
+
+#include <memory>
+
+#include "vlm/runtime/check.h"
+#include "vlm/model/rotary.h"
+
+namespace vlm {
+
+torch::Tensor causal_padding_mask(const torch::Tensor& attention_mask, int64_t l) {
+  const int64_t t = attention_mask.size(1), past = t - l;
+  auto dev = attention_mask.device();
+  auto qpos = torch::arange(past, t, torch::TensorOptions().dtype(torch::kInt64).device(dev)).unsqueeze(1);  // [L,1]
+  auto kpos = torch::arange(0, t, torch::TensorOptions().dtype(torch::kInt64).device(dev)).unsqueeze(0);     // [1,T]
+  auto causal = kpos <= qpos;                                   // [L, T]
+  auto real = attention_mask.to(torch::kBool).unsqueeze(1);     // [B, 1, T]
+  auto mask = causal.unsqueeze(0).logical_and(real);            // [B, L, T]
+  mask = mask.logical_or((kpos == qpos).unsqueeze(0));          // a query always sees itself
+  return mask.unsqueeze(1);                                     // [B, 1, L, T]
+}
+
+LanguageModelImpl::LanguageModelImpl(const TextConfig& c, const torch::TensorOptions& opts) : cfg(c) {
+  embed_tokens = register_module("embed_tokens", Embedding(cfg.vocab_size, cfg.hidden_size, opts, cfg.pad_token_id));
+  layers_list = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+    layers.push_back(DecoderLayer(cfg, opts));
+    layers_list->push_back(layers.back());
+  }
+  norm = register_module("norm", Norm(NormKind::rms_norm, cfg.hidden_size, cfg.rms_norm_eps, opts));
+}
+
+torch::Tensor LanguageModelImpl::embed(const torch::Tensor& input_ids, UnitRunner& runner,
+                                       const std::string& prefix) {
+  return runner.run(prefix + ".embed_tokens", *embed_tokens, input_ids,
+                    [emb = embed_tokens](const torch::Tensor& ids) mutable { return emb(ids); });
+}
+
+torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torch::Tensor& position_ids,
+                                         const torch::Tensor& attention_mask, KvCache* cache,
+                                         UnitRunner& runner, const std::string& prefix,
+                                         const DeepStackInputs* deepstack,
+                                         const std::vector<int64_t>* text_cu_seqlens) {
+  const int64_t b = embeds.size(0), l = embeds.size(1);
+  VLM_CHECK(text_cu_seqlens == nullptr || (b == 1 && !attention_mask.defined() && cache == nullptr),
+            "text_cu_seqlens: a packed row is [1, L] with no attention_mask and no cache, got B = ", b);
+  const int64_t past = cache ? cache->length() : 0;
+  VLM_CHECK(position_ids.dim() == 3 && position_ids.size(0) == 3 && position_ids.size(1) == b &&
+                position_ids.size(2) == l,
+            "position_ids: expected [3, ", b, ", ", l, "], got ", position_ids.sizes());
+  VLM_CHECK(attention_mask.defined() || cache == nullptr,
+            "attention_mask: decoding with a KV cache needs the mask of the cached + new tokens");
+  VLM_CHECK(!attention_mask.defined() || (attention_mask.dim() == 2 && attention_mask.size(0) == b &&
+                                          attention_mask.size(1) == past + l),
+            "attention_mask: expected [", b, ", ", past + l, "] (cached + new tokens), got ",
+            attention_mask.defined() ? attention_mask.sizes() : torch::IntArrayRef{});
+  if (cache && cache->layers.empty()) cache->layers.resize(layers.size());
+  auto cs = mrope_cos_sin(position_ids.to(embeds.device()), cfg.head_dim(), cfg.rope_theta,
+                          cfg.mrope_section, embeds.scalar_type(), cfg.mrope_interleaved);  // [B, L, D]
+  // Undefined: causal attention without a mask tensor (flash attention on CUDA).
+  auto mask = attention_mask.defined() ? causal_padding_mask(attention_mask.to(embeds.device()), l) : torch::Tensor();
+  // Owned copy: activation checkpointing reruns the layer in backward, after the caller's
+  // vector is gone.
+  std::shared_ptr<const std::vector<int64_t>> cu;
+  if (text_cu_seqlens != nullptr) cu = std::make_shared<const std::vector<int64_t>>(*text_cu_seqlens);
+  auto h = embeds;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    DecoderLayer& layer = layers[i];
+    LayerKv* kv = cache ? &cache->layers[i] : nullptr;
+    h = runner.run(prefix + ".layers." + std::to_string(i), *layer, h,
+                   [layer, cos = cs.cos, sin = cs.sin, mask, kv, cu](const torch::Tensor& x) mutable {
+                     return layer(x, cos, sin, mask, kv, cu.get());
+                   });
+    if (deepstack != nullptr && i < deepstack->embeds.size()) {
+      // h[mask] += embeds[i], as HF's _deepstack_process (adding exact zeros elsewhere).
+      auto m = deepstack->mask.to(h.device()).unsqueeze(-1).expand_as(h);
+      h = h + torch::zeros_like(h).masked_scatter(m, deepstack->embeds[i].to(h.scalar_type()));
+    }
+  }
+  return runner.run(prefix + ".norm", *norm, h, [n = norm](const torch::Tensor& x) mutable { return n(x); });
+}
+
+}  // namespace vlm

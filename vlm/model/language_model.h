@@ -1,0 +1,62 @@
+// `model`: the Qwen2 / Qwen3 text decoder with M-RoPE: embed_tokens, layers.N, norm. The head
+// (`lm_head`, possibly tied to embed_tokens) lives in the composed model (vision_language_model.h).
+//
+// Names: B batch, L new tokens, P cached tokens, T = P + L keys, d hidden, D head_dim.
+#pragma once
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "vlm/model/attention.h"
+#include "vlm/model/config.h"
+#include "vlm/model/decoder_layer.h"
+#include "vlm/model/layers.h"
+#include "vlm/model/unit_runner.h"
+
+namespace vlm {
+
+// Keys/values of every layer for cached decoding.
+struct KvCache {
+  std::vector<LayerKv> layers;
+  int64_t length() const { return layers.empty() || !layers[0].k.defined() ? 0 : layers[0].k.size(2); }
+};
+
+// Causal + key-padding mask. attention_mask: [B, T] (1 = real token); the L queries sit at
+// key positions P..T-1. Returns bool [B, 1, L, T]: query i may attend key j when j <= P + i
+// and key j is real; a query always attends itself, so no row is empty (padding rows are
+// ignored by the loss anyway).
+torch::Tensor causal_padding_mask(const torch::Tensor& attention_mask, int64_t num_queries);
+
+// DeepStack (Qwen3-VL): after decoder layer k < embeds.size(), embeds[k] is added to the
+// hidden states at the image positions (mask true, in order).
+struct DeepStackInputs {
+  torch::Tensor mask;                 // [B, L] bool: image-token positions
+  std::vector<torch::Tensor> embeds;  // each [count(mask), d]
+};
+
+class LanguageModelImpl : public torch::nn::Module {
+ public:
+  LanguageModelImpl(const TextConfig& cfg, const torch::TensorOptions& opts);
+  // input_ids: [B, L] -> embeddings [B, L, d] (unit "<prefix>.embed_tokens")
+  torch::Tensor embed(const torch::Tensor& input_ids, UnitRunner& runner, const std::string& prefix = "model");
+  // embeds: [B, L, d]; position_ids: [3, B, L]; attention_mask: [B, T] (T = cached + L),
+  // or undefined for plain causal attention without a mask tensor (no cache; rows whose
+  // padding, if any, is at the end: right padding); cache: optional, extended in place
+  // -> final-normed hidden states [B, L, d]
+  // (units "<prefix>.layers.N", "<prefix>.norm"). deepstack: optional (Qwen3-VL), added
+  // between the layer units. text_cu_seqlens: optional [S + 1] (0 .. L) for a packed row
+  // (B == 1, no mask, no cache): each sample attends causally inside itself only.
+  torch::Tensor forward(const torch::Tensor& embeds, const torch::Tensor& position_ids,
+                        const torch::Tensor& attention_mask, KvCache* cache, UnitRunner& runner,
+                        const std::string& prefix = "model", const DeepStackInputs* deepstack = nullptr,
+                        const std::vector<int64_t>* text_cu_seqlens = nullptr);
+  TextConfig cfg;
+  Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers_list{nullptr};  // registered as "layers"
+  std::vector<DecoderLayer> layers;
+  Norm norm{nullptr};
+};
+TORCH_MODULE(LanguageModel);
+
+}  // namespace vlm

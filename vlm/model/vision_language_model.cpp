@@ -1,0 +1,163 @@
+#include "vlm/model/vision_language_model.h"
+
+#include "vlm/runtime/check.h"
+#include "vlm/model/chunked_cross_entropy.h"
+#include "vlm/families/registry.h"
+#include "vlm/model/rope_index.h"
+
+namespace vlm {
+
+VisionLanguageModelImpl::VisionLanguageModelImpl(const VlmConfig& c, const torch::TensorOptions& opts)
+    : cfg(c), runner_(std::make_shared<UnitRunner>()) {
+  validate(cfg, "model config");
+  visual = register_module("visual", family_spec(cfg.family).make_vision(cfg, opts));
+  model = register_module("model", LanguageModel(cfg.text, opts));
+  if (!cfg.tie_word_embeddings) {
+    lm_head = register_module("lm_head", Linear(cfg.text.hidden_size, cfg.text.vocab_size, false, opts));
+  }
+}
+
+void VisionLanguageModelImpl::set_runner(std::shared_ptr<UnitRunner> runner) {
+  VLM_CHECK(runner != nullptr, "set_runner: runner must not be null");
+  runner_ = std::move(runner);
+}
+
+std::vector<Unit> VisionLanguageModelImpl::units() {
+  std::vector<Unit> u;
+  visual->append_units(u, "visual");
+  u.push_back({"model.embed_tokens", model->embed_tokens.get(), ""});
+  for (size_t i = 0; i < model->layers.size(); ++i)
+    u.push_back({"model.layers." + std::to_string(i), model->layers[i].get(), ""});
+  u.push_back({"model.norm", model->norm.get(), ""});
+  if (lm_head) {
+    u.push_back({"lm_head", lm_head.get(), ""});
+  } else {
+    u.push_back({"lm_head", model->embed_tokens.get(), "model.embed_tokens"});
+  }
+  return u;
+}
+
+VisionOutput VisionLanguageModelImpl::image_features(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw) {
+  return visual->encode(pixel_values, grid_thw, *runner_, "visual");
+}
+
+torch::Tensor VisionLanguageModelImpl::head(const torch::Tensor& hidden) {
+  if (lm_head) {
+    return runner_->run("lm_head", *lm_head, hidden, [head = lm_head](const torch::Tensor& x) mutable { return head(x); });
+  }
+  auto& emb = model->embed_tokens;
+  return runner_->run("lm_head", *emb, hidden,
+                      [emb](const torch::Tensor& x) mutable { return torch::linear(x, emb->weight); });
+}
+
+torch::Tensor VisionLanguageModelImpl::head_loss(const torch::Tensor& hidden, const torch::Tensor& labels) {
+  if (lm_head) {
+    return runner_->run("lm_head", *lm_head, hidden, [head = lm_head, labels](const torch::Tensor& x) mutable {
+      return chunked_linear_cross_entropy(x, head->weight, labels);
+    });
+  }
+  auto& emb = model->embed_tokens;
+  return runner_->run("lm_head", *emb, hidden, [emb, labels](const torch::Tensor& x) mutable {
+    return chunked_linear_cross_entropy(x, emb->weight, labels);
+  });
+}
+
+torch::Tensor VisionLanguageModelImpl::embed_inputs(const Batch& batch, bool dummy_vision, torch::Tensor* zero_term,
+                                        DeepStackInputs* deepstack) {
+  const auto& ids = batch.input_ids;
+  VLM_CHECK(ids.defined() && ids.dim() == 2, "input_ids: expected [B, L] int64, got ",
+            ids.defined() ? ids.sizes() : torch::IntArrayRef{});
+  const bool has_image = batch.pixel_values.defined() && batch.pixel_values.size(0) > 0;
+  torch::Tensor features;
+  std::vector<torch::Tensor> deep;
+  if (has_image) {
+    VLM_CHECK(batch.image_grid_thw.defined(), "pixel_values given without image_grid_thw");
+    auto vo = image_features(batch.pixel_values, batch.image_grid_thw);  // [M, d]
+    features = vo.features;
+    deep = std::move(vo.deepstack);
+  } else if (dummy_vision) {
+    const auto& v = cfg.vision;
+    const auto w = visual->first_weight();
+    auto grid = torch::tensor({int64_t{1}, v.spatial_merge_size, v.spatial_merge_size}, torch::kInt64).view({1, 3});
+    auto pixels = torch::zeros({v.merge_unit(), v.patch_dim()}, w.options());
+    auto dummy = image_features(pixels, grid);
+    auto sum = dummy.features.sum().to(torch::kFloat32);
+    for (const auto& d : dummy.deepstack) sum = sum + d.sum().to(torch::kFloat32);
+    if (zero_term) *zero_term = sum * 0.0;
+  }
+  auto embeds = model->embed(ids, *runner_, "model");  // [B, L, d]
+  const int64_t n_feat = features.defined() ? features.size(0) : 0;
+  if (ids.is_cpu()) {  // on a device the count would cost a sync: collate checked it on the host
+    const int64_t n_pad = (ids == cfg.image_token_id).sum().item<int64_t>();
+    VLM_CHECK(n_pad == n_feat, "the batch has ", n_pad, " image tokens (id ", cfg.image_token_id,
+              ") but the images give ", n_feat, " features (hint: each image needs t*gh*gw/",
+              cfg.vision.merge_unit(), " <|image_pad|> tokens)");
+  }
+  if (n_feat == 0) return embeds;
+  // Image features replace the pad embeddings in order (HF's masked_scatter: the pad rows of
+  // embed_tokens get no gradient); no host sync.
+  auto image_pos = ids == cfg.image_token_id;  // [B, L]
+  if (deepstack != nullptr && !deep.empty()) *deepstack = {image_pos, std::move(deep)};
+  return embeds.masked_scatter(image_pos.unsqueeze(-1).expand_as(embeds), features.to(embeds.scalar_type()));
+}
+
+torch::Tensor supervised_rows(const torch::Tensor& labels) {
+  VLM_CHECK(labels.dim() == 2 && labels.size(1) >= 1, "labels: expected [B, L], got ", labels.sizes());
+  const int64_t l = labels.size(1);
+  return (labels.narrow(1, 1, l - 1).reshape({-1}) != -100).nonzero().reshape({-1});
+}
+
+ForwardOutput VisionLanguageModelImpl::forward(const Batch& batch, bool return_logits) {
+  const auto& ids = batch.input_ids;
+  torch::Tensor zero_term;
+  DeepStackInputs deepstack;
+  auto embeds = embed_inputs(batch, /*dummy_vision=*/true, &zero_term, &deepstack);
+  const int64_t b = embeds.size(0), l = embeds.size(1), d = embeds.size(2);
+  auto mask = batch.attention_mask.defined() ? batch.attention_mask
+                                             : torch::ones({b, l}, ids.options().dtype(torch::kInt64));
+  // Packed row (padding-free packing): per-sample causal attention from the host's cu_seqlens.
+  std::vector<int64_t> text_cu;
+  if (batch.text_cu_seqlens.defined()) {
+    auto c = batch.text_cu_seqlens.to(torch::kCPU, torch::kInt64).contiguous();
+    text_cu.assign(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  }
+  const bool packed = !text_cu.empty();
+  auto pos = batch.position_ids;
+  if (!pos.defined())
+    pos = packed ? packed_position_ids(ids, batch.image_grid_thw, text_cu, cfg)
+                 : get_rope_index(ids, batch.image_grid_thw, mask, cfg).position_ids;
+  // Right-padded rows (training): causal attention without a mask tensor.
+  auto hidden = model->forward(embeds, pos, batch.right_padded || packed ? torch::Tensor() : mask, nullptr,
+                               *runner_, "model", deepstack.embeds.empty() ? nullptr : &deepstack,
+                               packed ? &text_cu : nullptr);  // [B, L, d]
+
+  ForwardOutput out;
+  const bool want_loss = batch.labels.defined();
+  if (want_loss) {
+    VLM_CHECK(batch.labels.sizes() == ids.sizes(), "labels ", batch.labels.sizes(),
+              " must match input_ids ", ids.sizes());
+  }
+  if (return_logits || !want_loss) {
+    auto logits = head(hidden).to(torch::kFloat32);  // [B, L, V]
+    if (want_loss) {
+      auto lg = logits.narrow(1, 0, l - 1).reshape({-1, logits.size(2)});
+      auto lb = batch.labels.narrow(1, 1, l - 1).reshape({-1}).to(lg.device(), torch::kInt64);
+      out.n_tokens = (lb != -100).sum().item<int64_t>();
+      out.loss_sum = torch::nn::functional::cross_entropy(
+          lg, lb, torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+    }
+    if (return_logits) out.logits = logits;
+  } else {
+    // Head only on supervised positions, over row chunks (chunked_cross_entropy.h): neither
+    // the [B, L, V] nor the [n, V] logits exist whole. loss_rows from the host: no sync.
+    auto keep = (batch.loss_rows.defined() ? batch.loss_rows : supervised_rows(batch.labels)).to(hidden.device());
+    out.n_tokens = keep.size(0);
+    auto lb = batch.labels.narrow(1, 1, l - 1).reshape({-1}).to(hidden.device(), torch::kInt64).index_select(0, keep);
+    auto h = hidden.narrow(1, 0, l - 1).reshape({-1, d}).index_select(0, keep);  // [n, d]
+    out.loss_sum = head_loss(h, lb);
+  }
+  if (out.loss_sum.defined() && zero_term.defined()) out.loss_sum = out.loss_sum + zero_term;
+  return out;
+}
+
+}  // namespace vlm

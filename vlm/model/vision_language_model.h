@@ -1,0 +1,94 @@
+// The composed vision-language model of every registered family (Qwen2-VL, Qwen2.5-VL,
+// Qwen3-VL): `visual` (the family's vision tower, from the registry: vlm/families/registry.h),
+// `model` (text decoder), `lm_head` (absent when tied: the head then computes with
+// model.embed_tokens.weight, so named_parameters() never counts the embedding twice).
+//
+// Names: B batch, L tokens, P patches, N images, M merged image tokens, d hidden, V vocab.
+// Units run through the UnitRunner in this fixed order (= units()):
+//   visual.* (the tower's units: patch_embed, [pos_embed,] blocks.0.. [with
+//   deepstack_merger_list.k], merger), model.embed_tokens, model.layers.0.., model.norm, lm_head
+#pragma once
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "vlm/model/config.h"
+#include "vlm/model/language_model.h"
+#include "vlm/model/layers.h"
+#include "vlm/model/unit_runner.h"
+#include "vlm/model/vision_tower.h"
+
+namespace vlm {
+
+struct Batch {
+  torch::Tensor input_ids;       // [B, L] int64
+  torch::Tensor attention_mask;  // [B, L] 1 = real, 0 = padding; undefined = all real
+  torch::Tensor labels;          // [B, L] int64, -100 = ignored; unshifted (token t predicts t+1)
+  torch::Tensor position_ids;    // [3, B, L] int64; undefined = computed by get_rope_index
+  torch::Tensor pixel_values;    // [P, C*T*P*P]; undefined or 0 rows = no image
+  torch::Tensor image_grid_thw;  // [N, 3] int64 (t, gh, gw) in patches; kept on the host
+  // Optional, computed on the host by collate so that the device never has to tell the host
+  // a count inside the forward:
+  torch::Tensor loss_rows;       // [n] int64: flat positions b*(L-1)+t whose next-token label
+                                 // labels[b, t+1] is supervised; undefined = derived from labels
+  bool right_padded = false;     // padding (if any) only at row ends: the LLM attends causally
+                                 // without a mask tensor (flash attention on CUDA)
+  // Padding-free packing (collate's batch.packing): B == 1 and the row holds S whole samples
+  // back to back; sample i is tokens [c[i], c[i+1]) and attends (causally) only inside
+  // itself. position_ids restart per sample; labels of each sample's first token are -100,
+  // so no next-token target crosses a boundary. Kept on the host; undefined = not packed.
+  torch::Tensor text_cu_seqlens; // [S + 1] int64: 0, ..., L
+};
+
+// loss_rows of labels [B, L] (host): the flat indices of labels[:, 1:] != -100.
+torch::Tensor supervised_rows(const torch::Tensor& labels);
+
+struct ForwardOutput {
+  torch::Tensor loss_sum;  // fp32 scalar: sum of token cross-entropies over supervised tokens
+  int64_t n_tokens = 0;    // supervised tokens (labels != -100 after the shift)
+  torch::Tensor logits;    // [B, L, V] fp32, only when requested
+};
+
+class VisionLanguageModelImpl : public torch::nn::Module {
+ public:
+  // opts.device may be torch::kMeta (no memory; vlm::materialize() afterwards).
+  explicit VisionLanguageModelImpl(const VlmConfig& cfg, const torch::TensorOptions& opts = torch::TensorOptions());
+
+  // Training / scoring forward. Without an image in the batch, a dummy 1x2x2 image runs
+  // through the whole vision tower and enters loss_sum multiplied by 0, so every call runs
+  // every unit. loss_sum is defined only when labels are given.
+  ForwardOutput forward(const Batch& batch, bool return_logits = false);
+
+  void set_runner(std::shared_ptr<UnitRunner> runner);
+  UnitRunner& runner() { return *runner_; }
+  // Ordered unit table (call order of forward) for sharding.
+  std::vector<Unit> units();
+
+  // --- building blocks (also used by generation) ---
+  // Image features [M, d] in merge-block order, and the DeepStack features (units visual.*).
+  VisionOutput image_features(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw);
+  // Token embeddings with image features spliced in at image_token_id positions: [B, L, d].
+  // With dummy_vision and no image, runs the dummy image and returns the sum of its
+  // features (DeepStack ones included) times 0 in *zero_term (a scalar to add to the loss).
+  // deepstack (optional): filled with the image positions and DeepStack features for
+  // LanguageModel::forward (left empty without images or for families without DeepStack).
+  torch::Tensor embed_inputs(const Batch& batch, bool dummy_vision, torch::Tensor* zero_term,
+                             DeepStackInputs* deepstack = nullptr);
+  // hidden: [..., d] -> logits [..., V] in the activation dtype (unit lm_head).
+  torch::Tensor head(const torch::Tensor& hidden);
+  // Summed cross-entropy of head(hidden) against labels, chunked (unit "lm_head").
+  // hidden: [n, d], labels: [n] int64 -> fp32 scalar
+  torch::Tensor head_loss(const torch::Tensor& hidden, const torch::Tensor& labels);
+
+  VlmConfig cfg;
+  std::shared_ptr<VisionTowerImpl> visual;
+  LanguageModel model{nullptr};
+  Linear lm_head{nullptr};  // null when tie_word_embeddings
+
+ private:
+  std::shared_ptr<UnitRunner> runner_;
+};
+TORCH_MODULE(VisionLanguageModel);
+
+}  // namespace vlm
