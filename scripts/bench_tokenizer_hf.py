@@ -2,7 +2,7 @@
 """Tokenizer encode throughput, vlmtrain vs HF `tokenizers` (Rust), one thread each, the
 same documents, interleaved rounds (issue #30 item 3).
 
-    .venv/bin/python scripts/bench_tokenizer_hf.py --tokenizer ../shared/reference/qwen3_tokenizer/tokenizer.json \
+    .venv/bin/python scripts/bench_tokenizer_hf.py --tokenizer "$(.venv/bin/python scripts/qwen_tokenizer_path.py --file)" \
         --bench build/bench/tokenizer_bench --mb 4 --rounds 5 --out /tmp/tok.json
 
 Each round runs build/bench/tokenizer_bench (which writes its documents with --write-docs:

@@ -4,7 +4,7 @@ template + tokenizer + image-pad expansion, for tests/vlm/text/chat_template_tes
 tests/vlm/text/chat_template_qwen3_test.cpp (and generate_reference.py).
 
     .venv/bin/python scripts/chat_template_reference.py \\
-        --tokenizer ../shared/reference/qwen3_tokenizer --cases cases.json --out out.jsonl \\
+        --tokenizer "$(.venv/bin/python scripts/qwen_tokenizer_path.py)" --cases cases.json --out out.jsonl \\
         [--family qwen2_vl|qwen3_vl]
 
 --tokenizer  a directory with tokenizer.json + tokenizer_config.json (AutoTokenizer).

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A second, straightforward implementation of the Qwen2-VL / Qwen2.5-VL forward in plain
-PyTorch, written from shared/spec/qwen2_vl.md (no transformers). It writes, from random
+PyTorch, written from a prose description of the architecture (no transformers import). It writes, from random
 weights, for each of qwen2_vl_small and qwen2_5_vl_small under --out:
 
   <name>.config.json          the config (legacy top-level layout, parsed by parse_hf_config)

