@@ -7,7 +7,7 @@
 //   offsets are relative to the data section, sorted, start at 0, contiguous, and the data
 //   section ends exactly at the end of the file.
 //
-// Reading validates every rule a safe reader checks (shared/REFERENCE.md) and names the
+// Reading validates every rule a safe reader checks (listed above) and names the
 // file and the broken rule. Tensors whose bytes are suitably aligned come back as zero-copy
 // views into the mapping (the mapping stays alive as long as any view does); the mapping is
 // private copy-on-write, so writing into a view never changes the file.

@@ -72,7 +72,7 @@ TEST(Config, Qwen2Vl2bExactPublishedCount) {
 
 TEST(Config, OtherRealPresetsMatchHubTotals) {
   // Parameter totals shown for the hub checkpoints (safetensors metadata on the model
-  // pages; quoted from memory, not from shared/REFERENCE.md, so a mismatch means: check the
+  // pages; quoted from memory, not from a file we can check, so a mismatch means: check the
   // preset shapes AND this figure).
   const std::vector<std::pair<std::string, int64_t>> want{
       {"qwen2-vl-7b", 8291375616LL}, {"qwen2.5-vl-3b", 3754622976LL}, {"qwen2.5-vl-7b", 8292166656LL}};
