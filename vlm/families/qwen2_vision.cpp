@@ -82,6 +82,32 @@ void VisionEncoderImpl::append_units(std::vector<Unit>& u, const std::string& pr
   u.push_back({prefix + ".merger", merger.get(), ""});
 }
 
+std::vector<VisionUnitLayout> VisionEncoderImpl::unit_layouts(const std::string& prefix) {
+  using Kind = VisionUnitLayout::Kind;
+  std::vector<VisionUnitLayout> u(1);
+  u[0].kind = Kind::patch_embed;
+  u[0].path = prefix + ".patch_embed";
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    VisionUnitLayout b;
+    b.kind = Kind::block;
+    b.path = prefix + ".blocks." + std::to_string(i);
+    b.input = static_cast<int>(u.size()) - 1;
+    b.norm = blocks[i]->norm1->kind;
+    b.mlp = blocks[i]->mlp->kind;
+    u.push_back(b);
+  }
+  VisionUnitLayout m;
+  m.kind = Kind::merger;
+  m.path = prefix + ".merger";
+  m.input = static_cast<int>(u.size()) - 1;
+  m.norm = merger->ln_q->kind;
+  m.norm_name = "ln_q";
+  m.fc1_name = "mlp.0";
+  m.fc2_name = "mlp.2";
+  u.push_back(m);
+  return u;
+}
+
 int64_t VisionEncoderImpl::connector_parameters() {
   int64_t n = 0;
   for (const auto& p : merger->parameters()) n += p.numel();

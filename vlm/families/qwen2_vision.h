@@ -56,6 +56,7 @@ class VisionEncoderImpl : public VisionTowerImpl {
     return {forward(pixel_values, grid_thw, runner, prefix), {}};
   }
   void append_units(std::vector<Unit>& units, const std::string& prefix) override;
+  std::vector<VisionUnitLayout> unit_layouts(const std::string& prefix) override;
   int64_t connector_parameters() override;
   torch::Tensor first_weight() override { return patch_embed->proj->weight; }
   // pixel_values: [S, C*T*P*P]; grid_thw: [N, 3] int64 -> image features [M, O] in

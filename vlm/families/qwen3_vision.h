@@ -61,6 +61,7 @@ class Qwen3VisionEncoderImpl : public VisionTowerImpl {
   VisionOutput encode(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw, UnitRunner& runner,
                       const std::string& prefix) override;
   void append_units(std::vector<Unit>& units, const std::string& prefix) override;
+  std::vector<VisionUnitLayout> unit_layouts(const std::string& prefix) override;
   int64_t connector_parameters() override;
   torch::Tensor first_weight() override { return patch_embed->proj->weight; }
 
