@@ -47,7 +47,8 @@ struct WindowIndex {
 };
 WindowIndex get_window_index(const torch::Tensor& grid_thw, const VisionConfig& vc);
 
-// The Qwen2-VL / Qwen2.5-VL tower (registry: families/qwen2_vl.cpp).
+// The Qwen2-VL / Qwen2.5-VL tower (registry: families/qwen2_vl.cpp): norms and MLP of
+// cfg.vision.norm / .mlp, window attention when cfg.vision.window_attention().
 class VisionEncoderImpl : public VisionTowerImpl {
  public:
   VisionEncoderImpl(const VlmConfig& cfg, const torch::TensorOptions& opts);

@@ -1,6 +1,6 @@
-// Registry entries of Qwen2-VL and Qwen2.5-VL: config.json key tables, presets, vision
-// tower, processor and chat defaults. The two families share their
-// text decoder and most keys; the vision sections differ (see the trap in config.h).
+// Registry entries of Qwen2-VL and Qwen2.5-VL: config.json key tables, architecture
+// features, presets, vision tower, processor and chat defaults. The two families share
+// their text decoder and most keys; the vision sections differ (see the trap in config.h).
 #include <cmath>
 
 #include "vlm/runtime/check.h"
@@ -89,6 +89,22 @@ void q2_keys(bool v2, W& top, W& text, W& vision, C& c) {
     qwen2_5_vl_keys(top, text, vision, c);
 }
 
+// ---------------------------------------------------------------- features
+// What generic code reads instead of the family (config.h): the ViT's norm and MLP, and how
+// image frames move the M-RoPE time. Window attention is vision.window_size > 0 (Qwen2.5-VL
+// only: Qwen2-VL has no such key and keeps 0).
+void qwen2_vl_features(VlmConfig& c) {
+  c.vision.norm = NormKind::layer_norm;
+  c.vision.mlp = MlpKind::quick_gelu;
+  c.text.image_frames_advance_time = true;
+}
+
+void qwen2_5_vl_features(VlmConfig& c) {
+  c.vision.norm = NormKind::rms_norm;
+  c.vision.mlp = MlpKind::gated_silu;
+  c.text.image_frames_advance_time = false;
+}
+
 // ---------------------------------------------------------------- parse, write, validate
 
 VlmConfig q2_parse(const json& top, const std::string& src, bool v2) {
@@ -128,6 +144,10 @@ VlmConfig q2_parse(const json& top, const std::string& src, bool v2) {
               "Qwen2.5-VL config has use_sliding_window false)");
   }
   parse_top_steps(top, tj, tw, /*text_tie_counts=*/nested, c, src);
+  if (v2)
+    qwen2_vl_features(c);
+  else
+    qwen2_5_vl_features(c);
   return c;
 }
 
@@ -180,7 +200,6 @@ void q25_validate(const VlmConfig& c, const std::string& src) {
 VlmConfig real_qwen2_vl(int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv,
                         int64_t vocab, bool tie) {
   VlmConfig c;
-  c.family = Family::qwen2_vl;
   c.vision.depth = 32;
   c.vision.embed_dim = 1280;
   c.vision.num_heads = 16;
@@ -194,25 +213,25 @@ VlmConfig real_qwen2_vl(int64_t hidden, int64_t inter, int64_t layers, int64_t h
   c.text.num_attention_heads = heads;
   c.text.num_key_value_heads = kv;
   c.tie_word_embeddings = tie;
+  qwen2_vl_features(c);
   return c;
 }
 
 VlmConfig real_qwen2_5_vl(int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv,
                           int64_t vocab, bool tie) {
   VlmConfig c = real_qwen2_vl(hidden, inter, layers, heads, kv, vocab, tie);
-  c.family = Family::qwen2_5_vl;
   c.vision.intermediate_size = 3420;
   c.vision.hidden_act = "silu";
   c.vision.window_size = 112;
   c.vision.fullatt_block_indexes = {7, 15, 23, 31};
   c.text.max_position_embeddings = 128000;
+  qwen2_5_vl_features(c);
   return c;
 }
 
 // Small enough to train on one CPU in minutes, large enough to learn OCR on synthetic data.
 VlmConfig tiny_qwen2_vl() {
   VlmConfig c;
-  c.family = Family::qwen2_vl;
   c.vision.depth = 4;
   c.vision.embed_dim = 128;
   c.vision.num_heads = 4;  // head_dim 32
@@ -237,17 +256,18 @@ VlmConfig tiny_qwen2_vl() {
   top_of_vocab_special_ids(c);  // 2041..2047
   c.tie_word_embeddings = true;
   c.torch_dtype = "float32";
+  qwen2_vl_features(c);
   return c;
 }
 
 // The Qwen2.5-VL tiny: tiny's sizes with a gated SiLU ViT and window attention.
 VlmConfig tiny_qwen2_5_vl() {
   VlmConfig c = tiny_qwen2_vl();
-  c.family = Family::qwen2_5_vl;
   c.vision.intermediate_size = 344;
   c.vision.hidden_act = "silu";
   c.vision.window_size = 56;  // 2x2 merged tokens per window: exercised by 4x4-token images
   c.vision.fullatt_block_indexes = {1, 3};
+  qwen2_5_vl_features(c);
   return c;
 }
 
@@ -283,7 +303,6 @@ const ProcessorDefaults kQwen2Processor{{0.48145466, 0.4578275, 0.40821073},
 const ModelFamilySpec& qwen2_vl_family() {
   static const ModelFamilySpec spec = [] {
     ModelFamilySpec s;
-    s.family = Family::qwen2_vl;
     s.model_type = "qwen2_vl";
     s.architecture = "Qwen2VLForConditionalGeneration";
     s.display_name = "Qwen2-VL";
@@ -305,7 +324,6 @@ const ModelFamilySpec& qwen2_vl_family() {
 const ModelFamilySpec& qwen2_5_vl_family() {
   static const ModelFamilySpec spec = [] {
     ModelFamilySpec s = qwen2_vl_family();
-    s.family = Family::qwen2_5_vl;
     s.model_type = "qwen2_5_vl";
     s.architecture = "Qwen2_5_VLForConditionalGeneration";
     s.display_name = "Qwen2.5-VL";

@@ -11,10 +11,10 @@
 namespace vlm {
 
 Qwen3VisionBlockImpl::Qwen3VisionBlockImpl(const VisionConfig& v, const torch::TensorOptions& opts) {
-  norm1 = register_module("norm1", Norm(NormKind::layer_norm, v.embed_dim, v.norm_eps, opts));
-  norm2 = register_module("norm2", Norm(NormKind::layer_norm, v.embed_dim, v.norm_eps, opts));
+  norm1 = register_module("norm1", Norm(v.norm, v.embed_dim, v.norm_eps, opts));
+  norm2 = register_module("norm2", Norm(v.norm, v.embed_dim, v.norm_eps, opts));
   attn = register_module("attn", VisionAttention(v.embed_dim, v.num_heads, opts));
-  mlp = register_module("mlp", Mlp(MlpKind::gelu_tanh, v.embed_dim, v.intermediate_size, /*bias=*/true, opts));
+  mlp = register_module("mlp", Mlp(v.mlp, v.embed_dim, v.intermediate_size, /*bias=*/true, opts));
 }
 
 torch::Tensor Qwen3VisionBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,

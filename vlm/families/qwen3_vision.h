@@ -20,7 +20,8 @@
 
 namespace vlm {
 
-// `visual.blocks.N`: x += attn(norm1(x)); x += mlp(norm2(x)) (LayerNorm, tanh GELU).
+// `visual.blocks.N`: x += attn(norm1(x)); x += mlp(norm2(x)) (v.norm, v.mlp: LayerNorm and
+// tanh GELU in Qwen3-VL).
 class Qwen3VisionBlockImpl : public torch::nn::Module {
  public:
   Qwen3VisionBlockImpl(const VisionConfig& v, const torch::TensorOptions& opts);

@@ -1,6 +1,6 @@
 // Registry entry of Qwen3-VL (dense): its config.json key table (always the nested layout:
-// text_config + vision_config), presets with the published configs, its vision tower
-// (qwen3_vision.h), processor and chat defaults.
+// text_config + vision_config), architecture features, presets with the published configs,
+// its vision tower (qwen3_vision.h), processor and chat defaults.
 #include <algorithm>
 #include <cmath>
 
@@ -53,6 +53,20 @@ void qwen3_vl_keys(W& top, W& text, W& vision, C& c) {
   top("vision_end_token_id", c.vision_end_token_id, 151653);
 }
 
+// ---------------------------------------------------------------- features
+// What generic code reads instead of the family (config.h): a LayerNorm ViT with a tanh-GELU
+// MLP and full attention, images at M-RoPE time 0, a Qwen3 decoder (q/k norm, no attention
+// bias, interleaved M-RoPE: HF's Qwen3-VL rotary always interleaves, the key is
+// informational).
+void qwen3_vl_features(VlmConfig& c) {
+  c.vision.norm = NormKind::layer_norm;
+  c.vision.mlp = MlpKind::gelu_tanh;
+  c.text.image_frames_advance_time = false;
+  c.text.attention_bias = false;
+  c.text.qk_norm = true;
+  c.text.mrope_interleaved = true;
+}
+
 // ---------------------------------------------------------------- parse, write, validate
 // Always the nested layout: text_config + vision_config.
 VlmConfig q3_parse(const json& top, const std::string& src) {
@@ -75,11 +89,9 @@ VlmConfig q3_parse(const json& top, const std::string& src) {
   VLM_CHECK(!get_opt<bool>(tj, "attention_bias", false, tw, src), src, ": ", tw,
             "attention_bias is true: biases on q/k/v/o_proj are not supported for qwen3_vl (hint: "
             "every released Qwen3-VL config has attention_bias false)");
-  t.attention_bias = false;
-  t.qk_norm = true;
-  t.mrope_interleaved = true;  // HF's Qwen3-VL rotary always interleaves (the key is informational)
   // Tied head: the top-level key only (Qwen3VLConfig does not read text_config's flag).
   parse_top_steps(top, tj, tw, /*text_tie_counts=*/false, c, src);
+  qwen3_vl_features(c);
   return c;
 }
 
@@ -133,7 +145,6 @@ void q3_validate(const VlmConfig& c, const std::string& src) {
 // 24 x 1024 (2B, 4B) and 27 x 1152 (8B) with DeepStack at blocks 5/11/17 and 8/16/24.
 VlmConfig real_qwen3_vl(int64_t hidden, int64_t inter, int64_t layers, int64_t heads, bool tie, bool large_vit) {
   VlmConfig c;
-  c.family = Family::qwen3_vl;
   auto& v = c.vision;
   v.depth = large_vit ? 27 : 24;
   v.embed_dim = large_vit ? 1152 : 1024;
@@ -152,13 +163,11 @@ VlmConfig real_qwen3_vl(int64_t hidden, int64_t inter, int64_t layers, int64_t h
   t.num_attention_heads = heads;
   t.num_key_value_heads = 8;
   t.explicit_head_dim = 128;
-  t.attention_bias = false;
-  t.qk_norm = true;
-  t.mrope_interleaved = true;
   t.mrope_section = {24, 20, 20};
   t.rope_theta = 5000000.0;
   t.max_position_embeddings = 262144;
   c.tie_word_embeddings = tie;
+  qwen3_vl_features(c);
   return c;
 }
 
@@ -167,7 +176,6 @@ VlmConfig real_qwen3_vl(int64_t hidden, int64_t inter, int64_t layers, int64_t h
 // head_dim 32 given explicitly (heads x head_dim = 128 != hidden 256, as in the real 4B/8B).
 VlmConfig tiny_qwen3() {
   VlmConfig c;
-  c.family = Family::qwen3_vl;
   auto& v = c.vision;
   v.depth = 4;
   v.embed_dim = 128;
@@ -186,15 +194,13 @@ VlmConfig tiny_qwen3() {
   t.num_attention_heads = 4;
   t.num_key_value_heads = 2;
   t.explicit_head_dim = 32;
-  t.attention_bias = false;
-  t.qk_norm = true;
-  t.mrope_interleaved = true;
   t.mrope_section = {4, 6, 6};
   t.rope_theta = 1000.0;
   t.max_position_embeddings = 4096;
   top_of_vocab_special_ids(c);  // 2041..2047, as tiny
   c.tie_word_embeddings = true;
   c.torch_dtype = "float32";
+  qwen3_vl_features(c);
   return c;
 }
 
@@ -203,7 +209,6 @@ VlmConfig tiny_qwen3() {
 const ModelFamilySpec& qwen3_vl_family() {
   static const ModelFamilySpec spec = [] {
     ModelFamilySpec s;
-    s.family = Family::qwen3_vl;
     s.model_type = "qwen3_vl";
     s.architecture = "Qwen3VLForConditionalGeneration";
     s.display_name = "Qwen3-VL";

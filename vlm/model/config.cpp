@@ -12,7 +12,13 @@
 
 namespace vlm {
 
-std::string family_name(Family f) { return family_spec(f).model_type; }
+std::string family_name(const std::string& family) { return family_spec(family).model_type; }
+
+std::vector<std::string> family_names() {
+  std::vector<std::string> out;
+  for (const ModelFamilySpec* f : model_families()) out.push_back(f->model_type);
+  return out;
+}
 
 VlmConfig parse_hf_config(const std::string& json_text, const std::string& src) {
   using config_json::json;
@@ -25,10 +31,16 @@ VlmConfig parse_hf_config(const std::string& json_text, const std::string& src) 
   VLM_CHECK(top.is_object(), src, ": expected a JSON object at the top level");
   const auto model_type = config_json::get_req<std::string>(top, "model_type", "", src);
   const ModelFamilySpec* fam = find_family(model_type);
-  VLM_CHECK(fam != nullptr, src, ": model_type is '", model_type, "', expected one of ", known_model_types(),
-            " (hint: vlmtrain supports the Qwen2-VL, Qwen2.5-VL and Qwen3-VL dense families)");
+  if (fam == nullptr) {
+    std::string names;  // "A, B and C"
+    const auto& all = model_families();
+    for (size_t i = 0; i < all.size(); ++i)
+      names += (i == 0 ? "" : i + 1 == all.size() ? " and " : ", ") + all[i]->display_name;
+    throw Error(str(src, ": model_type is '", model_type, "', expected one of ", known_model_types(),
+                    " (hint: vlmtrain supports the ", names, " families)"));
+  }
   VlmConfig c = fam->parse(top, src);
-  c.family = fam->family;
+  c.family = fam->model_type;
   validate(c, src);
   return c;
 }
@@ -101,7 +113,8 @@ void validate(const VlmConfig& c, const std::string& src) {
   for (int64_t id : {c.image_token_id, c.vision_start_token_id, c.vision_end_token_id})
     VLM_CHECK(id >= 0 && id < t.vocab_size, src, ": special token id ", id, " outside vocab [0, ",
               t.vocab_size, ")");
-  if (family_spec(c.family).validate) family_spec(c.family).validate(c, src);
+  const ModelFamilySpec& fam = family_spec(c.family);
+  if (fam.validate) fam.validate(c, src);
 }
 
 nlohmann::json to_hf_json(const VlmConfig& c) { return family_spec(c.family).to_json(c); }
@@ -118,7 +131,7 @@ VlmConfig preset(const std::string& name) {
     for (const auto& p : f->presets) {
       if (p.first != name) continue;
       VlmConfig c = p.second();
-      c.family = f->family;
+      c.family = f->model_type;
       validate(c, "preset " + name);
       return c;
     }
