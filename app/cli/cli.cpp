@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "app/cli/commands.h"
+#include "vlm/families/registry.h"
 #include "vlm/runtime/check.h"
 #include "vlm/runtime/runtime_info.h"
 
@@ -249,11 +250,14 @@ const std::vector<Command>& commands() {
 }
 
 void print_usage(FILE* out) {
+  std::string families;  // the registry's, by display name
+  for (const vlm::ModelFamilySpec* f : vlm::model_families())
+    families += (families.empty() ? "" : ", ") + f->display_name;
   std::fprintf(out,
-               "vlmtrain %s: fine-tune vision-language models (Qwen2-VL, Qwen2.5-VL)\n\n"
+               "vlmtrain %s: fine-tune vision-language models (%s)\n\n"
                "usage: vlmtrain RECIPE.toml [--set KEY=VALUE]...   (same as `vlmtrain train`)\n"
                "       vlmtrain COMMAND [ARGS] [--help]\n\ncommands:\n",
-               VLMTRAIN_VERSION);
+               VLMTRAIN_VERSION, families.c_str());
   for (const auto& c : commands()) std::fprintf(out, "  %-10s %s\n", c.name, c.summary);
   std::fprintf(out, "\nRun `vlmtrain COMMAND --help` for a command's options.\n");
 }

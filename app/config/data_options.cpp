@@ -53,7 +53,11 @@ vlm::VlmConfig recipe_model_config(const Recipe& recipe) {
   if (!m.preset.empty()) return vlm::preset(m.preset);
   namespace fs = std::filesystem;
   if (!m.path.empty() && fs::exists(fs::path(m.path) / "config.json")) return vlm::load_hf_config(m.path);
-  return vlm::VlmConfig{};
+  // No model config (a tokenizer-only directory): the default geometry of VlmConfig under
+  // the registry's first family, for its processor and chat defaults.
+  vlm::VlmConfig c;
+  c.family = vlm::family_names().front();
+  return c;
 }
 
 }  // namespace vlm::app

@@ -26,7 +26,8 @@ vlm::data::PixelConfig pixel_config(const Recipe& recipe, const vlm::VlmConfig& 
 
 // The model config the recipe describes, without weights: model.preset, else model.path's
 // config.json; a model.path without config.json (a tokenizer-only directory, `inspect
-// data`) gives the default Qwen2-VL geometry.
+// data`) gives VlmConfig's default geometry (14-px patches, merge 2) under the registry's
+// first family.
 vlm::VlmConfig recipe_model_config(const Recipe& recipe);
 
 }  // namespace vlm::app

@@ -514,6 +514,12 @@ std::string save_resolved_recipe(const Recipe& recipe, const std::string& dir) {
 
 std::vector<std::string> known_presets() { return vlm::preset_names(); }
 
+std::vector<std::string> family_choices() {
+  std::vector<std::string> out{""};
+  for (const auto& f : vlm::family_names()) out.push_back(f);
+  return out;
+}
+
 std::string Recipe::location(const std::string& key) const {
   auto it = where.find(key);
   return it != where.end() ? it->second : source;

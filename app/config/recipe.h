@@ -20,6 +20,9 @@ namespace vlm::app {
 struct Choice {
   std::vector<std::string> values;
 };
+
+// model.family's values: "" and every registered family's model_type (vlm::family_names()).
+std::vector<std::string> family_choices();
 // Inclusive numeric bounds; `lo_open` makes the lower bound exclusive (e.g. lr > 0).
 struct Range {
   double lo;
@@ -40,10 +43,10 @@ struct RunSection {
 };
 
 struct ModelSection {
-  std::string preset;      // built-in architecture (tiny, qwen2-vl-2b, ...); random init
+  std::string preset;      // built-in architecture (known_presets(): tiny, ...); random init
   std::string path;        // HF model directory (config.json + safetensors); loads weights
   std::string tokenizer;   // tokenizer.json / .model / directory; default: model.path
-  std::string family;      // with preset "" and no config.json: qwen2_vl | qwen2_5_vl | qwen3_vl
+  std::string family;      // with preset "" and no config.json: a registered family's model_type
   // Training start-up: build on the meta device and let each rank allocate and read only
   // the parameters it keeps (FSDP shards: its 1/N range, straight from the mmap'd
   // safetensors). false: every rank loads the whole model and rank 0's copy is broadcast
@@ -54,7 +57,7 @@ struct ModelSection {
     v("preset", preset);
     v("path", path);
     v("tokenizer", tokenizer);
-    v("family", family, Choice{{"", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"}});
+    v("family", family, Choice{family_choices()});
     v("sharded_load", sharded_load);
   }
 };
@@ -102,14 +105,14 @@ struct DataSection {
   // entries the dataset_info.json folder, LLaMA-Factory's media_dir).
   std::string image_root;
   std::string prompt = "Read the text in the image.";  // user turn for plain OCR records
-  // "" = the model family's default system turn (Qwen2-VL / 2.5-VL: "You are a helpful
-  // assistant."; Qwen3-VL: none); "none" = no system turn; anything else = that text.
+  // "" = the model family's default system turn (its registry entry's; some families have
+  // none); "none" = no system turn; anything else = that text.
   std::string system_prompt;
   // Cap per image in merged tokens: max_pixels = cap x factor^2, factor = the model's
-  // patch x merge (28 Qwen2-VL / 2.5-VL, 32 Qwen3-VL).
+  // patch x merge (vision_config: 14 x 2 = 28, or 16 x 2 = 32).
   int64_t max_image_tokens = 1024;
   // smart_resize bounds in pixels; 0 = the model's (its preprocessor_config.json, else its
-  // family's: Qwen2 3136 .. 12845056, Qwen3-VL 65536 .. 16777216).
+  // family's registry defaults, e.g. 3136 .. 12845056).
   int64_t min_pixels = 0;
   int64_t max_pixels = 0;
   int64_t max_seq_len = 2048;            // longer samples are truncated (never inside an image)

@@ -114,10 +114,14 @@ bool norm_keeps_input(bool rms_kind, double p, bool rg, bool trained_weight) {
 }
 
 // The MLP of a block / layer on an input of width `w` (the normed x, whose own storage the
-// caller counts once: it is kept when fc1 / gate / up keep inputs).
-enum class MlpType { quick_gelu, gated_silu, gelu_tanh };
-bool mlp(Op& o, MlpType type, const std::string& m, double w, double inter, bool rg) {
-  if (type == MlpType::gated_silu) {
+// caller counts once: it is kept when fc1 / gate / up keep inputs). Children as vlm::Mlp
+// names them: gate_proj, up_proj, down_proj | fc1, fc2 | linear_fc1, linear_fc2.
+std::string mlp_first(MlpKind type) {
+  return type == MlpKind::gated_silu ? ".gate_proj" : type == MlpKind::quick_gelu ? ".fc1" : ".linear_fc1";
+}
+
+bool mlp(Op& o, MlpKind type, const std::string& m, double w, double inter, bool rg) {
+  if (type == MlpKind::gated_silu) {
     const bool g = o.linear(m + ".gate_proj", w, rg), u = o.linear(m + ".up_proj", w, rg);
     if (g) o.kept += o.p * inter;             // silu's input
     if (u) o.kept += o.p * inter;             // silu(g), kept by the product for u's gradient
@@ -125,21 +129,20 @@ bool mlp(Op& o, MlpType type, const std::string& m, double w, double inter, bool
     if (o.keeps_input(m + ".down_proj")) o.kept += o.p * inter;  // the product
     return o.linear(m + ".down_proj", inter, g || u);
   }
-  const std::string fc1 = m + (type == MlpType::quick_gelu ? ".fc1" : ".linear_fc1");
-  const std::string fc2 = m + (type == MlpType::quick_gelu ? ".fc2" : ".linear_fc2");
+  const std::string fc1 = m + mlp_first(type);
+  const std::string fc2 = m + (type == MlpKind::quick_gelu ? ".fc2" : ".linear_fc2");
   const bool h = o.linear(fc1, w, rg);
-  if (h) o.kept += (type == MlpType::quick_gelu ? 2 : 1) * o.p * inter;  // h and sigmoid(1.702 h) | h
+  if (h) o.kept += (type == MlpKind::quick_gelu ? 2 : 1) * o.p * inter;  // h and sigmoid(1.702 h) | h
   if (o.keeps_input(fc2)) o.kept += o.p * inter;                        // the activation's output
   return o.linear(fc2, inter, h);
 }
 
-UnitActivation vision_block(const VlmConfig& cfg, Op o, const std::string& b, bool rg) {
-  const auto& v = cfg.vision;
+// A tower block, per patch: its norms and MLP as the tower reports them.
+UnitActivation vision_block(const VisionConfig& v, Op o, const VisionUnitLayout& l, bool rg) {
   const double e = static_cast<double>(v.embed_dim), iv = static_cast<double>(v.intermediate_size);
-  const bool rms = cfg.family == Family::qwen2_5_vl;
-  const MlpType type = cfg.family == Family::qwen2_vl ? MlpType::quick_gelu
-                       : cfg.family == Family::qwen2_5_vl ? MlpType::gated_silu
-                                                          : MlpType::gelu_tanh;
+  const bool rms = l.norm == NormKind::rms_norm;
+  const MlpKind type = l.mlp;
+  const std::string& b = l.path;
   UnitActivation u;
   u.keeps_input = norm_keeps_input(rms, o.p, rg, o.t.weight(b + ".norm1"));
   const bool n1 = o.norm(rms, b + ".norm1", e, rg, false);
@@ -153,8 +156,8 @@ UnitActivation vision_block(const VlmConfig& cfg, Op o, const std::string& b, bo
   if (o.keeps_input(b + ".attn.proj") && (!varlen || !qkv)) o.kept += o.p * e;
   const bool h = o.linear(b + ".attn.proj", e, qkv) || rg;
   const bool n2 = o.norm(rms, b + ".norm2", e, h, true);
-  const std::string fc1 = b + (type == MlpType::gated_silu ? ".mlp.gate_proj" : type == MlpType::quick_gelu ? ".mlp.fc1" : ".mlp.linear_fc1");
-  if (o.keeps_input(fc1) || (type == MlpType::gated_silu && o.keeps_input(b + ".mlp.up_proj"))) o.kept += o.p * e;
+  const std::string fc1 = b + ".mlp" + mlp_first(type);
+  if (o.keeps_input(fc1) || (type == MlpKind::gated_silu && o.keeps_input(b + ".mlp.up_proj"))) o.kept += o.p * e;
   const bool out = mlp(o, type, b + ".mlp", e, iv, n2) || h;
   u.output_bytes = o.p * e;
   u.kept_bytes = o.kept + u.output_bytes;
@@ -163,15 +166,14 @@ UnitActivation vision_block(const VlmConfig& cfg, Op o, const std::string& b, bo
   return u;
 }
 
-// The merger, per merged token: its norm (over each patch, or over the merged vector), the
+// A merger, per merged token: its norm (over each patch, or over the merged vector), the
 // first Linear's input, GELU's input and output, the output.
-UnitActivation merger(const VlmConfig& cfg, Op o, const std::string& m, bool rg, bool postshuffle) {
-  const auto& v = cfg.vision;
+UnitActivation merger(const VisionConfig& v, Op o, const VisionUnitLayout& l, bool rg) {
   const double unit = static_cast<double>(v.merge_unit()), e = static_cast<double>(v.embed_dim);
   const double merged = unit * e;
-  const bool qwen3 = cfg.family == Family::qwen3_vl, rms = cfg.family == Family::qwen2_5_vl;
-  const std::string norm = m + (qwen3 ? ".norm" : ".ln_q");
-  const std::string fc1 = m + (qwen3 ? ".linear_fc1" : ".mlp.0"), fc2 = m + (qwen3 ? ".linear_fc2" : ".mlp.2");
+  const bool rms = l.norm == NormKind::rms_norm, postshuffle = l.postshuffle_norm;
+  const std::string norm = l.path + "." + l.norm_name;
+  const std::string fc1 = l.path + "." + l.fc1_name, fc2 = l.path + "." + l.fc2_name;
   UnitActivation u;
   u.keeps_input = norm_keeps_input(rms, o.p, rg, o.t.weight(norm));
   Op per_patch = o;
@@ -211,7 +213,7 @@ UnitActivation decoder_layer(const TextConfig& tc, Op o, const std::string& l, b
   const bool h = o.linear(a + ".o_proj", hd, attn) || rg;
   const bool n2 = o.rms(l + ".post_attention_layernorm", d, h, true);
   if (o.keeps_input(l + ".mlp.gate_proj") || o.keeps_input(l + ".mlp.up_proj")) o.kept += o.p * d;
-  u.needs_grad = mlp(o, MlpType::gated_silu, l + ".mlp", d, inter, n2) || h;
+  u.needs_grad = mlp(o, MlpKind::gated_silu, l + ".mlp", d, inter, n2) || h;
   if (u.needs_grad) u.backward_bytes = 3 * o.p * inter;
   u.output_bytes = o.p * d;
   u.kept_bytes = o.kept + u.output_bytes;
@@ -254,38 +256,38 @@ ActivationPlan plan_activations(VisionLanguageModelImpl& model, const MicroBatch
     units.push_back(scaled(std::move(name), u, rows, from));
     return static_cast<int>(units.size()) - 1;
   };
-  UnitActivation pe;  // keeps pixel_values (the batch's own) for a trained projection
-  pe.output_bytes = pe.kept_bytes = p * e;
-  pe.needs_grad = t.weight("visual.patch_embed");
-  int prev = add("visual.patch_embed", pe, patches, -1);
-  if (cfg.family == Family::qwen3_vl) {  // x + the resampled table: a new sum
-    UnitActivation pos = pe;
-    pos.needs_grad = pe.needs_grad || t.weight("visual.pos_embed");
-    prev = add("visual.pos_embed", pos, patches, prev);
-  }
-  bool rg = units.back().needs_grad, tower_grad = false;
-  for (int64_t i = 0; i < v.depth; ++i) {
-    const std::string b = "visual.blocks." + std::to_string(i);
-    const UnitActivation blk = vision_block(cfg, op, b, rg);
-    const int at = add(b, blk, patches, prev);
-    const auto& ds = v.deepstack_visual_indexes;
-    const auto it = std::find(ds.begin(), ds.end(), i);
-    if (it != ds.end()) {
-      const std::string m = "visual.deepstack_merger_list." + std::to_string(it - ds.begin());
-      add(m, merger(cfg, op, m, blk.needs_grad, /*postshuffle=*/true), merged, at);
+  // The tower's units, as it reports them; they come first, so a unit's `input` indexes
+  // plan.units as well.
+  bool tower_grad = false;
+  for (const VisionUnitLayout& l : model.visual->unit_layouts("visual")) {
+    const bool rg = l.input >= 0 && units[static_cast<size_t>(l.input)].needs_grad;
+    UnitActivation u;
+    double rows = patches;
+    switch (l.kind) {
+      case VisionUnitLayout::Kind::patch_embed:  // keeps pixel_values (the batch's own) for a
+      case VisionUnitLayout::Kind::table_add:    // trained projection; x + table: a new sum
+        u.output_bytes = u.kept_bytes = p * e;
+        u.needs_grad = rg || t.weight(l.path);
+        break;
+      case VisionUnitLayout::Kind::block:
+        u = vision_block(v, op, l, rg);
+        tower_grad = tower_grad || u.needs_grad;
+        break;
+      case VisionUnitLayout::Kind::merger:
+        u = merger(v, op, l, rg);
+        rows = merged;
+        break;
     }
-    rg = blk.needs_grad;
-    tower_grad = tower_grad || rg;
-    prev = at;
+    add(l.path, u, rows, l.input);
   }
-  const UnitActivation mg = merger(cfg, op, "visual.merger", rg, /*postshuffle=*/false);
-  add("visual.merger", mg, merged, prev);
+  VLM_CHECK(!units.empty(), "activation plan: the vision tower reports no units");
+  const UnitActivation mg = units.back();  // the tower's output: its last unit
 
   UnitActivation emb;  // the embeddings (with images: the masked_scatter result replacing them)
   emb.output_bytes = emb.kept_bytes = p * d;
   emb.needs_grad = t.weight("model.embed_tokens") || mg.needs_grad;
-  prev = add("model.embed_tokens", emb, tokens, -1);
-  rg = emb.needs_grad;
+  int prev = add("model.embed_tokens", emb, tokens, -1);
+  bool rg = emb.needs_grad;
   for (int64_t i = 0; i < tc.num_hidden_layers; ++i) {
     const std::string l = "model.layers." + std::to_string(i);
     const UnitActivation layer = decoder_layer(tc, op, l, rg, shape.packed);

@@ -13,7 +13,9 @@
 //     post_attn norm    p d + f, its output p d
 //     MLP (gated SiLU)  4 p I                             (gate, silu, up, product)
 //     output            p d                               (kept while the next unit keeps it)
-//   vision block, per patch (E width, Iv MLP width, on the CPU's per-image attention):
+//   vision units as the tower reports them (VisionTowerImpl::unit_layouts: patch embedding,
+//   learned-table sum, blocks and mergers with their norm and MLP kinds), so no family is
+//   named here; a vision block, per patch (E width, Iv MLP width, on the CPU's per-image attention):
 //     norm1 (+ its stats), qkv output 3 p E (v is a view of it), rotated q, k, per-image
 //     outputs and their concatenation 4 p E, residual, norm2, MLP (quick_gelu 3 p Iv, gated
 //     SiLU 4 p Iv, tanh GELU 2 p Iv), output p E. Flash varlen (CUDA, bf16 / fp16) keeps

@@ -1,10 +1,25 @@
-// Typed reads of config.json values for the families' config parsers (family_*.cpp):
-// every wrong type, missing key or out-of-range integer throws vlm::Error naming the file
-// and the dotted key ("vision_config.depth").
+// config.json for the families' parsers and writers (vlm/families/<name>.cpp): typed reads
+// (every wrong type, missing key or out-of-range integer throws vlm::Error naming the file
+// and the dotted key, "vision_config.depth"), the walkers of a family's key table, and the
+// keys that need code in every Qwen family (rotary section, tied head, bos / eos, dtype).
+//
+// A family's key table is one function template listing each key, the field it fills and
+// transformers' default, per JSON object (walker):
+//
+//   template <class W, class C> void fam_keys(W& top, W& text, W& vision, C& c) {
+//     vision("depth", c.vision.depth, 32);
+//     text("vocab_size", c.text.vocab_size, 151936);
+//     top("image_token_id", c.image_token_id, 151655);
+//   }
+//
+// Parsing walks it with KeyReader (field = the key's value, absent or null: the default),
+// to_json with KeyWriter (key = the field): a key is named in one place for both.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -59,6 +74,55 @@ T get_opt(const json& obj, const std::string& key, const T& dflt, const std::str
   return get_req<T>(obj, key, where, src);
 }
 
+// A default takes the type of its field (so that 32 fills an int64_t, {7, 15} a vector).
+template <typename T>
+struct FieldType {
+  using type = T;
+};
+
+// Reads a key table's entries from one JSON object; `where` is its dotted path for messages
+// ("vision_config.", "text_config." or "" for the top level).
+class KeyReader {
+ public:
+  KeyReader(const json& obj, std::string where, const std::string& src)
+      : obj_(&obj), where_(std::move(where)), src_(&src) {}
+  template <typename T>
+  void operator()(const char* key, T& field, const typename FieldType<T>::type& dflt) {
+    field = get_opt<T>(*obj_, key, dflt, where_, *src_);
+  }
+  // An optional token id: absent or null reads -1 (none).
+  void id(const char* key, int64_t& field) { field = get_opt<int64_t>(*obj_, key, -1, where_, *src_); }
+
+ private:
+  const json* obj_;
+  std::string where_;
+  const std::string* src_;
+};
+
+// Writes a key table's entries into one JSON object.
+class KeyWriter {
+ public:
+  explicit KeyWriter(json& obj) : obj_(&obj) {}
+  template <typename T>
+  void operator()(const char* key, const T& field, const typename FieldType<T>::type& /*dflt*/) {
+    (*obj_)[key] = field;
+  }
+  // An optional token id: written only when set (>= 0).
+  void id(const char* key, int64_t field) {
+    if (field >= 0) (*obj_)[key] = field;
+  }
+
+ private:
+  json* obj_;
+};
+
+// A double as config.json writes a field transformers validates as an int: an integer when
+// it is one (2.0 -> 2), else the double.
+inline json int_if_integral(double x) {
+  if (x == std::floor(x) && std::fabs(x) < 1e9) return static_cast<int64_t>(x);
+  return x;
+}
+
 // The object at `key` (absent or null: an empty object); anything else throws.
 inline const json& object_or_empty(const json& obj, const std::string& key, const std::string& src) {
   static const json empty = json::object();
@@ -72,21 +136,16 @@ inline const json& object_or_empty(const json& obj, const std::string& key, cons
 // `rope_parameters` (newer): mrope_section, rope_theta, mrope_interleaved, rope_type.
 void parse_rope(const json& text, TextConfig& t, const std::string& where, const std::string& src);
 
-// Keys the text sections of all families share (sizes, eps, pad id, theta, activation),
-// with transformers' defaults as given.
-struct TextDefaults {
-  int64_t vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads;
-  int64_t num_key_value_heads;  // when absent (null: num_attention_heads)
-  double rms_norm_eps, rope_theta;
-  int64_t max_position_embeddings;
-};
-void parse_text_common(const json& tj, const std::string& tw, const TextDefaults& d, TextConfig& t,
-                       const std::string& src);
-// Top-level special ids, tie flag, dtype; bos/eos from the text section `tj` (else the top
-// level). text_tie_counts: a true tie_word_embeddings in `tj` ties the head too (Qwen2's
-// configs turn the top-level flag on from text_config; Qwen3-VL's do not).
-void parse_top_common(const json& top, const json& tj, const std::string& tw, bool text_tie_counts, VlmConfig& c,
-                      const std::string& src);
+// The text keys that need code, after the table: num_key_value_heads written as null means
+// num_attention_heads (HF; absent: the table's default), and hidden_act must be "silu".
+void parse_text_steps(const json& tj, TextConfig& t, const std::string& src);
+
+// The top-level keys that need code: the tied head (the top-level flag, default false, or
+// with text_tie_counts a true flag in the text section `tj`: Qwen2's configs turn the
+// top-level flag on from text_config, Qwen3-VL's do not), bos / eos from `tj` else the top
+// level (eos may be a list: its first id), the dtype (torch_dtype, else dtype).
+void parse_top_steps(const json& top, const json& tj, const std::string& tw, bool text_tie_counts, VlmConfig& c,
+                     const std::string& src);
 
 // Placeholder special ids of a from-scratch preset at the top of its vocabulary V:
 // bos V-7, eos V-5, vision start / end V-4 / V-3, image / video pad V-2 / V-1 (the trainer

@@ -10,13 +10,10 @@ namespace vlm {
 
 VisionBlockImpl::VisionBlockImpl(const VlmConfig& cfg, const torch::TensorOptions& opts) {
   const auto& v = cfg.vision;
-  const bool v2 = cfg.family == Family::qwen2_vl;
-  const NormKind nk = v2 ? NormKind::layer_norm : NormKind::rms_norm;
-  norm1 = register_module("norm1", Norm(nk, v.embed_dim, v.norm_eps, opts));
-  norm2 = register_module("norm2", Norm(nk, v.embed_dim, v.norm_eps, opts));
+  norm1 = register_module("norm1", Norm(v.norm, v.embed_dim, v.norm_eps, opts));
+  norm2 = register_module("norm2", Norm(v.norm, v.embed_dim, v.norm_eps, opts));
   attn = register_module("attn", VisionAttention(v.embed_dim, v.num_heads, opts));
-  mlp = register_module("mlp", Mlp(v2 ? MlpKind::quick_gelu : MlpKind::gated_silu, v.embed_dim,
-                                   v.intermediate_size, /*bias=*/true, opts));
+  mlp = register_module("mlp", Mlp(v.mlp, v.embed_dim, v.intermediate_size, /*bias=*/true, opts));
 }
 
 torch::Tensor VisionBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
@@ -82,6 +79,32 @@ void VisionEncoderImpl::append_units(std::vector<Unit>& u, const std::string& pr
   u.push_back({prefix + ".merger", merger.get(), ""});
 }
 
+std::vector<VisionUnitLayout> VisionEncoderImpl::unit_layouts(const std::string& prefix) {
+  using Kind = VisionUnitLayout::Kind;
+  std::vector<VisionUnitLayout> u(1);
+  u[0].kind = Kind::patch_embed;
+  u[0].path = prefix + ".patch_embed";
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    VisionUnitLayout b;
+    b.kind = Kind::block;
+    b.path = prefix + ".blocks." + std::to_string(i);
+    b.input = static_cast<int>(u.size()) - 1;
+    b.norm = blocks[i]->norm1->kind;
+    b.mlp = blocks[i]->mlp->kind;
+    u.push_back(b);
+  }
+  VisionUnitLayout m;
+  m.kind = Kind::merger;
+  m.path = prefix + ".merger";
+  m.input = static_cast<int>(u.size()) - 1;
+  m.norm = merger->ln_q->kind;
+  m.norm_name = "ln_q";
+  m.fc1_name = "mlp.0";
+  m.fc2_name = "mlp.2";
+  u.push_back(m);
+  return u;
+}
+
 int64_t VisionEncoderImpl::connector_parameters() {
   int64_t n = 0;
   for (const auto& p : merger->parameters()) n += p.numel();
@@ -102,9 +125,9 @@ torch::Tensor VisionEncoderImpl::forward(const torch::Tensor& pixel_values, cons
   auto cs = vision_rotary(g, v.head_dim(), v.spatial_merge_size, x.device());
   const auto cu_full = image_cu_seqlens(g);
   std::vector<int64_t> cu_window = cu_full;
-  torch::Tensor window;  // [M] for Qwen2.5
-  const int64_t s = x.size(0), e = x.size(1);
-  if (cfg.family == Family::qwen2_5_vl) {
+  torch::Tensor window;  // [M] with window attention
+  const int64_t s = x.size(0);
+  if (v.window_attention()) {
     auto wi = get_window_index(g, v);
     window = wi.index.to(x.device());
     cu_window = wi.cu_seqlens;
@@ -117,13 +140,12 @@ torch::Tensor VisionEncoderImpl::forward(const torch::Tensor& pixel_values, cons
   }
   const auto& full = v.fullatt_block_indexes;
   for (int64_t i = 0; i < v.depth; ++i) {
-    const bool is_full = cfg.family == Family::qwen2_vl || std::find(full.begin(), full.end(), i) != full.end();
+    const bool is_full = !v.window_attention() || std::find(full.begin(), full.end(), i) != full.end();
     const auto& cu = is_full ? cu_full : cu_window;
     VisionBlock& blk = blocks[i];
     x = runner.run(prefix + ".blocks." + std::to_string(i), *blk, x,
                    [blk, cos = cs.cos, sin = cs.sin, cu](const torch::Tensor& h) mutable { return blk(h, cos, sin, cu); });
   }
-  (void)e;
   auto out = runner.run(prefix + ".merger", *merger, x,
                         [mg = merger](const torch::Tensor& h) mutable { return mg(h); });  // [M, O]
   if (window.defined()) out = out.index_select(0, torch::argsort(window));

@@ -47,7 +47,8 @@ struct WindowIndex {
 };
 WindowIndex get_window_index(const torch::Tensor& grid_thw, const VisionConfig& vc);
 
-// The Qwen2-VL / Qwen2.5-VL tower (registry: families/qwen2_vl.cpp).
+// The Qwen2-VL / Qwen2.5-VL tower (registry: families/qwen2_vl.cpp): norms and MLP of
+// cfg.vision.norm / .mlp, window attention when cfg.vision.window_attention().
 class VisionEncoderImpl : public VisionTowerImpl {
  public:
   VisionEncoderImpl(const VlmConfig& cfg, const torch::TensorOptions& opts);
@@ -56,6 +57,7 @@ class VisionEncoderImpl : public VisionTowerImpl {
     return {forward(pixel_values, grid_thw, runner, prefix), {}};
   }
   void append_units(std::vector<Unit>& units, const std::string& prefix) override;
+  std::vector<VisionUnitLayout> unit_layouts(const std::string& prefix) override;
   int64_t connector_parameters() override;
   torch::Tensor first_weight() override { return patch_embed->proj->weight; }
   // pixel_values: [S, C*T*P*P]; grid_thw: [N, 3] int64 -> image features [M, O] in

@@ -1,6 +1,6 @@
-// Registry entries of Qwen2-VL and Qwen2.5-VL: config.json keys, presets, vision tower,
-// processor and chat defaults. The two families share their text decoder and most keys; the
-// vision sections differ (see the trap in config.h).
+// Registry entries of Qwen2-VL and Qwen2.5-VL: config.json key tables, architecture
+// features, presets, vision tower, processor and chat defaults. The two families share
+// their text decoder and most keys; the vision sections differ (see the trap in config.h).
 #include <cmath>
 
 #include "vlm/runtime/check.h"
@@ -13,56 +13,127 @@ namespace {
 
 using namespace config_json;
 
+// ---------------------------------------------------------------- config.json key tables
 // Absent keys take the defaults of transformers 5.23's Qwen2VLConfig / Qwen2_5_VLConfig
 // (and their vision and text sub-configs), so that a stripped config.json means what it
 // means to HF (tests/vlm/model/config_test.cpp has transformers parse the same files). Those
 // defaults describe the 7B/72B models, not a small one: a config missing its sizes loads
 // as HF would load it, and then fails on the checkpoint's shapes.
-void q2_parse_vision(const json& vj, bool v2, VisionConfig& v, const std::string& src) {
-  // HF reads `in_channels`; the `in_chans` of hub configs is not a key it knows.
-  const std::string vw = "vision_config.";
-  v.depth = get_opt<int64_t>(vj, "depth", 32, vw, src);
-  v.num_heads = get_opt<int64_t>(vj, "num_heads", 16, vw, src);
-  v.patch_size = get_opt<int64_t>(vj, "patch_size", 14, vw, src);
-  v.temporal_patch_size = get_opt<int64_t>(vj, "temporal_patch_size", 2, vw, src);
-  v.spatial_merge_size = get_opt<int64_t>(vj, "spatial_merge_size", 2, vw, src);
-  v.in_chans = get_opt<int64_t>(vj, "in_channels", 3, vw, src);
-  if (v2) {
-    v.embed_dim = get_opt<int64_t>(vj, "embed_dim", 1280, vw, src);
-    v.out_hidden_size = get_opt<int64_t>(vj, "hidden_size", 3584, vw, src);  // merger output!
-    const double ratio = get_opt<double>(vj, "mlp_ratio", 4.0, vw, src);
-    const double inter = static_cast<double>(v.embed_dim) * ratio;  // HF: int(embed_dim * mlp_ratio)
-    VLM_CHECK(std::isfinite(inter) && inter >= 1 && inter <= double(kMaxConfigSize), src,
-              ": vision_config.mlp_ratio ", ratio, " x embed_dim ", v.embed_dim,
-              " gives an MLP width outside [1, ", kMaxConfigSize, "]");
-    v.intermediate_size = static_cast<int64_t>(inter);
-    v.hidden_act = get_opt<std::string>(vj, "hidden_act", "quick_gelu", vw, src);
-  } else {
-    v.embed_dim = get_opt<int64_t>(vj, "hidden_size", 3584, vw, src);  // ViT width
-    v.out_hidden_size = get_opt<int64_t>(vj, "out_hidden_size", 3584, vw, src);
-    v.intermediate_size = get_opt<int64_t>(vj, "intermediate_size", 3420, vw, src);
-    v.hidden_act = get_opt<std::string>(vj, "hidden_act", "silu", vw, src);
-    v.window_size = get_opt<int64_t>(vj, "window_size", 112, vw, src);
-    v.fullatt_block_indexes = get_opt<std::vector<int64_t>>(vj, "fullatt_block_indexes",
-                                                            {7, 15, 23, 31}, vw, src);
-    v.tokens_per_second = get_opt<double>(vj, "tokens_per_second", 4.0, vw, src);
-  }
-  const std::string want_act = v2 ? "quick_gelu" : "silu";
-  VLM_CHECK(v.hidden_act == want_act, src, ": vision_config.hidden_act is '", v.hidden_act,
-            "', expected '", want_act, "' for ", v2 ? "qwen2_vl" : "qwen2_5_vl");
+
+// Both families: the text keys (top level in the legacy layout, else text_config) and the
+// top-level special ids.
+template <class W, class C>
+void q2_text_keys(W& top, W& text, C& c) {
+  auto& t = c.text;
+  text("vocab_size", t.vocab_size, 152064);
+  text("hidden_size", t.hidden_size, 8192);
+  text("intermediate_size", t.intermediate_size, 29568);
+  text("num_hidden_layers", t.num_hidden_layers, 80);
+  text("num_attention_heads", t.num_attention_heads, 64);
+  text("num_key_value_heads", t.num_key_value_heads, 8);  // null: num_attention_heads (a step)
+  text("rms_norm_eps", t.rms_norm_eps, 1e-5);
+  text.id("pad_token_id", t.pad_token_id);
+  text("rope_theta", t.rope_theta, 1e6);
+  text("max_position_embeddings", t.max_position_embeddings, 32768);
+  text("hidden_act", t.hidden_act, "silu");
+  top("image_token_id", c.image_token_id, 151655);
+  top("video_token_id", c.video_token_id, 151656);
+  top("vision_start_token_id", c.vision_start_token_id, 151652);
+  top("vision_end_token_id", c.vision_end_token_id, 151653);
 }
+
+// Qwen2-VL. Steps in code: mlp_ratio (intermediate_size = int(embed_dim * mlp_ratio)), the
+// written alias in_chans; the text steps of q2_parse / q2_to_json.
+template <class W, class C>
+void qwen2_vl_keys(W& top, W& text, W& vision, C& c) {
+  auto& v = c.vision;
+  vision("depth", v.depth, 32);
+  vision("num_heads", v.num_heads, 16);
+  vision("patch_size", v.patch_size, 14);
+  vision("temporal_patch_size", v.temporal_patch_size, 2);
+  vision("spatial_merge_size", v.spatial_merge_size, 2);
+  vision("in_channels", v.in_chans, 3);  // HF reads in_channels, not the hub configs' in_chans
+  vision("embed_dim", v.embed_dim, 1280);            // the ViT width
+  vision("hidden_size", v.out_hidden_size, 3584);    // the trap: the merger OUTPUT width
+  vision("hidden_act", v.hidden_act, "quick_gelu");
+  q2_text_keys(top, text, c);
+}
+
+// Qwen2.5-VL. Steps in code: tokens_per_second written as an int when integral, the
+// written alias in_chans; the text steps of q2_parse / q2_to_json.
+template <class W, class C>
+void qwen2_5_vl_keys(W& top, W& text, W& vision, C& c) {
+  auto& v = c.vision;
+  vision("depth", v.depth, 32);
+  vision("num_heads", v.num_heads, 16);
+  vision("patch_size", v.patch_size, 14);
+  vision("temporal_patch_size", v.temporal_patch_size, 2);
+  vision("spatial_merge_size", v.spatial_merge_size, 2);
+  vision("in_channels", v.in_chans, 3);
+  vision("hidden_size", v.embed_dim, 3584);  // the ViT width here
+  vision("out_hidden_size", v.out_hidden_size, 3584);
+  vision("intermediate_size", v.intermediate_size, 3420);
+  vision("hidden_act", v.hidden_act, "silu");
+  vision("window_size", v.window_size, 112);
+  vision("fullatt_block_indexes", v.fullatt_block_indexes, {7, 15, 23, 31});
+  vision("tokens_per_second", v.tokens_per_second, 4.0);
+  q2_text_keys(top, text, c);
+}
+
+// The table of Qwen2-VL (v2) or Qwen2.5-VL.
+template <class W, class C>
+void q2_keys(bool v2, W& top, W& text, W& vision, C& c) {
+  if (v2)
+    qwen2_vl_keys(top, text, vision, c);
+  else
+    qwen2_5_vl_keys(top, text, vision, c);
+}
+
+// ---------------------------------------------------------------- features
+// What generic code reads instead of the family (config.h): the ViT's norm and MLP, and how
+// image frames move the M-RoPE time. Window attention is vision.window_size > 0 (Qwen2.5-VL
+// only: Qwen2-VL has no such key and keeps 0).
+void qwen2_vl_features(VlmConfig& c) {
+  c.vision.norm = NormKind::layer_norm;
+  c.vision.mlp = MlpKind::quick_gelu;
+  c.text.image_frames_advance_time = true;
+}
+
+void qwen2_5_vl_features(VlmConfig& c) {
+  c.vision.norm = NormKind::rms_norm;
+  c.vision.mlp = MlpKind::gated_silu;
+  c.text.image_frames_advance_time = false;
+}
+
+// ---------------------------------------------------------------- parse, write, validate
 
 VlmConfig q2_parse(const json& top, const std::string& src, bool v2) {
   VlmConfig c;
-  q2_parse_vision(object_or_empty(top, "vision_config", src), v2, c.vision, src);
   // Text decoder: `text_config` when present (then, as in HF, the top-level text keys are
   // not read at all), else the top level (the legacy layout).
   auto tit = top.find("text_config");
   const bool nested = tit != top.end() && tit->is_object();
   const json& tj = nested ? *tit : top;
   const std::string tw = nested ? "text_config." : "";
+  const json& vj = object_or_empty(top, "vision_config", src);
+  KeyReader r_top(top, "", src), r_text(tj, tw, src), r_vision(vj, "vision_config.", src);
+  q2_keys(v2, r_top, r_text, r_vision, c);
+
+  VisionConfig& v = c.vision;
+  if (v2) {
+    const double ratio = get_opt<double>(vj, "mlp_ratio", 4.0, "vision_config.", src);
+    const double inter = static_cast<double>(v.embed_dim) * ratio;  // HF: int(embed_dim * mlp_ratio)
+    VLM_CHECK(std::isfinite(inter) && inter >= 1 && inter <= double(kMaxConfigSize), src,
+              ": vision_config.mlp_ratio ", ratio, " x embed_dim ", v.embed_dim,
+              " gives an MLP width outside [1, ", kMaxConfigSize, "]");
+    v.intermediate_size = static_cast<int64_t>(inter);
+  }
+  const std::string want_act = v2 ? "quick_gelu" : "silu";
+  VLM_CHECK(v.hidden_act == want_act, src, ": vision_config.hidden_act is '", v.hidden_act,
+            "', expected '", want_act, "' for ", v2 ? "qwen2_vl" : "qwen2_5_vl");
   TextConfig& t = c.text;
-  parse_text_common(tj, tw, {152064, 8192, 29568, 80, 64, 8, 1e-5, 1e6, 32768}, t, src);
+  parse_text_steps(tj, t, src);
+  parse_rope(tj, t, tw, src);
   // Sliding-window attention (layers >= max_window_layers when use_sliding_window) is not
   // implemented: refuse rather than attend over the full sequence where HF would not.
   if (get_opt<bool>(tj, "use_sliding_window", false, tw, src)) {
@@ -72,70 +143,44 @@ VlmConfig q2_parse(const json& top, const std::string& src, bool v2) {
               ": sliding-window attention is not supported (hint: every released Qwen2-VL / "
               "Qwen2.5-VL config has use_sliding_window false)");
   }
-  parse_top_common(top, tj, tw, nested, c, src);
+  parse_top_steps(top, tj, tw, /*text_tie_counts=*/nested, c, src);
+  if (v2)
+    qwen2_vl_features(c);
+  else
+    qwen2_5_vl_features(c);
   return c;
 }
 
-json q2_to_json(const VlmConfig& c) {
-  json j;
-  const bool v2 = c.family == Family::qwen2_vl;
-  j["model_type"] = family_name(c.family);
-  j["architectures"] = {family_spec(c.family).architecture};
-  j["vocab_size"] = c.text.vocab_size;
-  j["hidden_size"] = c.text.hidden_size;
-  j["intermediate_size"] = c.text.intermediate_size;
-  j["num_hidden_layers"] = c.text.num_hidden_layers;
-  j["num_attention_heads"] = c.text.num_attention_heads;
-  j["num_key_value_heads"] = c.text.num_key_value_heads;
-  j["rms_norm_eps"] = c.text.rms_norm_eps;
-  if (c.text.pad_token_id >= 0) j["pad_token_id"] = c.text.pad_token_id;
-  j["rope_theta"] = c.text.rope_theta;
-  j["rope_scaling"] = {{"type", "mrope"}, {"rope_type", "default"}, {"mrope_section", c.text.mrope_section}};
-  j["max_position_embeddings"] = c.text.max_position_embeddings;
-  j["hidden_act"] = c.text.hidden_act;
-  j["attention_dropout"] = 0.0;
-  j["use_sliding_window"] = false;
-  j["max_window_layers"] = c.text.num_hidden_layers;
-  j["tie_word_embeddings"] = c.tie_word_embeddings;
-  j["image_token_id"] = c.image_token_id;
-  j["video_token_id"] = c.video_token_id;
-  j["vision_start_token_id"] = c.vision_start_token_id;
-  j["vision_end_token_id"] = c.vision_end_token_id;
-  j["vision_token_id"] = c.image_token_id - 1;
-  j["bos_token_id"] = c.bos_token_id;
-  j["eos_token_id"] = c.eos_token_id;
-  j["torch_dtype"] = c.torch_dtype;
+// The legacy layout (text keys at the top level), which every transformers version loads.
+json q2_to_json(const VlmConfig& c, bool v2) {
+  const ModelFamilySpec& spec = family_spec(c.family);
+  json j, vj;
+  KeyWriter w_top(j), w_text(j), w_vision(vj);
+  q2_keys(v2, w_top, w_text, w_vision, c);
+
   const auto& v = c.vision;
-  json vj;
-  vj["depth"] = v.depth;
-  vj["num_heads"] = v.num_heads;
-  vj["patch_size"] = v.patch_size;
-  vj["temporal_patch_size"] = v.temporal_patch_size;
-  vj["spatial_merge_size"] = v.spatial_merge_size;
-  vj["in_chans"] = v.in_chans;
-  vj["in_channels"] = v.in_chans;
-  vj["hidden_act"] = v.hidden_act;
+  vj["in_chans"] = v.in_chans;  // as the hub configs write it, beside in_channels
   if (v2) {
-    vj["embed_dim"] = v.embed_dim;
-    vj["hidden_size"] = v.out_hidden_size;
     // An int when exact, as hub configs write it (transformers 5 validates the field as int).
     if (v.intermediate_size % v.embed_dim == 0)
       vj["mlp_ratio"] = v.intermediate_size / v.embed_dim;
     else
       vj["mlp_ratio"] = static_cast<double>(v.intermediate_size) / static_cast<double>(v.embed_dim);
   } else {
-    vj["hidden_size"] = v.embed_dim;
-    vj["out_hidden_size"] = v.out_hidden_size;
-    vj["intermediate_size"] = v.intermediate_size;
-    vj["window_size"] = v.window_size;
-    vj["fullatt_block_indexes"] = v.fullatt_block_indexes;
-    // An int when integral: transformers 5 validates the field as int (2.0 is refused).
-    if (v.tokens_per_second == std::floor(v.tokens_per_second) && std::fabs(v.tokens_per_second) < 1e9)
-      vj["tokens_per_second"] = static_cast<int64_t>(v.tokens_per_second);
-    else
-      vj["tokens_per_second"] = v.tokens_per_second;
+    vj["tokens_per_second"] = int_if_integral(v.tokens_per_second);  // transformers 5: an int
   }
   j["vision_config"] = vj;
+  j["model_type"] = spec.model_type;
+  j["architectures"] = {spec.architecture};
+  j["rope_scaling"] = {{"type", "mrope"}, {"rope_type", "default"}, {"mrope_section", c.text.mrope_section}};
+  j["attention_dropout"] = 0.0;
+  j["use_sliding_window"] = false;
+  j["max_window_layers"] = c.text.num_hidden_layers;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["vision_token_id"] = c.image_token_id - 1;
+  j["bos_token_id"] = c.bos_token_id;
+  j["eos_token_id"] = c.eos_token_id;
+  j["torch_dtype"] = c.torch_dtype;
   return j;
 }
 
@@ -150,10 +195,11 @@ void q25_validate(const VlmConfig& c, const std::string& src) {
     VLM_CHECK(b >= 0, src, ": fullatt_block_indexes entry ", b, " is negative");
 }
 
+// ---------------------------------------------------------------- presets
+
 VlmConfig real_qwen2_vl(int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv,
                         int64_t vocab, bool tie) {
   VlmConfig c;
-  c.family = Family::qwen2_vl;
   c.vision.depth = 32;
   c.vision.embed_dim = 1280;
   c.vision.num_heads = 16;
@@ -167,38 +213,31 @@ VlmConfig real_qwen2_vl(int64_t hidden, int64_t inter, int64_t layers, int64_t h
   c.text.num_attention_heads = heads;
   c.text.num_key_value_heads = kv;
   c.tie_word_embeddings = tie;
+  qwen2_vl_features(c);
   return c;
 }
 
 VlmConfig real_qwen2_5_vl(int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv,
                           int64_t vocab, bool tie) {
   VlmConfig c = real_qwen2_vl(hidden, inter, layers, heads, kv, vocab, tie);
-  c.family = Family::qwen2_5_vl;
   c.vision.intermediate_size = 3420;
   c.vision.hidden_act = "silu";
   c.vision.window_size = 112;
   c.vision.fullatt_block_indexes = {7, 15, 23, 31};
   c.text.max_position_embeddings = 128000;
+  qwen2_5_vl_features(c);
   return c;
 }
 
 // Small enough to train on one CPU in minutes, large enough to learn OCR on synthetic data.
-VlmConfig tiny(Family family) {
+VlmConfig tiny_qwen2_vl() {
   VlmConfig c;
-  c.family = family;
   c.vision.depth = 4;
   c.vision.embed_dim = 128;
   c.vision.num_heads = 4;  // head_dim 32
   c.vision.out_hidden_size = 256;
-  if (family == Family::qwen2_vl) {
-    c.vision.intermediate_size = 512;
-    c.vision.hidden_act = "quick_gelu";
-  } else {
-    c.vision.intermediate_size = 344;
-    c.vision.hidden_act = "silu";
-    c.vision.window_size = 56;  // 2x2 merged tokens per window: exercised by 4x4-token images
-    c.vision.fullatt_block_indexes = {1, 3};
-  }
+  c.vision.intermediate_size = 512;
+  c.vision.hidden_act = "quick_gelu";
   c.text.vocab_size = 2048;
   c.text.hidden_size = 256;
   c.text.intermediate_size = 768;
@@ -217,13 +256,25 @@ VlmConfig tiny(Family family) {
   top_of_vocab_special_ids(c);  // 2041..2047
   c.tie_word_embeddings = true;
   c.torch_dtype = "float32";
+  qwen2_vl_features(c);
+  return c;
+}
+
+// The Qwen2.5-VL tiny: tiny's sizes with a gated SiLU ViT and window attention.
+VlmConfig tiny_qwen2_5_vl() {
+  VlmConfig c = tiny_qwen2_vl();
+  c.vision.intermediate_size = 344;
+  c.vision.hidden_act = "silu";
+  c.vision.window_size = 56;  // 2x2 merged tokens per window: exercised by 4x4-token images
+  c.vision.fullatt_block_indexes = {1, 3};
+  qwen2_5_vl_features(c);
   return c;
 }
 
 // ~8x tiny (41.0M parameters: vision 14.2M incl. merger 3.1M, LLM 26.8M): the benchmark
 // size (bench/, scripts/bench.sh), about a second per CPU step at a few samples per rank.
 VlmConfig small() {
-  VlmConfig c = tiny(Family::qwen2_vl);
+  VlmConfig c = tiny_qwen2_vl();
   c.vision.depth = 6;
   c.vision.embed_dim = 384;
   c.vision.num_heads = 6;  // head_dim 64
@@ -252,17 +303,16 @@ const ProcessorDefaults kQwen2Processor{{0.48145466, 0.4578275, 0.40821073},
 const ModelFamilySpec& qwen2_vl_family() {
   static const ModelFamilySpec spec = [] {
     ModelFamilySpec s;
-    s.family = Family::qwen2_vl;
     s.model_type = "qwen2_vl";
     s.architecture = "Qwen2VLForConditionalGeneration";
     s.display_name = "Qwen2-VL";
     s.nested_names = false;
     s.processor = kQwen2Processor;
     s.default_system = "You are a helpful assistant.";
-    s.parse = [](const json& top, const std::string& src) { return q2_parse(top, src, true); };
-    s.to_json = q2_to_json;
+    s.parse = [](const json& top, const std::string& src) { return q2_parse(top, src, /*v2=*/true); };
+    s.to_json = [](const VlmConfig& c) { return q2_to_json(c, /*v2=*/true); };
     s.make_vision = q2_make_vision;
-    s.presets = {{"tiny", [] { return tiny(Family::qwen2_vl); }},
+    s.presets = {{"tiny", tiny_qwen2_vl},
                  {"small", small},
                  {"qwen2-vl-2b", [] { return real_qwen2_vl(1536, 8960, 28, 12, 2, 151936, true); }},
                  {"qwen2-vl-7b", [] { return real_qwen2_vl(3584, 18944, 28, 28, 4, 152064, false); }}};
@@ -274,13 +324,13 @@ const ModelFamilySpec& qwen2_vl_family() {
 const ModelFamilySpec& qwen2_5_vl_family() {
   static const ModelFamilySpec spec = [] {
     ModelFamilySpec s = qwen2_vl_family();
-    s.family = Family::qwen2_5_vl;
     s.model_type = "qwen2_5_vl";
     s.architecture = "Qwen2_5_VLForConditionalGeneration";
     s.display_name = "Qwen2.5-VL";
-    s.parse = [](const json& top, const std::string& src) { return q2_parse(top, src, false); };
+    s.parse = [](const json& top, const std::string& src) { return q2_parse(top, src, /*v2=*/false); };
+    s.to_json = [](const VlmConfig& c) { return q2_to_json(c, /*v2=*/false); };
     s.validate = q25_validate;
-    s.presets = {{"tiny-qwen2.5", [] { return tiny(Family::qwen2_5_vl); }},
+    s.presets = {{"tiny-qwen2.5", tiny_qwen2_5_vl},
                  {"qwen2.5-vl-3b", [] { return real_qwen2_5_vl(2048, 11008, 36, 16, 2, 151936, true); }},
                  {"qwen2.5-vl-7b", [] { return real_qwen2_5_vl(3584, 18944, 28, 28, 4, 152064, false); }}};
     return s;

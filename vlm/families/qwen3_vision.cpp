@@ -11,10 +11,10 @@
 namespace vlm {
 
 Qwen3VisionBlockImpl::Qwen3VisionBlockImpl(const VisionConfig& v, const torch::TensorOptions& opts) {
-  norm1 = register_module("norm1", Norm(NormKind::layer_norm, v.embed_dim, v.norm_eps, opts));
-  norm2 = register_module("norm2", Norm(NormKind::layer_norm, v.embed_dim, v.norm_eps, opts));
+  norm1 = register_module("norm1", Norm(v.norm, v.embed_dim, v.norm_eps, opts));
+  norm2 = register_module("norm2", Norm(v.norm, v.embed_dim, v.norm_eps, opts));
   attn = register_module("attn", VisionAttention(v.embed_dim, v.num_heads, opts));
-  mlp = register_module("mlp", Mlp(MlpKind::gelu_tanh, v.embed_dim, v.intermediate_size, /*bias=*/true, opts));
+  mlp = register_module("mlp", Mlp(v.mlp, v.embed_dim, v.intermediate_size, /*bias=*/true, opts));
 }
 
 torch::Tensor Qwen3VisionBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
@@ -117,6 +117,44 @@ void Qwen3VisionEncoderImpl::append_units(std::vector<Unit>& u, const std::strin
       u.push_back({prefix + ".deepstack_merger_list." + std::to_string(k), deepstack_mergers[size_t(k)].get(), ""});
   }
   u.push_back({prefix + ".merger", merger.get(), ""});
+}
+
+std::vector<VisionUnitLayout> Qwen3VisionEncoderImpl::unit_layouts(const std::string& prefix) {
+  using Kind = VisionUnitLayout::Kind;
+  std::vector<VisionUnitLayout> u(2);
+  u[0].kind = Kind::patch_embed;
+  u[0].path = prefix + ".patch_embed";
+  u[1].kind = Kind::table_add;  // x + the resampled position table
+  u[1].path = prefix + ".pos_embed";
+  u[1].input = 0;
+  auto merger_layout = [&](const std::string& path, const Qwen3Merger& m, int input) {
+    VisionUnitLayout l;
+    l.kind = Kind::merger;
+    l.path = path;
+    l.input = input;
+    l.norm = m->norm->kind;
+    l.postshuffle_norm = m->postshuffle;
+    l.norm_name = "norm";
+    l.fc1_name = "linear_fc1";
+    l.fc2_name = "linear_fc2";
+    return l;
+  };
+  int prev = 1;
+  for (int64_t i = 0; i < static_cast<int64_t>(blocks.size()); ++i) {
+    VisionUnitLayout b;
+    b.kind = Kind::block;
+    b.path = prefix + ".blocks." + std::to_string(i);
+    b.input = prev;
+    b.norm = blocks[size_t(i)]->norm1->kind;
+    b.mlp = blocks[size_t(i)]->mlp->kind;
+    u.push_back(b);
+    prev = static_cast<int>(u.size()) - 1;
+    const int64_t k = deepstack_slot(i);
+    if (k >= 0)
+      u.push_back(merger_layout(prefix + ".deepstack_merger_list." + std::to_string(k), deepstack_mergers[size_t(k)], prev));
+  }
+  u.push_back(merger_layout(prefix + ".merger", merger, prev));
+  return u;
 }
 
 int64_t Qwen3VisionEncoderImpl::connector_parameters() {

@@ -20,7 +20,8 @@
 
 namespace vlm {
 
-// `visual.blocks.N`: x += attn(norm1(x)); x += mlp(norm2(x)) (LayerNorm, tanh GELU).
+// `visual.blocks.N`: x += attn(norm1(x)); x += mlp(norm2(x)) (v.norm, v.mlp: LayerNorm and
+// tanh GELU in Qwen3-VL).
 class Qwen3VisionBlockImpl : public torch::nn::Module {
  public:
   Qwen3VisionBlockImpl(const VisionConfig& v, const torch::TensorOptions& opts);
@@ -61,6 +62,7 @@ class Qwen3VisionEncoderImpl : public VisionTowerImpl {
   VisionOutput encode(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw, UnitRunner& runner,
                       const std::string& prefix) override;
   void append_units(std::vector<Unit>& units, const std::string& prefix) override;
+  std::vector<VisionUnitLayout> unit_layouts(const std::string& prefix) override;
   int64_t connector_parameters() override;
   torch::Tensor first_weight() override { return patch_embed->proj->weight; }
 

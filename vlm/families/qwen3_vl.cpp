@@ -1,6 +1,6 @@
-// Registry entry of Qwen3-VL (dense): config.json keys (always the nested layout:
-// text_config + vision_config), presets with the published configs, its vision tower
-// (qwen3_vision.h), processor and chat defaults.
+// Registry entry of Qwen3-VL (dense): its config.json key table (always the nested layout:
+// text_config + vision_config), architecture features, presets with the published configs,
+// its vision tower (qwen3_vision.h), processor and chat defaults.
 #include <algorithm>
 #include <cmath>
 
@@ -14,95 +14,113 @@ namespace {
 
 using namespace config_json;
 
+// ---------------------------------------------------------------- config.json key table
 // Absent keys take transformers 5.23's Qwen3VLVisionConfig / Qwen3VLTextConfig defaults.
-void q3_parse_vision(const json& vj, VisionConfig& v, const std::string& src) {
-  const std::string vw = "vision_config.";
-  v.depth = get_opt<int64_t>(vj, "depth", 27, vw, src);
-  v.embed_dim = get_opt<int64_t>(vj, "hidden_size", 1152, vw, src);
-  v.intermediate_size = get_opt<int64_t>(vj, "intermediate_size", 4304, vw, src);
-  v.num_heads = get_opt<int64_t>(vj, "num_heads", 16, vw, src);
-  v.in_chans = get_opt<int64_t>(vj, "in_channels", 3, vw, src);
-  v.patch_size = get_opt<int64_t>(vj, "patch_size", 16, vw, src);
-  v.spatial_merge_size = get_opt<int64_t>(vj, "spatial_merge_size", 2, vw, src);
-  v.temporal_patch_size = get_opt<int64_t>(vj, "temporal_patch_size", 2, vw, src);
-  v.out_hidden_size = get_opt<int64_t>(vj, "out_hidden_size", 3584, vw, src);
-  v.num_position_embeddings = get_opt<int64_t>(vj, "num_position_embeddings", 2304, vw, src);
-  v.deepstack_visual_indexes = get_opt<std::vector<int64_t>>(vj, "deepstack_visual_indexes", {8, 16, 24}, vw, src);
-  v.hidden_act = get_opt<std::string>(vj, "hidden_act", "gelu_pytorch_tanh", vw, src);
-  VLM_CHECK(v.hidden_act == "gelu_pytorch_tanh", src, ": vision_config.hidden_act is '", v.hidden_act,
-            "', expected 'gelu_pytorch_tanh' for qwen3_vl");
-  const json& rope = object_or_empty(vj, "rope_parameters", src);
-  v.rope_theta = get_opt<double>(rope, "rope_theta", 10000.0, vw + "rope_parameters.", src);
+// Steps in code (q3_parse / q3_to_json): the text rotary (rope_theta, rope_scaling or
+// rope_parameters), head_dim written resolved, the vision rotary base
+// (vision_config.rope_parameters.rope_theta), the tied head, bos / eos and dtype, and the
+// constants transformers expects (model_type of each section, attention_bias false).
+template <class W, class C>
+void qwen3_vl_keys(W& top, W& text, W& vision, C& c) {
+  auto& v = c.vision;
+  vision("depth", v.depth, 27);
+  vision("hidden_size", v.embed_dim, 1152);
+  vision("intermediate_size", v.intermediate_size, 4304);
+  vision("num_heads", v.num_heads, 16);
+  vision("in_channels", v.in_chans, 3);
+  vision("patch_size", v.patch_size, 16);
+  vision("spatial_merge_size", v.spatial_merge_size, 2);
+  vision("temporal_patch_size", v.temporal_patch_size, 2);
+  vision("out_hidden_size", v.out_hidden_size, 3584);
+  vision("num_position_embeddings", v.num_position_embeddings, 2304);
+  vision("deepstack_visual_indexes", v.deepstack_visual_indexes, {8, 16, 24});
+  vision("hidden_act", v.hidden_act, "gelu_pytorch_tanh");
+  auto& t = c.text;
+  text("vocab_size", t.vocab_size, 151936);
+  text("hidden_size", t.hidden_size, 4096);
+  text("intermediate_size", t.intermediate_size, 22016);
+  text("num_hidden_layers", t.num_hidden_layers, 32);
+  text("num_attention_heads", t.num_attention_heads, 32);
+  text("num_key_value_heads", t.num_key_value_heads, 32);  // null: num_attention_heads (a step)
+  text("rms_norm_eps", t.rms_norm_eps, 1e-6);
+  text.id("pad_token_id", t.pad_token_id);
+  text("max_position_embeddings", t.max_position_embeddings, 128000);
+  text("hidden_act", t.hidden_act, "silu");
+  text("head_dim", t.explicit_head_dim, 128);
+  top("image_token_id", c.image_token_id, 151655);
+  top("video_token_id", c.video_token_id, 151656);
+  top("vision_start_token_id", c.vision_start_token_id, 151652);
+  top("vision_end_token_id", c.vision_end_token_id, 151653);
 }
 
+// ---------------------------------------------------------------- features
+// What generic code reads instead of the family (config.h): a LayerNorm ViT with a tanh-GELU
+// MLP and full attention, images at M-RoPE time 0, a Qwen3 decoder (q/k norm, no attention
+// bias, interleaved M-RoPE: HF's Qwen3-VL rotary always interleaves, the key is
+// informational).
+void qwen3_vl_features(VlmConfig& c) {
+  c.vision.norm = NormKind::layer_norm;
+  c.vision.mlp = MlpKind::gelu_tanh;
+  c.text.image_frames_advance_time = false;
+  c.text.attention_bias = false;
+  c.text.qk_norm = true;
+  c.text.mrope_interleaved = true;
+}
+
+// ---------------------------------------------------------------- parse, write, validate
+// Always the nested layout: text_config + vision_config.
 VlmConfig q3_parse(const json& top, const std::string& src) {
   VlmConfig c;
-  q3_parse_vision(object_or_empty(top, "vision_config", src), c.vision, src);
+  const json& vj = object_or_empty(top, "vision_config", src);
   const json& tj = object_or_empty(top, "text_config", src);
   const std::string tw = "text_config.";
   TextConfig& t = c.text;
   t.mrope_section = {24, 20, 20};  // HF: rope_parameters.get("mrope_section", [24, 20, 20])
-  parse_text_common(tj, tw, {151936, 4096, 22016, 32, 32, 32, 1e-6, 500000.0, 128000}, t, src);
-  t.explicit_head_dim = get_opt<int64_t>(tj, "head_dim", 128, tw, src);
+  KeyReader r_top(top, "", src), r_text(tj, tw, src), r_vision(vj, "vision_config.", src);
+  qwen3_vl_keys(r_top, r_text, r_vision, c);
+
+  VLM_CHECK(c.vision.hidden_act == "gelu_pytorch_tanh", src, ": vision_config.hidden_act is '",
+            c.vision.hidden_act, "', expected 'gelu_pytorch_tanh' for qwen3_vl");
+  const json& vrope = object_or_empty(vj, "rope_parameters", src);
+  c.vision.rope_theta = get_opt<double>(vrope, "rope_theta", 10000.0, "vision_config.rope_parameters.", src);
+  parse_text_steps(tj, t, src);
+  t.rope_theta = get_opt<double>(tj, "rope_theta", 500000.0, tw, src);
+  parse_rope(tj, t, tw, src);
   VLM_CHECK(!get_opt<bool>(tj, "attention_bias", false, tw, src), src, ": ", tw,
             "attention_bias is true: biases on q/k/v/o_proj are not supported for qwen3_vl (hint: "
             "every released Qwen3-VL config has attention_bias false)");
-  t.attention_bias = false;
-  t.qk_norm = true;
-  t.mrope_interleaved = true;  // HF's Qwen3-VL rotary always interleaves (the key is informational)
   // Tied head: the top-level key only (Qwen3VLConfig does not read text_config's flag).
-  parse_top_common(top, tj, tw, /*text_tie_counts=*/false, c, src);
+  parse_top_steps(top, tj, tw, /*text_tie_counts=*/false, c, src);
+  qwen3_vl_features(c);
   return c;
 }
 
 json q3_to_json(const VlmConfig& c) {
   const auto& t = c.text;
-  const auto& v = c.vision;
-  json tj = {{"model_type", "qwen3_vl_text"},
-             {"vocab_size", t.vocab_size},
-             {"hidden_size", t.hidden_size},
-             {"intermediate_size", t.intermediate_size},
-             {"num_hidden_layers", t.num_hidden_layers},
-             {"num_attention_heads", t.num_attention_heads},
-             {"num_key_value_heads", t.num_key_value_heads},
-             {"head_dim", t.head_dim()},
-             {"hidden_act", t.hidden_act},
-             {"max_position_embeddings", t.max_position_embeddings},
-             {"rms_norm_eps", t.rms_norm_eps},
-             {"attention_bias", false},
-             {"attention_dropout", 0.0},
-             {"rope_parameters",
-              {{"rope_type", "default"}, {"rope_theta", t.rope_theta}, {"mrope_section", t.mrope_section},
-               {"mrope_interleaved", true}}},
-             {"bos_token_id", c.bos_token_id},
-             {"eos_token_id", c.eos_token_id},
-             {"tie_word_embeddings", c.tie_word_embeddings},
-             {"dtype", c.torch_dtype}};
-  if (t.pad_token_id >= 0) tj["pad_token_id"] = t.pad_token_id;
-  json vj = {{"model_type", "qwen3_vl"},
-             {"depth", v.depth},
-             {"hidden_size", v.embed_dim},
-             {"intermediate_size", v.intermediate_size},
-             {"num_heads", v.num_heads},
-             {"in_channels", v.in_chans},
-             {"patch_size", v.patch_size},
-             {"spatial_merge_size", v.spatial_merge_size},
-             {"temporal_patch_size", v.temporal_patch_size},
-             {"out_hidden_size", v.out_hidden_size},
-             {"num_position_embeddings", v.num_position_embeddings},
-             {"deepstack_visual_indexes", v.deepstack_visual_indexes},
-             {"hidden_act", v.hidden_act},
-             {"rope_parameters", {{"rope_type", "axial"}, {"rope_theta", v.rope_theta}}}};
-  return {{"model_type", "qwen3_vl"},
-          {"architectures", {"Qwen3VLForConditionalGeneration"}},
-          {"image_token_id", c.image_token_id},
-          {"video_token_id", c.video_token_id},
-          {"vision_start_token_id", c.vision_start_token_id},
-          {"vision_end_token_id", c.vision_end_token_id},
-          {"tie_word_embeddings", c.tie_word_embeddings},
-          {"dtype", c.torch_dtype},
-          {"text_config", tj},
-          {"vision_config", vj}};
+  json tj, vj, j;
+  KeyWriter w_top(j), w_text(tj), w_vision(vj);
+  qwen3_vl_keys(w_top, w_text, w_vision, c);
+  tj["model_type"] = "qwen3_vl_text";
+  tj["head_dim"] = t.head_dim();  // resolved (0 in a file means hidden / heads)
+  tj["attention_bias"] = false;
+  tj["attention_dropout"] = 0.0;
+  tj["rope_parameters"] = {{"rope_type", "default"},
+                           {"rope_theta", t.rope_theta},
+                           {"mrope_section", t.mrope_section},
+                           {"mrope_interleaved", true}};
+  tj["bos_token_id"] = c.bos_token_id;
+  tj["eos_token_id"] = c.eos_token_id;
+  tj["tie_word_embeddings"] = c.tie_word_embeddings;
+  tj["dtype"] = c.torch_dtype;
+  vj["model_type"] = "qwen3_vl";
+  vj["rope_parameters"] = {{"rope_type", "axial"}, {"rope_theta", c.vision.rope_theta}};
+  j["model_type"] = "qwen3_vl";
+  j["architectures"] = {"Qwen3VLForConditionalGeneration"};
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["dtype"] = c.torch_dtype;
+  j["text_config"] = tj;
+  j["vision_config"] = vj;
+  return j;
 }
 
 void q3_validate(const VlmConfig& c, const std::string& src) {
@@ -127,7 +145,6 @@ void q3_validate(const VlmConfig& c, const std::string& src) {
 // 24 x 1024 (2B, 4B) and 27 x 1152 (8B) with DeepStack at blocks 5/11/17 and 8/16/24.
 VlmConfig real_qwen3_vl(int64_t hidden, int64_t inter, int64_t layers, int64_t heads, bool tie, bool large_vit) {
   VlmConfig c;
-  c.family = Family::qwen3_vl;
   auto& v = c.vision;
   v.depth = large_vit ? 27 : 24;
   v.embed_dim = large_vit ? 1152 : 1024;
@@ -146,13 +163,11 @@ VlmConfig real_qwen3_vl(int64_t hidden, int64_t inter, int64_t layers, int64_t h
   t.num_attention_heads = heads;
   t.num_key_value_heads = 8;
   t.explicit_head_dim = 128;
-  t.attention_bias = false;
-  t.qk_norm = true;
-  t.mrope_interleaved = true;
   t.mrope_section = {24, 20, 20};
   t.rope_theta = 5000000.0;
   t.max_position_embeddings = 262144;
   c.tie_word_embeddings = tie;
+  qwen3_vl_features(c);
   return c;
 }
 
@@ -161,7 +176,6 @@ VlmConfig real_qwen3_vl(int64_t hidden, int64_t inter, int64_t layers, int64_t h
 // head_dim 32 given explicitly (heads x head_dim = 128 != hidden 256, as in the real 4B/8B).
 VlmConfig tiny_qwen3() {
   VlmConfig c;
-  c.family = Family::qwen3_vl;
   auto& v = c.vision;
   v.depth = 4;
   v.embed_dim = 128;
@@ -180,15 +194,13 @@ VlmConfig tiny_qwen3() {
   t.num_attention_heads = 4;
   t.num_key_value_heads = 2;
   t.explicit_head_dim = 32;
-  t.attention_bias = false;
-  t.qk_norm = true;
-  t.mrope_interleaved = true;
   t.mrope_section = {4, 6, 6};
   t.rope_theta = 1000.0;
   t.max_position_embeddings = 4096;
   top_of_vocab_special_ids(c);  // 2041..2047, as tiny
   c.tie_word_embeddings = true;
   c.torch_dtype = "float32";
+  qwen3_vl_features(c);
   return c;
 }
 
@@ -197,7 +209,6 @@ VlmConfig tiny_qwen3() {
 const ModelFamilySpec& qwen3_vl_family() {
   static const ModelFamilySpec spec = [] {
     ModelFamilySpec s;
-    s.family = Family::qwen3_vl;
     s.model_type = "qwen3_vl";
     s.architecture = "Qwen3VLForConditionalGeneration";
     s.display_name = "Qwen3-VL";

@@ -4,21 +4,31 @@
 
 namespace vlm {
 
+// The entry `const ModelFamilySpec& <name>_family()` that a file under vlm/families/ defines
+// (declared here, at block scope, so that registering a family is one line and no header).
+#define VLM_FAMILY(name)                           \
+  [] {                                             \
+    extern const ModelFamilySpec& name##_family(); \
+    return &name##_family();                       \
+  }()
+
 const std::vector<const ModelFamilySpec*>& model_families() {
   // The registry: one line per architecture.
   static const std::vector<const ModelFamilySpec*> all = {
-      &qwen2_vl_family(),
-      &qwen2_5_vl_family(),
-      &qwen3_vl_family(),
+      VLM_FAMILY(qwen2_vl),
+      VLM_FAMILY(qwen2_5_vl),
+      VLM_FAMILY(qwen3_vl),
   };
   return all;
 }
 
-const ModelFamilySpec& family_spec(Family f) {
-  for (const ModelFamilySpec* s : model_families())
-    if (s->family == f) return *s;
-  VLM_ASSERT(false, "model family ", static_cast<int>(f), " has no registry entry");
-  return *model_families().front();
+#undef VLM_FAMILY
+
+const ModelFamilySpec& family_spec(const std::string& family) {
+  const ModelFamilySpec* s = find_family(family);
+  VLM_CHECK(s != nullptr, "model family '", family, "' is not registered (expected one of ", known_model_types(),
+            "; hint: build a config with vlm::preset or vlm::parse_hf_config, which set its family)");
+  return *s;
 }
 
 const ModelFamilySpec* find_family(const std::string& model_type) {

@@ -12,85 +12,13 @@
 
 namespace vlm {
 
-namespace config_json {
+std::string family_name(const std::string& family) { return family_spec(family).model_type; }
 
-void parse_rope(const json& text, TextConfig& t, const std::string& where0, const std::string& src) {
-  for (const char* key : {"rope_scaling", "rope_parameters"}) {  // HF: rope_scaling wins
-    auto it = text.find(key);
-    if (it == text.end() || !it->is_object()) continue;
-    const std::string where = where0 + key + ".";
-    if (it->contains("mrope_section"))
-      t.mrope_section = get_req<std::vector<int64_t>>(*it, "mrope_section", where, src);
-    if (it->contains("rope_theta")) t.rope_theta = get_req<double>(*it, "rope_theta", where, src);
-    t.mrope_interleaved = get_opt<bool>(*it, "mrope_interleaved", t.mrope_interleaved, where, src);
-    std::string type = get_opt<std::string>(*it, "rope_type", "", where, src);
-    if (type.empty()) type = get_opt<std::string>(*it, "type", "", where, src);
-    VLM_CHECK(type.empty() || type == "mrope" || type == "default", src, ": key '", where,
-              "rope_type' is '", type, "', expected 'mrope' or 'default' (hint: frequency "
-              "scaling of the rotary embedding is not supported)");
-    return;
-  }
+std::vector<std::string> family_names() {
+  std::vector<std::string> out;
+  for (const ModelFamilySpec* f : model_families()) out.push_back(f->model_type);
+  return out;
 }
-
-void parse_text_common(const json& tj, const std::string& tw, const TextDefaults& d, TextConfig& t,
-                       const std::string& src) {
-  auto ti = [&](const char* key, int64_t dflt) { return get_opt<int64_t>(tj, key, dflt, tw, src); };
-  t.vocab_size = ti("vocab_size", d.vocab_size);
-  t.hidden_size = ti("hidden_size", d.hidden_size);
-  t.intermediate_size = ti("intermediate_size", d.intermediate_size);
-  t.num_hidden_layers = ti("num_hidden_layers", d.num_hidden_layers);
-  t.num_attention_heads = ti("num_attention_heads", d.num_attention_heads);
-  // HF: the class default when absent, num_attention_heads when written as null.
-  t.num_key_value_heads = tj.contains("num_key_value_heads") && tj["num_key_value_heads"].is_null()
-                              ? t.num_attention_heads
-                              : ti("num_key_value_heads", d.num_key_value_heads);
-  t.rms_norm_eps = get_opt<double>(tj, "rms_norm_eps", d.rms_norm_eps, tw, src);
-  if (auto p = tj.find("pad_token_id"); p != tj.end() && !p->is_null())
-    t.pad_token_id = integer_value(*p, tw + "pad_token_id", src);
-  t.rope_theta = get_opt<double>(tj, "rope_theta", d.rope_theta, tw, src);
-  t.max_position_embeddings = ti("max_position_embeddings", d.max_position_embeddings);
-  t.hidden_act = get_opt<std::string>(tj, "hidden_act", "silu", tw, src);
-  VLM_CHECK(t.hidden_act == "silu", src, ": text hidden_act is '", t.hidden_act, "', expected 'silu'");
-  parse_rope(tj, t, tw, src);
-}
-
-void parse_top_common(const json& top, const json& tj, const std::string& tw, bool text_tie_counts, VlmConfig& c,
-                      const std::string& src) {
-  // Tied head: the top-level key (default false), or true in text_config (HF turns the
-  // top-level flag on when the text config has it on).
-  c.tie_word_embeddings = get_opt<bool>(top, "tie_word_embeddings", false, "", src) ||
-                          (text_tie_counts && get_opt<bool>(tj, "tie_word_embeddings", false, tw, src));
-  c.image_token_id = get_opt<int64_t>(top, "image_token_id", 151655, "", src);
-  c.video_token_id = get_opt<int64_t>(top, "video_token_id", 151656, "", src);
-  c.vision_start_token_id = get_opt<int64_t>(top, "vision_start_token_id", 151652, "", src);
-  c.vision_end_token_id = get_opt<int64_t>(top, "vision_end_token_id", 151653, "", src);
-  c.bos_token_id = get_opt<int64_t>(tj, "bos_token_id", get_opt<int64_t>(top, "bos_token_id", 151643, "", src), tw, src);
-  // eos_token_id: an integer or a list (the first is kept; generation reads its stop ids
-  // from generation_config.json and the tokenizer).
-  const json* eos = nullptr;
-  std::string ew = tw;
-  for (const json* obj : {&tj, &top}) {
-    auto it = obj->find("eos_token_id");
-    if (it != obj->end() && !it->is_null()) {
-      eos = &*it;
-      break;
-    }
-    ew = "";
-  }
-  if (eos == nullptr) {
-    c.eos_token_id = 151645;
-  } else if (eos->is_array() && !eos->empty()) {
-    c.eos_token_id = integer_value((*eos)[0], ew + "eos_token_id[0]", src);
-  } else {
-    c.eos_token_id = integer_value(*eos, ew + "eos_token_id", src);
-  }
-  const std::string dtype = get_opt<std::string>(tj, "dtype", get_opt<std::string>(top, "dtype", "bfloat16", "", src), tw, src);
-  c.torch_dtype = get_opt<std::string>(top, "torch_dtype", dtype, "", src);
-}
-
-}  // namespace config_json
-
-std::string family_name(Family f) { return family_spec(f).model_type; }
 
 VlmConfig parse_hf_config(const std::string& json_text, const std::string& src) {
   using config_json::json;
@@ -103,10 +31,16 @@ VlmConfig parse_hf_config(const std::string& json_text, const std::string& src) 
   VLM_CHECK(top.is_object(), src, ": expected a JSON object at the top level");
   const auto model_type = config_json::get_req<std::string>(top, "model_type", "", src);
   const ModelFamilySpec* fam = find_family(model_type);
-  VLM_CHECK(fam != nullptr, src, ": model_type is '", model_type, "', expected one of ", known_model_types(),
-            " (hint: vlmtrain supports the Qwen2-VL, Qwen2.5-VL and Qwen3-VL dense families)");
+  if (fam == nullptr) {
+    std::string names;  // "A, B and C"
+    const auto& all = model_families();
+    for (size_t i = 0; i < all.size(); ++i)
+      names += (i == 0 ? "" : i + 1 == all.size() ? " and " : ", ") + all[i]->display_name;
+    throw Error(str(src, ": model_type is '", model_type, "', expected one of ", known_model_types(),
+                    " (hint: vlmtrain supports the ", names, " families)"));
+  }
   VlmConfig c = fam->parse(top, src);
-  c.family = fam->family;
+  c.family = fam->model_type;
   validate(c, src);
   return c;
 }
@@ -179,7 +113,8 @@ void validate(const VlmConfig& c, const std::string& src) {
   for (int64_t id : {c.image_token_id, c.vision_start_token_id, c.vision_end_token_id})
     VLM_CHECK(id >= 0 && id < t.vocab_size, src, ": special token id ", id, " outside vocab [0, ",
               t.vocab_size, ")");
-  if (family_spec(c.family).validate) family_spec(c.family).validate(c, src);
+  const ModelFamilySpec& fam = family_spec(c.family);
+  if (fam.validate) fam.validate(c, src);
 }
 
 nlohmann::json to_hf_json(const VlmConfig& c) { return family_spec(c.family).to_json(c); }
@@ -196,7 +131,7 @@ VlmConfig preset(const std::string& name) {
     for (const auto& p : f->presets) {
       if (p.first != name) continue;
       VlmConfig c = p.second();
-      c.family = f->family;
+      c.family = f->model_type;
       validate(c, "preset " + name);
       return c;
     }

@@ -1,9 +1,11 @@
-// Model configuration of the Qwen VL families: plain structs, HF config.json parsing
-// (legacy top-level text fields and newer `text_config`; `rope_scaling` and
-// `rope_parameters`), export back to an HF config.json, and built-in presets. What differs
-// per family (its config keys, presets, vision tower, processor and chat defaults) lives in
-// the family's own files behind one registry entry (vlm/families/registry.h); this file holds
-// the shared structs and dispatches by `model_type`.
+// Model configuration: plain structs, HF config.json parsing and export, built-in presets.
+// Which architecture a config describes is its `family`, the model_type of a registry entry
+// (vlm/families/registry.h); everything that differs per family (its config.json keys,
+// presets, vision tower, processor and chat defaults) lives in the family's own files behind
+// that entry. What generic code needs to know of an architecture is a feature field below
+// (vision norm and MLP kind, window attention, q/k norm, M-RoPE layout, ...), set by the
+// family's parser and presets: generic code reads features, never the family's identity.
+// This file holds the shared structs and dispatches by `model_type`.
 //
 // The one trap: in Qwen2-VL's `vision_config`, `hidden_size` is the merger OUTPUT width and
 // `embed_dim` the ViT width; in Qwen2.5-VL `hidden_size` is the ViT width and
@@ -15,16 +17,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "vlm/model/layer_kinds.h"
+
 namespace vlm {
 
-enum class Family {
-  qwen2_vl,    // Qwen2-VL: LayerNorm + QuickGELU ViT, full attention per image
-  qwen2_5_vl,  // Qwen2.5-VL: RMSNorm + gated SiLU ViT, window attention + full-attention blocks
-  qwen3_vl,    // Qwen3-VL (dense): 16-px patches, learned 2-D position table, DeepStack
-               // mergers, Qwen3 decoder (q/k norm, no attention bias), interleaved M-RoPE
-};
-
-std::string family_name(Family f);  // the HF model_type: "qwen2_vl" | "qwen2_5_vl" | "qwen3_vl"
+// The HF model_type of a registered family, checked against the registry; throws vlm::Error
+// listing the registered ones when `family` names none (an empty, hand-built config).
+std::string family_name(const std::string& family);
+// Every registered family's model_type, in registry order.
+std::vector<std::string> family_names();
 
 struct VisionConfig {
   int64_t depth = 0;                // number of ViT blocks
@@ -47,10 +48,17 @@ struct VisionConfig {
                                         // bilinearly resampled to each image's grid
   std::vector<int64_t> deepstack_visual_indexes;  // Qwen3: blocks whose output feeds a
                                                   // DeepStack merger (added to LLM layer k)
+  // Features, set by the family's parser and presets (the towers and the cost models read
+  // them instead of the family):
+  NormKind norm = NormKind::layer_norm;  // ViT block norms and the merger's per-patch norm
+  MlpKind mlp = MlpKind::quick_gelu;     // ViT block MLP, the kind hidden_act names
 
   int64_t head_dim() const { return embed_dim / num_heads; }
   int64_t patch_dim() const { return in_chans * temporal_patch_size * patch_size * patch_size; }
   int64_t merge_unit() const { return spatial_merge_size * spatial_merge_size; }
+  // Window attention (window_size > 0): blocks outside fullatt_block_indexes attend within
+  // windows of merged tokens, the tokens permuted window by window (as Qwen2.5-VL's ViT).
+  bool window_attention() const { return window_size > 0; }
 };
 
 struct TextConfig {
@@ -74,12 +82,16 @@ struct TextConfig {
   bool qk_norm = false;             // Qwen3: RMSNorm over head_dim on q and k (q_norm, k_norm)
   bool mrope_interleaved = false;   // Qwen3: frequency k takes stream k % 3 (within the
                                     // sections); Qwen2: consecutive sections T, H, W
+  // Feature: M-RoPE of image tokens. true: frame k of an image takes temporal offset k (as
+  // Qwen2-VL); false: every image token takes offset 0 (Qwen2.5-VL scales time by a video's
+  // seconds per frame, 0 for an image; Qwen3-VL likewise).
+  bool image_frames_advance_time = false;
 
   int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : hidden_size / num_attention_heads; }
 };
 
 struct VlmConfig {
-  Family family = Family::qwen2_vl;
+  std::string family;  // the registry entry's model_type; set by parse_hf_config and preset
   VisionConfig vision;
   TextConfig text;
   int64_t image_token_id = 151655;         // <|image_pad|>
@@ -107,8 +119,8 @@ VlmConfig load_hf_config(const std::string& dir_or_file);
 // An HF config.json (legacy layout: text fields top-level) that transformers loads.
 nlohmann::json to_hf_json(const VlmConfig& cfg);
 
-// Built-in presets of every family in the registry: tiny, tiny-qwen2.5, tiny-qwen3, small,
-// qwen2-vl-2b, qwen2-vl-7b, qwen2.5-vl-3b, qwen2.5-vl-7b, qwen3-vl-2b, qwen3-vl-4b, qwen3-vl-8b.
+// Built-in presets of every family in the registry (tiny, small, qwen2-vl-2b, ...: the
+// families' own lists, in registry order).
 VlmConfig preset(const std::string& name);
 std::vector<std::string> preset_names();
 

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <string>
 
+#include "vlm/model/layer_kinds.h"
+
 namespace vlm {
 
 // How materialize() initialises one parameter.
@@ -70,11 +72,6 @@ class LinearImpl : public LayerBase {
   void rebind() override;
 };
 TORCH_MODULE(Linear);
-
-enum class NormKind {
-  layer_norm,  // (x - mean) / sqrt(var + eps) * weight + bias
-  rms_norm,    // fp32: x * rsqrt(mean(x^2) + eps), cast to input dtype, times weight
-};
 
 class NormImpl : public LayerBase {
  public:

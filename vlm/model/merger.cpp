@@ -16,8 +16,7 @@ torch::Tensor MergerMlpImpl::forward(const torch::Tensor& x) {
 PatchMergerImpl::PatchMergerImpl(const VlmConfig& cfg, const torch::TensorOptions& opts) {
   const auto& v = cfg.vision;
   merged_dim = v.embed_dim * v.merge_unit();
-  const NormKind nk = cfg.family == Family::qwen2_vl ? NormKind::layer_norm : NormKind::rms_norm;
-  ln_q = register_module("ln_q", Norm(nk, v.embed_dim, v.norm_eps, opts));
+  ln_q = register_module("ln_q", Norm(v.norm, v.embed_dim, v.norm_eps, opts));
   mlp = register_module("mlp", MergerMlp(merged_dim, v.out_hidden_size, opts));
 }
 

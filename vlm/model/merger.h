@@ -21,7 +21,7 @@ TORCH_MODULE(MergerMlp);
 
 class PatchMergerImpl : public torch::nn::Module {
  public:
-  // ln_q: LayerNorm with bias (Qwen2-VL) or RMSNorm (Qwen2.5-VL), eps from cfg.vision.
+  // ln_q: cfg.vision.norm (LayerNorm with bias, or RMSNorm), eps from cfg.vision.
   PatchMergerImpl(const VlmConfig& cfg, const torch::TensorOptions& opts);
   // x: [S, embed_dim] (S divisible by merge^2) -> [S / merge^2, out_hidden_size]
   torch::Tensor forward(const torch::Tensor& x);

@@ -5,15 +5,10 @@
 #pragma once
 #include <torch/torch.h>
 
+#include "vlm/model/layer_kinds.h"
 #include "vlm/model/layers.h"
 
 namespace vlm {
-
-enum class MlpKind {
-  quick_gelu,  // fc2(quick_gelu(fc1 x)), quick_gelu(x) = x * sigmoid(1.702 x)
-  gelu_tanh,   // Qwen3-VL ViT: linear_fc2(gelu_tanh(linear_fc1 x)) (HF gelu_pytorch_tanh)
-  gated_silu,  // down(silu(gate x) * up x)
-};
 
 class MlpImpl : public torch::nn::Module {
  public:

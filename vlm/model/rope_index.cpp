@@ -60,7 +60,7 @@ RopeIndex get_rope_index(const torch::Tensor& input_ids, const torch::Tensor& im
         for (int64_t r = 0; r < hh; ++r)
           for (int64_t c = 0; c < ww; ++c) {
             const int64_t jj = real[k++];
-            const int64_t ti = cfg.family == Family::qwen2_vl ? tt : 0;
+            const int64_t ti = cfg.text.image_frames_advance_time ? tt : 0;
             P[0][s][jj] = next + ti;
             P[1][s][jj] = next + r;
             P[2][s][jj] = next + c;

@@ -3,7 +3,8 @@
 //   text:  the same position on all three streams, counting on from (max so far) + 1;
 //   image: a t x H' x W' block of merged tokens (H' = gh/merge, W' = gw/merge) whose first
 //          token would be at `base` gets base + (t_idx, row, col) in raster order;
-//          t_idx = frame for Qwen2-VL, 0 for Qwen2.5-VL images (second_per_grid_t = 0);
+//          t_idx = the frame when cfg.text.image_frames_advance_time (as Qwen2-VL), else 0
+//          (as Qwen2.5-VL's images, second_per_grid_t = 0);
 //   padding (attention_mask 0): 1 on all streams.
 // rope_delta = (max position + 1) - L, so during cached decoding the token at cache index c
 // gets position c + delta on all streams.
