@@ -2,7 +2,9 @@
 # The layout's rules, checked on the source tree (a ctest entry, tests/CMakeLists.txt):
 #   1. dependencies point down only: vlm/ includes only vlm/; collate/ and data/ include
 #      vlm/ and themselves; sharding/ includes vlm/ and itself (docs/design.md, "Layers");
-#   2. the repository stands alone: nothing reads or cites a ../shared folder beside it.
+#   2. the model-family registry is sealed: no family identifier (a model_type) in code
+#      outside vlm/families/ (adding a family touches no shared file but the registry);
+#   3. the repository stands alone: nothing reads or cites a ../shared folder beside it.
 # Prints every offending line and exits 1 when a rule is broken.
 set -uo pipefail
 cd "${1:-$(dirname "$0")/..}"
@@ -21,6 +23,13 @@ check_includes vlm 'vlm'
 check_includes collate 'vlm|collate'
 check_includes data 'vlm|data'
 check_includes sharding 'vlm|sharding'
+families=$(grep -rnE 'qwen2_vl|qwen2_5_vl|qwen3_vl|Family::' --include=*.h --include=*.cpp \
+           app vlm sharding data collate | grep -v '^vlm/families/' || true)
+if [ -n "$families" ]; then
+  echo "registry: family identifiers outside vlm/families/ (read an architecture feature of the config instead):"
+  echo "$families"
+  fail=1
+fi
 pattern='\.\./shared|shared/(reference|DESIGN|spec|REFERENCE)'
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   refs=$(git grep -nE "$pattern" -- . ':!scripts/check_layout.sh' || true)

@@ -66,12 +66,3 @@ std::string read_file(const std::string& path);
 bool file_exists(const std::string& path);
 
 }  // namespace vlm::test
-
-// The registered families by name, for tests that pick one (vlm::Family::qwen3_vl): a
-// VlmConfig's `family` is its registry entry's model_type (vlm/families/registry.h). The
-// library keeps no such list; tests may name families.
-namespace vlm::Family {
-inline constexpr const char* qwen2_vl = "qwen2_vl";
-inline constexpr const char* qwen2_5_vl = "qwen2_5_vl";
-inline constexpr const char* qwen3_vl = "qwen3_vl";
-}  // namespace vlm::Family

@@ -107,7 +107,7 @@ std::vector<json> q3_resolve(const json& configs, bool count_params) {
 // The VlmConfig that transformers' resolved Qwen3-VL values describe.
 vlm::VlmConfig q3_from_hf(const json& r) {
   vlm::VlmConfig c;
-  c.family = vlm::Family::qwen3_vl;
+  c.family = "qwen3_vl";
   const json& v = r["vision"];
   auto& cv = c.vision;
   cv.depth = v["depth"];

@@ -44,10 +44,10 @@ Counts formula_qwen3(const vlm::VlmConfig& c) {
 
 // Closed form from the spec's weight list.
 Counts formula(const vlm::VlmConfig& c) {
-  if (c.family == vlm::Family::qwen3_vl) return formula_qwen3(c);
+  if (c.family == "qwen3_vl") return formula_qwen3(c);
   const auto& v = c.vision;
   const auto& t = c.text;
-  const bool v2 = c.family == vlm::Family::qwen2_vl;
+  const bool v2 = c.family == "qwen2_vl";
   const int64_t e = v.embed_dim, i = v.intermediate_size, m = e * 4;
   const int64_t norm = v2 ? 2 * e : e;
   const int64_t mlp = v2 ? (e * i + i) + (i * e + e) : 2 * (e * i + i) + (i * e + e);
@@ -156,7 +156,7 @@ const char* kQwen25New = R"({
 TEST(Config, ParsesLegacyQwen2VlLayout) {
   auto c = vlm::parse_hf_config(kQwen2Vl2b, "2b.json");
   auto p = vlm::preset("qwen2-vl-2b");
-  EXPECT_EQ(c.family, vlm::Family::qwen2_vl);
+  EXPECT_EQ(c.family, "qwen2_vl");
   EXPECT_EQ(c.vision.embed_dim, 1280);
   EXPECT_EQ(c.vision.out_hidden_size, 1536);  // vision_config.hidden_size = merger output
   EXPECT_EQ(c.vision.intermediate_size, 5120);
@@ -170,7 +170,7 @@ TEST(Config, ParsesLegacyQwen2VlLayout) {
 
 TEST(Config, ParsesNewQwen25Layout) {
   auto c = vlm::parse_hf_config(kQwen25New, "3b.json");
-  EXPECT_EQ(c.family, vlm::Family::qwen2_5_vl);
+  EXPECT_EQ(c.family, "qwen2_5_vl");
   EXPECT_EQ(c.vision.embed_dim, 1280);  // vision_config.hidden_size = ViT width in 2.5
   EXPECT_EQ(c.vision.out_hidden_size, 2048);
   EXPECT_EQ(c.vision.window_size, 112);
@@ -313,7 +313,7 @@ using nlohmann::json;
 // The VlmConfig that HF's resolved values describe (one row of config_reference.py).
 vlm::VlmConfig from_hf(const json& r) {
   vlm::VlmConfig c;
-  c.family = r["family"] == "qwen2_vl" ? vlm::Family::qwen2_vl : vlm::Family::qwen2_5_vl;
+  c.family = r["family"] == "qwen2_vl" ? "qwen2_vl" : "qwen2_5_vl";
   const json& v = r["vision"];
   c.vision.depth = v["depth"];
   c.vision.num_heads = v["num_heads"];
@@ -325,7 +325,7 @@ vlm::VlmConfig from_hf(const json& r) {
   c.vision.embed_dim = v["embed_dim"];
   c.vision.out_hidden_size = v["out_hidden_size"];
   c.vision.intermediate_size = v["intermediate_size"];
-  if (c.family == vlm::Family::qwen2_5_vl) {
+  if (c.family == "qwen2_5_vl") {
     c.vision.window_size = v["window_size"];
     c.vision.fullatt_block_indexes = v["fullatt_block_indexes"].get<std::vector<int64_t>>();
     c.vision.tokens_per_second = v["tokens_per_second"];
@@ -365,7 +365,7 @@ void expect_same(const vlm::VlmConfig& a, const vlm::VlmConfig& b) {
   EXPECT_EQ(a.vision.embed_dim, b.vision.embed_dim);
   EXPECT_EQ(a.vision.out_hidden_size, b.vision.out_hidden_size);
   EXPECT_EQ(a.vision.intermediate_size, b.vision.intermediate_size);
-  if (a.family == vlm::Family::qwen2_5_vl) {
+  if (a.family == "qwen2_5_vl") {
     EXPECT_EQ(a.vision.window_size, b.vision.window_size);
     EXPECT_EQ(a.vision.fullatt_block_indexes, b.vision.fullatt_block_indexes);
     EXPECT_EQ(a.vision.tokens_per_second, b.vision.tokens_per_second);

@@ -105,10 +105,10 @@ std::string q3_supervised_text(const vlm::Tokenizer& tok, const vlm::RenderedCha
 }
 
 TEST(ChatTemplateQwen3Hf, RegistryDefaultsRenderNoSystemTurn) {
-  EXPECT_EQ(vlm::family_spec(vlm::Family::qwen3_vl).default_system, "");
-  EXPECT_EQ(vlm::family_spec(vlm::Family::qwen2_vl).default_system, vlm::ChatOptions{}.default_system);
+  EXPECT_EQ(vlm::family_spec("qwen3_vl").default_system, "");
+  EXPECT_EQ(vlm::family_spec("qwen2_vl").default_system, vlm::ChatOptions{}.default_system);
   vlm::ChatOptions opt;
-  opt.default_system = vlm::family_spec(vlm::Family::qwen3_vl).default_system;
+  opt.default_system = vlm::family_spec("qwen3_vl").default_system;
   const std::vector<vlm::ChatTurn> turns = {{"user", {vlm::ChatItem::Image(), vlm::ChatItem::Text("Hi")}},
                                             {"assistant", {vlm::ChatItem::Text("OK")}}};
   EXPECT_EQ(vlm::render_chat_text(turns, opt),
@@ -144,7 +144,7 @@ TEST(ChatTemplateQwen3Hf, IdsEqualQwen3VLProcessorApplyChatTemplate) {
     const Q3Case& c = all[k];
     SCOPED_TRACE("case " + c.name);
     vlm::ChatOptions opt;
-    opt.default_system = vlm::family_spec(vlm::Family::qwen3_vl).default_system;
+    opt.default_system = vlm::family_spec("qwen3_vl").default_system;
     opt.add_generation_prompt = c.add_generation_prompt;
     const std::string hf_text = ref[k]["text"].get<std::string>();
     const std::string ours = vlm::render_chat_text(c.turns, opt);
