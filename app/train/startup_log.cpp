@@ -1,0 +1,89 @@
+// The trainer's start-up log lines (contract in startup_log.h).
+#include "app/train/startup_log.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "sharding/dist/device_context.h"
+#include "sharding/parallel/lora.h"
+#include "vlm/runtime/check.h"
+#include "vlm/runtime/host_malloc.h"
+#include "vlm/runtime/process_memory.h"
+
+namespace vlm::app {
+
+std::string short_bytes(double b) {
+  const char* units[] = {"B", "K", "M", "G", "T"};
+  int k = 0;
+  while (b >= 1024 && k < 4) {
+    b /= 1024;
+    ++k;
+  }
+  return fmt::format("{:.1f}{}", b, units[k]);
+}
+
+void announce_run(const Recipe& recipe, const vlm::sharding::DistEnv& env, vlm::sharding::ParallelDims& dims) {
+  if (!dims.is_main()) return;
+  spdlog::info("vlmtrain {} | {} | recipe {} (hash {})", VLMTRAIN_VERSION, env.describe(), recipe.source,
+               recipe_hash(recipe));
+  if (!vlm::host_malloc_setting().empty()) spdlog::info("{}", vlm::host_malloc_setting());
+  if (dims.distributed())
+    spdlog::info("comm: data plane {}, one group per lane (main, fsdp-gather, fsdp-reduce, ddp) | control plane {}",
+                 dims.comm().transport(), dims.control().transport());
+  if (dims.has_mesh())
+    spdlog::info("mesh: dp_replicate {} x dp_shard {}: hybrid_shard units are sharded within groups of {} "
+                 "consecutive ranks and their gradients all-reduced across {} replicas",
+                 dims.dp_replicate(), dims.dp_shard(), dims.dp_shard(), dims.dp_replicate());
+  spdlog::info("resolved recipe:\n{}", to_toml(recipe));
+  spdlog::info("resolved recipe saved to {}", save_resolved_recipe(recipe, recipe.run.output_dir));
+}
+
+void log_sharded_load(const vlm::sharding::ShardedLoadStats& st, const vlm::sharding::MemoryReport& m,
+                      int64_t rss_before_model, vlm::sharding::ParallelDims& dims, bool random_init, bool sharded) {
+  if (!dims.is_main()) return;
+  const vlm::sharding::DeviceMemory dev = dims.device_context().memory();
+  const std::string how =
+      sharded ? vlm::str(random_init ? "initialised" : "read", " on rank 0: ", st.sharded_units, " units sharded, ",
+                         st.whole_units, " whole, ", st.elements_filled, " elements filled, ",
+                         short_bytes(static_cast<double>(st.bytes_read)), " read")
+              : std::string("whole model on every rank, rank 0's broadcast (model.sharded_load = false)");
+  spdlog::info("weights: {} | persistent share {} | host RSS {} before the model, {} now, peak {}{}", how,
+               short_bytes(m.persistent()),
+               short_bytes(static_cast<double>(rss_before_model)), short_bytes(static_cast<double>(current_rss_bytes())),
+               short_bytes(static_cast<double>(std::max(peak_rss_bytes(), current_rss_bytes()))),  // maxrss lags
+               dims.device().is_cuda() ? vlm::str(" | device allocated ", short_bytes(static_cast<double>(dev.allocated)),
+                                                  ", peak ", short_bytes(static_cast<double>(dev.peak_allocated)))
+                                       : std::string());
+}
+
+void log_unit_table(const vlm::sharding::ShardedModel& sm, const MemoryPlan& plan, bool main) {
+  if (!main) return;
+  const vlm::sharding::MemoryReport m0 = sm.memory();
+  const vlm::sharding::ParamCounts pc = vlm::sharding::count_params(sm.unit_table());
+  spdlog::info("unit table:\n{}params: total {}, trainable {}\nmemory per rank: params {} + grads {} + "
+               "optimizer {} (persistent){}; plan: {} persistent + {} transient (gathered units, reduce-scatter "
+               "buffers, unsharded sums) = {} before activations; the step log's mem is the measured peak "
+               "of tensor bytes on the device, next to the plan for the micro-batches the window ran "
+               "(inputs and activations added; app/plan/step_memory.h)",
+               vlm::sharding::unit_table_text(sm.unit_table()), pc.total, pc.trainable,
+               short_bytes(m0.param_bytes), short_bytes(m0.grad_bytes), short_bytes(m0.optim_bytes),
+               m0.host_optim_bytes > 0 ? fmt::format("; optimizer state in host memory {} (sharding.optimizer_offload)",
+                                                     short_bytes(m0.host_optim_bytes))
+                                       : std::string(),
+               short_bytes(plan.total.total()), short_bytes(plan.peak_bytes() - plan.total.total()),
+               short_bytes(plan.peak_bytes()));
+  for (const auto& n : sm.notes()) spdlog::warn("{}", n);
+}
+
+void log_step_memory_plan(const StepMemory& planned, bool main) {
+  if (!main) return;
+  spdlog::info("memory plan of step 1 (app/plan/step_memory.h): persistent {} + inputs {} + max(gathered units {} "
+               "+ max(loss backward {}, reduce-scatter buffers {} + unit backward {}) + a unit's parameter "
+               "gradient {}, gradients until the optimizer {}) = {} (measured: the step log's mem)",
+               short_bytes(planned.persistent), short_bytes(planned.inputs), short_bytes(planned.gathered),
+               short_bytes(planned.act_head), short_bytes(planned.reduce), short_bytes(planned.act_units),
+               short_bytes(planned.grads), short_bytes(planned.step_grads), short_bytes(planned.total()));
+}
+
+}  // namespace vlm::app

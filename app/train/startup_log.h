@@ -1,0 +1,40 @@
+// The trainer's start-up log lines (rank 0): what runs where, how the weights arrived, the
+// unit table with its memory plan, and the plan of step 1. Every function logs on rank 0
+// only (dims.is_main() / `main`) and changes nothing else, except announce_run, which also
+// saves the resolved recipe.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "app/config/recipe.h"
+#include "app/plan/memory_plan.h"
+#include "app/plan/step_memory.h"
+#include "sharding/dist/dist_env.h"
+#include "sharding/dist/parallel_dims.h"
+#include "sharding/parallel/sharded_model.h"
+
+namespace vlm::app {
+
+// Bytes in one short word for log lines: "512.0B", "1.5K", "3.2M", "7.9G", "1.0T".
+std::string short_bytes(double bytes);
+
+// Rank 0: version, launcher, the planes' transports, the mesh, the resolved recipe; then
+// saves the resolved recipe to <run.output_dir>/recipe.toml and says where.
+void announce_run(const Recipe& recipe, const vlm::sharding::DistEnv& env, vlm::sharding::ParallelDims& dims);
+
+// Rank 0: one line on how the weights arrived on this rank (sharded loading,
+// sharding/parallel/sharded_load.h) and what start-up cost in host and device memory, next to
+// the rank's persistent share it must stay close to. `rss_before_model`: host RSS before
+// load_model; `random_init`: a preset (nothing read); `sharded`: model.sharded_load.
+void log_sharded_load(const vlm::sharding::ShardedLoadStats& st, const vlm::sharding::MemoryReport& m,
+                      int64_t rss_before_model, vlm::sharding::ParallelDims& dims, bool random_init, bool sharded);
+
+// Rank 0 (`main`): the unit table, parameter counts, the memory per rank and its plan
+// (persistent + transient before activations), then the sharding notes as warnings.
+void log_unit_table(const vlm::sharding::ShardedModel& sm, const MemoryPlan& plan, bool main);
+
+// Rank 0 (`main`): the memory plan of step 1 term by term (app/plan/step_memory.h), to read
+// next to the step log's measured mem.
+void log_step_memory_plan(const StepMemory& planned, bool main);
+
+}  // namespace vlm::app
