@@ -69,7 +69,7 @@ def log(msg):
 
 
 SYSTEM_MALLOC = {"VLMTRAIN_HOST_MALLOC": "system"}  # step_bench with glibc's default thresholds
-GLOO_TCP = {"VLMTRAIN_SHM_COMM": "0"}  # world 2 over Gloo's TCP (loopback) instead of shared memory
+SHM = {"VLMTRAIN_SHM_COMM": "1"}  # world 2 through the opt-in shared-memory channel instead of Gloo's TCP
 # glibc malloc settings equal to what vlmtrain and step_bench set for themselves at start
 # (vlm/runtime/host_malloc.h): given to the PyTorch reference so both sides allocate alike.
 HOST_MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
@@ -205,9 +205,9 @@ def ratios(md):
                ("ddp w2", lambda: step_bench(preset, "ddp", False, 2, threads=1)),
                ("full_shard w1", lambda: step_bench(preset, "full_shard", False, 1, threads=1)),
                ("full_shard w2", lambda: step_bench(preset, "full_shard", False, 2, threads=1)),
-               ("ddp w2, Gloo TCP", lambda: step_bench(preset, "ddp", False, 2, threads=1, env_extra=GLOO_TCP)),
-               ("full_shard w2, Gloo TCP",
-                lambda: step_bench(preset, "full_shard", False, 2, threads=1, env_extra=GLOO_TCP)),
+               ("ddp w2, shm", lambda: step_bench(preset, "ddp", False, 2, threads=1, env_extra=SHM)),
+               ("full_shard w2, shm",
+                lambda: step_bench(preset, "full_shard", False, 2, threads=1, env_extra=SHM)),
                ("full_shard+ckpt w1", lambda: step_bench(preset, "full_shard", True, 1, threads=1)),
                ("pytorch ddp w2", lambda: pytorch_ddp(preset, 2, threads=1)),
                ("full_shard w1, glibc malloc defaults",
@@ -235,10 +235,9 @@ def ratios(md):
               "other users' load than wall time does, so both ratios are given. vlmtrain and step_bench set "
               "glibc malloc to keep freed memory (vlm/runtime/host_malloc.h); the PyTorch reference runs with the same "
               f"thresholds (GLIBC_TUNABLES={HOST_MALLOC_TUNABLES}), and the last row gives the FSDP ratio "
-              "with glibc's defaults (VLMTRAIN_HOST_MALLOC=system). World 2 exchanges through shared memory "
-              "(sharding/dist/shm_channel.h, the default when the ranks share a host); the \"Gloo TCP\" rows turn it "
-              "off (VLMTRAIN_SHM_COMM=0) to show what Gloo's TCP over loopback costs, and compare with PyTorch DDP on "
-              "the same transport. Exposed comm s: seconds per step rank 0 blocked waiting for collectives "
+              "with glibc's defaults (VLMTRAIN_HOST_MALLOC=system). World 2 exchanges over Gloo's TCP "
+              "(loopback; the default, and the transport PyTorch DDP uses too); the \"shm\" rows opt into the "
+              "shared-memory channel (VLMTRAIN_SHM_COMM=1, sharding/dist/shm_channel.h) to show what it saves. Exposed comm s: seconds per step rank 0 blocked waiting for collectives "
               "(Comm's wait_s).\n")
     md.append("| ratio | wall-time ratio | CPU-time ratio | target | runs |")
     md.append("|---|---|---|---|---|")
@@ -246,13 +245,12 @@ def ratios(md):
             ("FSDP (full_shard): world 2 / world 1", "full_shard w2", "full_shard w1", "<= 1.25x"),
             ("activation checkpointing on model.layers.* / plain (full_shard, world 1)", "full_shard+ckpt w1",
              "full_shard w1", "~1.33x when applied"),
-            ("C++ DDP / PyTorch DDP (world 2; C++ on shared memory, PyTorch on Gloo TCP)", "ddp w2",
-             "pytorch ddp w2", "<= 1.0x"),
-            ("C++ DDP / PyTorch DDP (world 2, both on Gloo TCP)", "ddp w2, Gloo TCP", "pytorch ddp w2",
-             "(same transport)"),
-            ("DDP: world 2 on Gloo TCP / world 1", "ddp w2, Gloo TCP", "ddp w1", "(for comparison)"),
-            ("FSDP (full_shard): world 2 on Gloo TCP / world 1", "full_shard w2, Gloo TCP", "full_shard w1",
-             "(for comparison)"),
+            ("C++ DDP / PyTorch DDP (world 2, both on Gloo TCP)", "ddp w2", "pytorch ddp w2", "<= 1.0x"),
+            ("C++ DDP on shared memory / PyTorch DDP on Gloo TCP (world 2)", "ddp w2, shm", "pytorch ddp w2",
+             "(opt-in transport)"),
+            ("DDP: world 2 on shared memory / world 1", "ddp w2, shm", "ddp w1", "(opt-in transport)"),
+            ("FSDP (full_shard): world 2 on shared memory / world 1", "full_shard w2, shm", "full_shard w1",
+             "(opt-in transport)"),
             ("FSDP (full_shard): world 2 / world 1, glibc malloc defaults", "full_shard w2, glibc malloc defaults",
              "full_shard w1, glibc malloc defaults", "(for comparison)")]
     for label, a, b, target in rows:
@@ -463,7 +461,7 @@ def summary(md):
     j = load("ratios")
     if j and j.get("ddp w2", {}).get("step_s"):
         for mode, name in (("ddp", "DDP"), ("full_shard", "FSDP full_shard")):
-            a, b = j[f"{mode} w2"], j[f"{mode} w2, Gloo TCP"]
+            a, b = j[f"{mode} w2, shm"], j[f"{mode} w2"]
             if a["step_s"] and b["step_s"]:
                 rows.append(f"| 5 vlmtrain {name} world 2: its shared-memory channel / 2.11's Gloo TCP | step time "
                             f"(CPU s/rank); exposed comm s/step | **{a['step_s'] / b['step_s']:.2f}x** "

@@ -27,7 +27,8 @@
 // With NCCL the native flat ops are used. CUDA tensors on Gloo (two ranks sharing one GPU,
 // where NCCL refuses to run) are staged through host copies, synchronously, and copied back
 // when the op is waited.
-// When every rank is on one host, ParallelDims gives Gloo jobs a shared-memory channel
+// When every rank is on one host and VLMTRAIN_SHM_COMM=1 opts in, ParallelDims gives Gloo
+// jobs a shared-memory channel
 // (sharding/dist/shm_channel.h) and every op goes there instead: flat ops and 2-byte float
 // reductions (in fp32) natively, a plain copy instead of TCP over loopback.
 //

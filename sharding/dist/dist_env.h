@@ -43,9 +43,10 @@ struct DistEnv {
   int restart_count = 0;         // TORCHELASTIC_RESTART_COUNT
   std::string error_file;        // TORCHELASTIC_ERROR_FILE ("" when unset)
   std::string gloo_ifname;       // GLOO_SOCKET_IFNAME ("" when unset)
-  // VLMTRAIN_SHM_COMM (default on; 0/false/off turns it off): CPU jobs whose ranks share a host
-  // exchange through shared memory instead of Gloo's TCP (sharding/dist/shm_channel.h).
-  bool shm_comm = true;
+  // VLMTRAIN_SHM_COMM (default off; 1/true/on turns it on): CPU jobs whose ranks share a host
+  // exchange through shared memory instead of Gloo's TCP (sharding/dist/shm_channel.h). Off
+  // by default, so that a run uses c10d's Gloo as every multi-host and GPU run does.
+  bool shm_comm = false;
 
   // Prefix of every store key: "/worker/attempt_<restart_count>" under the agent store,
   // "" otherwise.

@@ -243,10 +243,10 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
 
   // The shared-memory channel (CPU jobs on one host) for a Gloo comm, or the reason it is off.
   auto attach_shm = [&](Comm& c, const c10::intrusive_ptr<c10d::Store>& st, int rank, int size) {
-    std::string why_not = "VLMTRAIN_SHM_COMM=0";
+    std::string why_not = "opt in with VLMTRAIN_SHM_COMM=1";
     std::shared_ptr<ShmChannel> shm;
     if (env.shm_comm) {
-      shm = wrap(str(who, ": shared-memory set-up through ", where), "set VLMTRAIN_SHM_COMM=0 to use Gloo's TCP only",
+      shm = wrap(str(who, ": shared-memory set-up through ", where), "unset VLMTRAIN_SHM_COMM (or set it to 0) to use Gloo's TCP only",
                  [&] { return ShmChannel::create(st, rank, size, opts.timeout, &why_not); });
     }
     c.set_shm(shm, shm ? std::string() : "shared memory off: " + why_not);

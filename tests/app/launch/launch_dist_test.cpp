@@ -429,15 +429,14 @@ TEST(LaunchDist, TwoNodesInNetworkNamespacesMatchOneNode) {
   auto t0 = Clock::now();
   const std::string port = std::to_string(20000 + ::getpid() % 20000);
   vlm::test::RunResult node[2], one;
-  // The "nodes" share this host's IPC namespace, so they would meet in shared memory:
-  // VLMTRAIN_SHM_COMM=0 keeps them on Gloo's TCP between the namespaces, the multi-host path.
-  // The single-node reference runs at the same time (shared memory, its own free port).
+  // The "nodes" talk over Gloo's TCP between the namespaces (the default transport), the
+  // multi-host path. The single-node reference runs at the same time (its own free port).
   std::thread reference([&] {
     one = vlm::test::run(launch_worker({"--nproc-per-node", "2"}, "DISABLED_TrainWorker"),
                        std::chrono::seconds(60));
   });
   std::thread other([&] {
-    std::vector<std::string> argv = {"ip", "netns", "exec", nodes.b, "env", "VLMTRAIN_SHM_COMM=0"};
+    std::vector<std::string> argv = {"ip", "netns", "exec", nodes.b};
     auto l = launch_worker({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1",
                             "--master-addr", nodes.addr_a, "--master-port", port},
                            "DISABLED_TrainWorker");
@@ -445,7 +444,7 @@ TEST(LaunchDist, TwoNodesInNetworkNamespacesMatchOneNode) {
     node[1] = vlm::test::run(argv, std::chrono::seconds(60));
   });
   {
-    std::vector<std::string> argv = {"ip", "netns", "exec", nodes.a, "env", "VLMTRAIN_SHM_COMM=0"};
+    std::vector<std::string> argv = {"ip", "netns", "exec", nodes.a};
     auto l = launch_worker({"--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1",
                             "--master-addr", nodes.addr_a, "--master-port", port},
                            "DISABLED_TrainWorker");

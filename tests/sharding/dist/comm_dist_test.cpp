@@ -2,8 +2,8 @@
 // against closed-form results, odd sizes, sizes over the shared-memory buffer (several
 // rounds), bf16/fp16/fp64/int64 inputs, async handles, byte counters against the ring
 // formulas, and the error path (timeout, dead peer, mismatched collectives). Each runs on
-// both transports: the shared-memory channel (the default on one host) and Gloo's TCP
-// over loopback (VLMTRAIN_SHM_COMM=0).
+// both transports: Gloo's TCP over loopback (the default) and the shared-memory channel
+// (opt-in for ranks on one host: VLMTRAIN_SHM_COMM=1).
 //
 // Closed forms: rank r holds x_r[i] = (r+1) * v(i), v(i) = i % 5 + 1 (small integers, exact
 // in bf16 and fp16), so sum = N(N+1)/2 v, avg = (N+1)/2 v, max = N v, min = v.
@@ -314,8 +314,8 @@ TEST(CommDist, DISABLED_TransportWorker) {
   VLM_DIST_WORKER_ONLY();
   ParallelDims dims = init_worker();
   SKIP_WITHOUT_SHM(dims.comm());
-  const std::string want = std::getenv("VLMTRAIN_SHM_COMM") ? "gloo (tcp); shared memory off: VLMTRAIN_SHM_COMM=0"
-                                                       : "shared memory (/dev/shm";
+  const std::string want = std::getenv("VLMTRAIN_SHM_COMM") ? "shared memory (/dev/shm"
+                                                             : "gloo (tcp); shared memory off: opt in with VLMTRAIN_SHM_COMM=1";
   EXPECT_EQ(dims.comm().transport().rfind(want, 0), 0u) << dims.comm().transport();
   // Leave together: a rank that exits right after init can close Gloo's connections while
   // a peer is still completing its rendezvous ("Connection closed by peer").
@@ -328,7 +328,7 @@ TEST(CommDist, DISABLED_TransportWorker) {
 TEST(CommDist, DISABLED_ShmSetupWorker) {
   VLM_DIST_WORKER_ONLY();
   ParallelDims dims = init_worker();
-  ASSERT_FALSE(on_shm(dims.comm())) << "run with VLMTRAIN_SHM_COMM=0";
+  ASSERT_FALSE(on_shm(dims.comm())) << "run without VLMTRAIN_SHM_COMM (Gloo's TCP)";
   const int n = dims.world_size(), r = dims.rank();
   std::string why;
   auto none = ShmChannel::create(dims.store(), r, n, std::chrono::seconds(60), &why,
@@ -359,7 +359,7 @@ void launch(const std::string& worker, int n, int timeout_s = 90, bool shm = tru
   run.worker_test = "CommDist." + worker;
   run.timeout = std::chrono::seconds(timeout_s);
   run.extra_env = [shm](int) {
-    return std::vector<std::string>{shm ? "VLMTRAIN_TEST_EXPECT_SHM=1" : "VLMTRAIN_SHM_COMM=0"};
+    return shm ? std::vector<std::string>{"VLMTRAIN_TEST_EXPECT_SHM=1", "VLMTRAIN_SHM_COMM=1"} : std::vector<std::string>{};
   };
   auto res = vlm::test::run_workers(run);
   EXPECT_TRUE(vlm::test::all_ok(res));
@@ -371,20 +371,20 @@ void launch(const std::string& worker, int n, int timeout_s = 90, bool shm = tru
 }
 }  // namespace
 
-// Ops, async handles and byte counters at each world size, on shared memory.
+// Ops, async handles and byte counters at each world size, on shared memory (opted in).
 TEST(CommDist, World2) { launch("DISABLED_AllWorker", 2); }
 TEST(CommDist, World3) { launch("DISABLED_AllWorker", 3); }
 TEST(CommDist, World4) { launch("DISABLED_AllWorker", 4); }
 TEST(CommDist, TimeoutNamesOpAndContext) { launch("DISABLED_TimeoutWorker", 2, 60); }
 TEST(CommDist, DeadPeerFailsFast) { launch("DISABLED_DeadPeerWorker", 2, 60); }
 TEST(CommDist, MismatchFailsFast) { launch("DISABLED_MismatchWorker", 2, 60); }
-TEST(CommDist, SharedMemoryByDefault) { launch("DISABLED_TransportWorker", 2, 60); }
-// The same on Gloo's TCP (the multi-host path, and VLMTRAIN_SHM_COMM=0).
+TEST(CommDist, SharedMemoryWhenOptedIn) { launch("DISABLED_TransportWorker", 2, 60); }
+// The same on Gloo's TCP (the default, and the multi-host path).
 TEST(CommDist, GlooTcpWorld2) { launch("DISABLED_AllWorker", 2, 90, false); }
 TEST(CommDist, GlooTcpWorld3) { launch("DISABLED_AllWorker", 3, 90, false); }
 TEST(CommDist, GlooTcpTimeoutNamesOpAndContext) { launch("DISABLED_TimeoutWorker", 2, 60, false); }
 TEST(CommDist, GlooTcpDeadPeerFailsFast) { launch("DISABLED_DeadPeerWorker", 2, 60, false); }
-TEST(CommDist, GlooTcpWhenTurnedOff) { launch("DISABLED_TransportWorker", 2, 60, false); }
+TEST(CommDist, GlooTcpByDefault) { launch("DISABLED_TransportWorker", 2, 60, false); }
 TEST(CommDist, ShmSetupAgreesAcrossRanks) { launch("DISABLED_ShmSetupWorker", 3, 90, false); }
 
 // World size 1: every op is local, counted with zero bytes.

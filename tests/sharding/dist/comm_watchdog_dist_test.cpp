@@ -44,8 +44,7 @@ TEST(CommWatchdogDist, StuckOpEndsTheRankWithTheCommReport) {
   run.worker_test = "CommWatchdogDist.DISABLED_StuckOpWorker";
   const std::string base = dir.path();
   run.extra_env = [base](int rank) {
-    return std::vector<std::string>{"VLMTRAIN_SHM_COMM=0",
-                                    "TORCHELASTIC_ERROR_FILE=" + base + "/rank" + std::to_string(rank) + ".json"};
+    return std::vector<std::string>{"TORCHELASTIC_ERROR_FILE=" + base + "/rank" + std::to_string(rank) + ".json"};
   };
   const auto results = vlm::test::run_workers(run);
   ASSERT_EQ(results.size(), 2u);

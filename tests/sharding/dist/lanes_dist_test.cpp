@@ -50,15 +50,16 @@ TEST(LanesDist, DISABLED_DivergentWorker) {
 
 TEST(LanesDist, DivergentGraphsEqualOneProcessWorld2) { launch(2, "LanesDist.DISABLED_DivergentWorker", 180); }
 
-// Negative control: the same run with every lane on one group fails (the shared-memory
-// channel reports the mismatched collective; on TCP it would be a timeout), so the test
-// above depends on the lanes.
+// Negative control: the same run with every lane on one group fails, so the test above
+// depends on the lanes. It opts into the shared-memory channel (VLMTRAIN_SHM_COMM=1), which
+// compares the ranks' op descriptors and names the mismatched collective at once; on Gloo's
+// TCP (the default) the same mismatch surfaces only as a timeout.
 TEST(LanesDist, OneGroupMismatchesWorld2) {
   vlm::test::DistRun run;
   run.world_size = 2;
   run.timeout = std::chrono::seconds(120);
   run.worker_test = "LanesDist.DISABLED_DivergentWorker";
-  run.extra_env = [](int) { return std::vector<std::string>{"VLMTRAIN_TEST_ONE_GROUP=1", "VLMTRAIN_TEST_TIMEOUT_S=15"}; };
+  run.extra_env = [](int) { return std::vector<std::string>{"VLMTRAIN_TEST_ONE_GROUP=1", "VLMTRAIN_TEST_TIMEOUT_S=15", "VLMTRAIN_SHM_COMM=1"}; };
   const auto results = vlm::test::run_workers(run);
   ASSERT_EQ(results.size(), 2u);
   EXPECT_FALSE(vlm::test::all_ok(results)) << "one group: expected the divergent run to fail";
