@@ -2,7 +2,7 @@
 // resolution, split into how many micro-batches. Computed identically on every rank from
 // global facts only (the step's sample indices, their sizes, world size, budgets), so no
 // rank can fall out of step: every rank runs the same number of micro-batches, and a rank
-// short of work gets filler micro-batches (DESIGN.md, invariants 1 and 2).
+// short of work gets filler micro-batches (docs/design.md, invariants 1 and 2).
 //
 // Pure CPU code, no I/O and no collectives: collate decides, data executes (the loader
 // resizes each image to the size chosen here).

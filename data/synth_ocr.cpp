@@ -169,7 +169,7 @@ void degrade(cv::Mat& img, Rng& r, uint64_t stream_seed, bool clean) {
 
 // Stroke width in pixels for a Hershey font drawn at `scale`: 2 px, sometimes 3 on large
 // glyphs. Never 1: the tiny preset learns nothing from 1-px hairlines (a 4-16 digit probe
-// stays at CER 1.0, versus 0.09 at 2 px; docs/tiny_convergence.md).
+// stays at CER 1.0, versus 0.09 at 2 px; docs/notes/tiny_convergence.md).
 int stroke_px(double scale, Rng& r) {
   return (scale > 1.2 && r.chance(0.4)) ? 3 : 2;
 }

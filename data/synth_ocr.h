@@ -33,13 +33,13 @@ struct SynthOcrOptions {
   // proportional: the line as OpenCV lays it out, on a canvas as wide as the text.
   // grid: one character per `cell_width`-px cell on a canvas of (max_chars + 1) cells and
   //   max_height px, so the i-th character always sits in the same image column (see
-  //   docs/tiny_convergence.md for why that matters to a model trained from scratch).
+  //   docs/notes/tiny_convergence.md for why that matters to a model trained from scratch).
   std::string layout = "proportional";
   int64_t cell_width = 28;          // grid: pixels per character (28 = one merged token)
   // varied: four Hershey fonts, 15% italic, 15% light-on-dark, rotation up to 2 degrees,
   //   30% blur, sensor noise up to sigma 8. clean: Simplex or Duplex upright, dark on
   //   light, no rotation or blur, noise up to sigma 4 (what the tiny preset learns to read
-  //   in minutes on a CPU; docs/tiny_convergence.md).
+  //   in minutes on a CPU; docs/notes/tiny_convergence.md).
   std::string style = "varied";
   bool train_tokenizer = true;
   std::string tokenizer_type = "unigram";  // unigram | char (one piece per character)

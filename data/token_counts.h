@@ -1,4 +1,4 @@
-// Text token counts known before any image is decoded (DESIGN.md, step 2): each record is
+// Text token counts known before any image is decoded (docs/design.md, step 2): each record is
 // rendered with the tokenizer, every image standing in as a single placeholder pad, so
 //   sequence length = text_tokens + sum of the images' merged tokens
 // for whatever image budget the step plan later chooses.

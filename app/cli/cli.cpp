@@ -245,6 +245,7 @@ const std::vector<Command>& commands() {
     {"tokenize", "Encode or decode text with a tokenizer (debugging / conformance)", &declare_tokenize},
     {"launch", "Spawn N workers with the torchrun environment (no Python needed)", &declare_launch},
     {"report", "Render curves and a summary page from a run directory", &declare_report},
+    {"recipe", "Print the recipe key reference (--doc) or a resolved recipe", &declare_recipe},
   };
   return table;
 }

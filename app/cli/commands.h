@@ -20,6 +20,7 @@ CommandRun declare_inspect(CLI::App& app);    // app/cli/cmd_inspect.cpp
 CommandRun declare_tokenize(CLI::App& app);   // app/cli/cmd_tokenize.cpp
 CommandRun declare_launch(CLI::App& app);     // app/cli/cmd_launch.cpp (help only: see cmd_launch)
 CommandRun declare_report(CLI::App& app);     // app/cli/cmd_report.cpp
+CommandRun declare_recipe(CLI::App& app);     // app/cli/cmd_recipe.cpp
 
 // `vlmtrain launch ARGS...`: the launcher's options, then the worker's command line passed
 // through unchanged (app/launch/launcher.h parses them).

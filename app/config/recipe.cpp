@@ -118,16 +118,18 @@ class Parser {
   Parser(const toml::value* table, std::string prefix, Recipe& recipe, std::string table_where)
       : table_(table), prefix_(std::move(prefix)), recipe_(recipe), table_where_(std::move(table_where)) {}
 
+  // Every field has a doc (the reference is generated from it): a field list entry
+  // without one does not compile.
   template <class T>
-  void operator()(const char* key, T& member) {
+  void operator()(const char* key, T& member, const char* /*doc*/) {
     visit(key, member, nullptr, nullptr);
   }
   template <class T>
-  void operator()(const char* key, T& member, const Choice& choice) {
+  void operator()(const char* key, T& member, const Choice& choice, const char* /*doc*/) {
     visit(key, member, &choice, nullptr);
   }
   template <class T>
-  void operator()(const char* key, T& member, const Range& range) {
+  void operator()(const char* key, T& member, const Range& range, const char* /*doc*/) {
     visit(key, member, nullptr, &range);
   }
 
@@ -267,6 +269,17 @@ class Parser {
 
 // ---------------------------------------------------------------- printing
 
+// A scalar field's value in TOML syntax.
+std::string toml_value(const std::string& s) { return quote(s); }
+std::string toml_value(bool b) { return b ? "true" : "false"; }
+std::string toml_value(int64_t x) { return std::to_string(x); }
+std::string toml_value(double x) { return format_double(x); }
+std::string toml_value(const std::vector<std::string>& xs) {
+  std::string out = "[";
+  for (size_t i = 0; i < xs.size(); ++i) out += (i ? ", " : "") + quote(xs[i]);
+  return out + "]";
+}
+
 class Printer {
  public:
   explicit Printer(std::string header) : header_(std::move(header)) {}
@@ -304,27 +317,126 @@ class Printer {
     } else if constexpr (is_optional<T>::value) {
       if (member.has_value()) add(key, *member);
     } else {
-      scalars_ += key + " = " + value(member) + "\n";
+      scalars_ += key + " = " + toml_value(member) + "\n";
     }
   }
 
   std::string table_path() const { return path_.empty() ? "" : path_ + "."; }
-
-  static std::string value(const std::string& s) { return quote(s); }
-  static std::string value(bool b) { return b ? "true" : "false"; }
-  static std::string value(int64_t x) { return std::to_string(x); }
-  static std::string value(double x) { return format_double(x); }
-  static std::string value(const std::vector<std::string>& xs) {
-    std::string out = "[";
-    for (size_t i = 0; i < xs.size(); ++i) out += (i ? ", " : "") + quote(xs[i]);
-    return out + "]";
-  }
 
   std::string header_;
   std::string path_;
   std::string scalars_;
   std::string nested_;
 };
+
+// ---------------------------------------------------------------- reference (docs/recipe.md)
+
+// A markdown table cell: `|` escaped (globs in docs use it).
+std::string md_cell(const std::string& s) {
+  std::string out;
+  for (char c : s) out += c == '|' ? std::string("\\|") : std::string(1, c);
+  return out;
+}
+
+std::string md_number(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
+// Walks a default Recipe's field lists and writes one markdown section per table: its doc,
+// then a row per key (type, default, allowed values, doc); nested tables follow their parent.
+class Documenter {
+ public:
+  Documenter(std::string path, bool array, std::string doc)
+      : path_(std::move(path)), array_(array), doc_(std::move(doc)) {}
+
+  template <class T>
+  void operator()(const char* key, T& member, const char* doc) {
+    add(key, member, doc, "");
+  }
+  template <class T>
+  void operator()(const char* key, T& member, const Choice& choice, const char* doc) {
+    std::string allowed;
+    for (const auto& c : choice.values) allowed += (allowed.empty() ? "" : ", ") + ("`" + quote(c) + "`");
+    add(key, member, doc, allowed);
+  }
+  template <class T>
+  void operator()(const char* key, T& member, const Range& range, const char* doc) {
+    add(key, member, doc, (range.lo_open ? "> " : ">= ") + md_number(range.lo) + ", <= " + md_number(range.hi));
+  }
+
+  std::string str() const {
+    std::string out;
+    if (!path_.empty()) {
+      out += "## `" + std::string(array_ ? "[[" : "[") + path_ + (array_ ? "]]" : "]") + "`\n\n" + doc_ + "\n\n";
+      if (array_) out += "Repeat the table for each entry; `--set " + path_ + ".0.KEY=VALUE` overrides entry 0.\n\n";
+    }
+    if (!rows_.empty()) out += "| key | type | default | allowed values | doc |\n|---|---|---|---|---|\n" + rows_ + "\n";
+    return out + nested_;
+  }
+
+ private:
+  template <class T>
+  void add(const std::string& key, T& member, const std::string& doc, const std::string& allowed) {
+    const std::string path = path_.empty() ? key : path_ + "." + key;
+    if constexpr (has_fields<T>::value) {
+      Documenter sub(path, false, doc);
+      member.fields(sub);
+      nested_ += sub.str();
+    } else if constexpr (is_struct_vector<T>::value) {
+      typename T::value_type item{};
+      Documenter sub(path, true, doc);
+      item.fields(sub);
+      nested_ += sub.str();
+    } else {
+      rows_ += "| `" + key + "` | " + type_of(member) + " | " + default_of(member) + " | " + md_cell(allowed) +
+               " | " + md_cell(doc) + " |\n";
+    }
+  }
+
+  static std::string type_of(const std::string&) { return "string"; }
+  static std::string type_of(bool) { return "bool"; }
+  static std::string type_of(int64_t) { return "integer"; }
+  static std::string type_of(double) { return "number"; }
+  static std::string type_of(const std::vector<std::string>&) { return "list of strings"; }
+  template <class T>
+  static std::string type_of(const std::optional<T>&) {
+    return type_of(T{});
+  }
+
+  template <class T>
+  static std::string default_of(const T& member) {
+    if constexpr (is_optional<T>::value) {
+      return member.has_value() ? default_of(*member) : "unset";
+    } else {
+      return "`" + md_cell(toml_value(member)) + "`";
+    }
+  }
+
+  std::string path_;
+  bool array_ = false;
+  std::string doc_;
+  std::string rows_;
+  std::string nested_;
+};
+
+const char* const kReferenceIntro = R"(# Recipe reference
+
+<!-- Generated by `vlmtrain recipe --doc` from the field lists in app/config/recipe.h: edit
+     those, then regenerate with `./build/vlmtrain recipe --doc > docs/recipe.md`
+     (tests/app/config/recipe_doc_test.cpp fails while this file is stale). -->
+
+A recipe is a TOML file of the sections below (docs/recipes.md explains how to write one).
+Every key is optional and takes its default when left out. Unknown keys, wrong types and
+values outside the allowed ones are errors naming `file:line` and the key. Any key can be
+overridden on the command line: `--set section.key=VALUE` (TOML value syntax; a bare word is
+a string). `vlmtrain recipe RECIPE` prints a recipe with every default filled in.
+
+Types: `number` accepts integers and floats; a `list of strings` also accepts one string;
+an `unset` default means the key has no value unless given (its doc says what applies then).
+
+)";
 
 // ---------------------------------------------------------------- overrides
 
@@ -477,6 +589,15 @@ std::string to_toml(const Recipe& recipe) {
   Printer root("");
   copy.fields(root);
   return root.str();
+}
+
+std::string recipe_reference() {
+  Recipe defaults;  // fields() is non-const by design
+  Documenter root("", false, "");
+  defaults.fields(root);
+  std::string out = kReferenceIntro + root.str();
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out + "\n";
 }
 
 std::string recipe_hash(const Recipe& recipe) {

@@ -1,8 +1,12 @@
 // The recipe: everything a run needs, as plain typed structs with defaults.
 //
-// One field list per struct (its `fields()` member) drives parsing, printing and the
-// unknown-key check, so a key is named in exactly one place. Parsing (app/config/recipe.cpp)
-// reports every error as `file:line: key: what is wrong (expected ..., got ...)`.
+// One field list per struct (its `fields()` member) drives parsing, printing, the
+// unknown-key check and the key reference (docs/recipe.md, `vlmtrain recipe --doc`), so a
+// key is named, constrained and documented in exactly one place: each entry is
+//   v("key", member, [Choice{...} | Range{...},] "doc")
+// where the doc is one line of markdown (a nested section's entry documents the section).
+// Parsing (app/config/recipe.cpp) reports every error as
+// `file:line: key: what is wrong (expected ..., got ...)`.
 //
 //   Recipe r = load_recipe("recipes/ocr_tiny.toml", {"optim.lr=2e-5"});
 //   r.validate(Purpose::train);          // cross-field checks, same error format
@@ -31,344 +35,355 @@ struct Range {
 };
 
 struct RunSection {
-  std::string name;                      // run name; default: recipe file stem
-  std::string output_dir = "runs/run";   // checkpoints, metrics.jsonl, resolved recipe
-  int64_t seed = 0;                      // model init, data order, dropout: all derive from it
+  std::string name;
+  std::string output_dir = "runs/run";
+  int64_t seed = 0;
 
   template <class V> void fields(V& v) {
-    v("name", name);
-    v("output_dir", output_dir);
-    v("seed", seed, Range{0, 9.0e18});
+    v("name", name, "run name; \"\" = the recipe file's stem");
+    v("output_dir", output_dir, "where checkpoints, metrics.jsonl, TensorBoard events and the resolved recipe go");
+    v("seed", seed, Range{0, 9.0e18}, "model init, data order and dropout all derive from it");
   }
 };
 
 struct ModelSection {
-  std::string preset;      // built-in architecture (known_presets(): tiny, ...); random init
-  std::string path;        // HF model directory (config.json + safetensors); loads weights
-  std::string tokenizer;   // tokenizer.json / .model / directory; default: model.path
-  std::string family;      // with preset "" and no config.json: a registered family's model_type
-  // Training start-up: build on the meta device and let each rank allocate and read only
-  // the parameters it keeps (FSDP shards: its 1/N range, straight from the mmap'd
-  // safetensors). false: every rank loads the whole model and rank 0's copy is broadcast
-  // (the old path, twice the model's bytes per rank at start; kept for comparison).
+  std::string preset;
+  std::string path;
+  std::string tokenizer;
+  std::string family;
   bool sharded_load = true;
 
   template <class V> void fields(V& v) {
-    v("preset", preset);
-    v("path", path);
-    v("tokenizer", tokenizer);
-    v("family", family, Choice{family_choices()});
-    v("sharded_load", sharded_load);
+    v("preset", preset, "built-in architecture, randomly initialised (`tiny`, ...; every registered family's "
+                        "presets, listed by `vlmtrain plan --help`)");
+    v("path", path, "HF model directory (config.json + safetensors): the weights to start from");
+    v("tokenizer", tokenizer, "tokenizer.json, sentencepiece .model, or a directory holding one; \"\" = model.path");
+    v("family", family, Choice{family_choices()},
+      "a registered family's model_type: the architecture when there is no preset and no config.json to say it");
+    v("sharded_load", sharded_load,
+      "training start-up: build on the meta device and let each rank allocate and read only the parameters it "
+      "keeps (an FSDP shard: its 1/N range, straight from the mmap'd safetensors); false: every rank loads the "
+      "whole model and rank 0's copy is broadcast (twice the model's bytes per rank at start; kept for "
+      "comparison)");
   }
 };
 
-// Synthetic OCR data generated on first use (the tiny default needs no downloads).
 struct SynthSection {
-  // Render the set into the folder of data.train[0] when it is missing, or when the
-  // synth_ocr.json there records other settings than these or an older renderer.
   bool generate_if_missing = false;
-  int64_t train = 4000;              // training lines to render
-  int64_t val = 200;                 // validation lines to render
-  int64_t seed = 1234;               // rendering seed (independent of run.seed)
-  std::string layout = "proportional";  // proportional | grid (see vlmtrain synth-ocr --help)
-  std::string style = "varied";         // varied | clean (see vlmtrain synth-ocr --help)
-  int64_t min_height = 28;              // line height range in pixels (grid: max_height)
+  int64_t train = 4000;
+  int64_t val = 200;
+  int64_t seed = 1234;
+  std::string layout = "proportional";
+  std::string style = "varied";
+  int64_t min_height = 28;
   int64_t max_height = 56;
-  std::string tokenizer = "unigram";    // sentencepiece model type: unigram | char
-  int64_t vocab_size = 2048;            // unigram vocabulary target
+  std::string tokenizer = "unigram";
+  int64_t vocab_size = 2048;
 
   template <class V> void fields(V& v) {
-    v("generate_if_missing", generate_if_missing);
-    v("train", train, Range{1, 1e8});
-    v("val", val, Range{0, 1e8});
-    v("seed", seed, Range{0, 9.0e18});
-    v("layout", layout, Choice{{"proportional", "grid"}});
-    v("style", style, Choice{{"varied", "clean"}});
-    v("min_height", min_height, Range{8, 4096});
-    v("max_height", max_height, Range{8, 4096});
-    v("tokenizer", tokenizer, Choice{{"unigram", "char"}});
-    v("vocab_size", vocab_size, Range{64, 1e6});
+    v("generate_if_missing", generate_if_missing,
+      "render the set into the folder of data.train[0] when it is missing, or when the synth_ocr.json there "
+      "records other settings than these or an older renderer");
+    v("train", train, Range{1, 1e8}, "training lines to render");
+    v("val", val, Range{0, 1e8}, "validation lines to render");
+    v("seed", seed, Range{0, 9.0e18}, "rendering seed (independent of run.seed)");
+    v("layout", layout, Choice{{"proportional", "grid"}},
+      "`grid` puts character i in cell i of a fixed canvas (see `vlmtrain synth-ocr --help`)");
+    v("style", style, Choice{{"varied", "clean"}},
+      "`clean`: two upright sans fonts, dark on light; `varied`: four fonts, italics, inverted colours, blur, "
+      "rotation");
+    v("min_height", min_height, Range{8, 4096}, "smallest line height in pixels");
+    v("max_height", max_height, Range{8, 4096}, "largest line height in pixels (the grid layout's height)");
+    v("tokenizer", tokenizer, Choice{{"unigram", "char"}},
+      "sentencepiece model type trained on the rendered text (`char`: one piece per character)");
+    v("vocab_size", vocab_size, Range{64, 1e6}, "unigram vocabulary target");
   }
 };
 
 struct DataSection {
-  // Dataset entries (a single string is accepted): JSONL files, JSON-array files (.json,
-  // read streaming), or LLaMA-Factory datasets as "path/to/dataset_info.json#name" (or
-  // "folder#name" for the folder holding dataset_info.json); see data/dataset_info.h.
   std::vector<std::string> train;
-  std::vector<std::string> eval;         // same kinds of entries, scored by eval / periodic eval
-  // Record format of every plain file: auto (detected per file from its first record) |
-  // messages | llava | ocr (plain) | sharegpt | alpaca (LLaMA-Factory) | swift (ms-swift);
-  // dataset_info.json entries always use their own "formatting". See data/dataset.h.
+  std::vector<std::string> eval;
   std::string format = "auto";
-  // Base for relative image paths (default: the dataset file's folder; for dataset_info.json
-  // entries the dataset_info.json folder, LLaMA-Factory's media_dir).
   std::string image_root;
-  std::string prompt = "Read the text in the image.";  // user turn for plain OCR records
-  // "" = the model family's default system turn (its registry entry's; some families have
-  // none); "none" = no system turn; anything else = that text.
+  std::string prompt = "Read the text in the image.";
   std::string system_prompt;
-  // Cap per image in merged tokens: max_pixels = cap x factor^2, factor = the model's
-  // patch x merge (vision_config: 14 x 2 = 28, or 16 x 2 = 32).
   int64_t max_image_tokens = 1024;
-  // smart_resize bounds in pixels; 0 = the model's (its preprocessor_config.json, else its
-  // family's registry defaults, e.g. 3136 .. 12845056).
   int64_t min_pixels = 0;
   int64_t max_pixels = 0;
-  int64_t max_seq_len = 2048;            // longer samples are truncated (never inside an image)
-  double max_bad_fraction = 0.01;        // more bad records than this is an error
-  int64_t num_workers = 2;               // loader threads
-  int64_t prefetch = 4;                  // micro-batches prepared ahead per rank
-  bool shuffle = true;                   // reshuffle each epoch (seeded)
-  bool group_by_length = false;          // batch samples of similar token cost
+  int64_t max_seq_len = 2048;
+  double max_bad_fraction = 0.01;
+  int64_t num_workers = 2;
+  int64_t prefetch = 4;
+  bool shuffle = true;
+  bool group_by_length = false;
   SynthSection synth;
 
   template <class V> void fields(V& v) {
-    v("train", train);
-    v("eval", eval);
-    v("format", format, Choice{{"auto", "messages", "llava", "ocr", "sharegpt", "alpaca", "swift"}});
-    v("image_root", image_root);
-    v("prompt", prompt);
-    v("system_prompt", system_prompt);
-    v("max_image_tokens", max_image_tokens, Range{1, 1e7});
-    v("min_pixels", min_pixels, Range{0, 1e10});
-    v("max_pixels", max_pixels, Range{0, 1e10});
-    v("max_seq_len", max_seq_len, Range{16, 1e7});
-    v("max_bad_fraction", max_bad_fraction, Range{0, 1});
-    v("num_workers", num_workers, Range{0, 256});
-    v("prefetch", prefetch, Range{1, 1024});
-    v("shuffle", shuffle);
-    v("group_by_length", group_by_length);
-    v("synth", synth);
+    v("train", train,
+      "dataset entries (a single string is accepted): JSONL files, JSON-array files (read streaming), or "
+      "LLaMA-Factory datasets as `path/to/dataset_info.json#name` (or `folder#name`); see docs/data.md");
+    v("eval", eval, "the same kinds of entries, scored by `vlmtrain eval` and the periodic eval");
+    v("format", format, Choice{{"auto", "messages", "llava", "ocr", "sharegpt", "alpaca", "swift"}},
+      "record format of every plain file (`auto`: detected per file from its first record); dataset_info.json "
+      "entries use their own `formatting`");
+    v("image_root", image_root,
+      "base of relative image paths; \"\" = the dataset file's folder (dataset_info.json entries: its folder, "
+      "LLaMA-Factory's media_dir)");
+    v("prompt", prompt, "the user turn of plain OCR records");
+    v("system_prompt", system_prompt,
+      "\"\" = the model family's default system turn (its registry entry's; some families have none); `none` = "
+      "no system turn; anything else = that text");
+    v("max_image_tokens", max_image_tokens, Range{1, 1e7},
+      "cap per image in merged tokens: max_pixels = cap x factor^2, factor = the model's patch x merge "
+      "(vision_config: 14 x 2 = 28, or 16 x 2 = 32)");
+    v("min_pixels", min_pixels, Range{0, 1e10},
+      "smart_resize lower bound in pixels; 0 = the model's (its preprocessor_config.json, else its family's "
+      "registry defaults, e.g. 3136)");
+    v("max_pixels", max_pixels, Range{0, 1e10},
+      "smart_resize upper bound in pixels; 0 = the model's (as min_pixels; e.g. 12845056)");
+    v("max_seq_len", max_seq_len, Range{16, 1e7}, "longer samples are truncated (never inside an image)");
+    v("max_bad_fraction", max_bad_fraction, Range{0, 1}, "more unusable records than this fraction is an error");
+    v("num_workers", num_workers, Range{0, 256}, "loader threads per rank (0: load on the training thread)");
+    v("prefetch", prefetch, Range{1, 1024}, "micro-batches prepared ahead per rank");
+    v("shuffle", shuffle, "reshuffle every epoch (seeded)");
+    v("group_by_length", group_by_length, "batch samples of similar token cost together");
+    v("synth", synth, "Synthetic OCR data rendered on first use (the tiny default needs no downloads).");
   }
 };
 
 struct BatchSection {
-  int64_t samples_per_rank = 8;       // samples each rank consumes per optimizer step
-  int64_t max_tokens = 4096;          // per micro-batch: padded length x rows (text + image);
-                                      // with packing: the sum of the samples' lengths
-  int64_t max_image_tokens = 4096;    // per micro-batch: merged image tokens
-  int64_t max_micro_batches = 64;     // per step and rank; more needed is an error
-  // Padding-free packing (docs/packing.md): whole samples back to back in one row per
-  // micro-batch, no padding; each sample keeps its own positions and attends only to itself.
+  int64_t samples_per_rank = 8;
+  int64_t max_tokens = 4096;
+  int64_t max_image_tokens = 4096;
+  int64_t max_micro_batches = 64;
   bool packing = false;
 
   template <class V> void fields(V& v) {
-    v("samples_per_rank", samples_per_rank, Range{1, 1e6});
-    v("max_tokens", max_tokens, Range{16, 1e9});
-    v("max_image_tokens", max_image_tokens, Range{1, 1e9});
-    v("max_micro_batches", max_micro_batches, Range{1, 1e6});
-    v("packing", packing);
+    v("samples_per_rank", samples_per_rank, Range{1, 1e6}, "samples each rank consumes per optimizer step");
+    v("max_tokens", max_tokens, Range{16, 1e9},
+      "per micro-batch: padded length x rows (text + image tokens); with packing the sum of the samples' "
+      "lengths");
+    v("max_image_tokens", max_image_tokens, Range{1, 1e9}, "per micro-batch: merged image tokens");
+    v("max_micro_batches", max_micro_batches, Range{1, 1e6}, "per step and rank; needing more is an error");
+    v("packing", packing,
+      "padding-free packing (docs/packing.md): whole samples back to back in one row per micro-batch, each "
+      "keeping its own positions and attending only to itself");
   }
 };
 
-// Per-module optimizer settings: first matching group wins (globs on parameter names).
 struct OptimGroup {
-  std::string match;                    // e.g. "visual.merger.*|model.embed_tokens.*"
-  std::optional<double> lr;             // absent: optim.lr
-  std::optional<double> weight_decay;   // absent: optim.weight_decay
+  std::string match;
+  std::optional<double> lr;
+  std::optional<double> weight_decay;
 
   template <class V> void fields(V& v) {
-    v("match", match);
-    v("lr", lr, Range{0, 10, true});
-    v("weight_decay", weight_decay, Range{0, 10});
+    v("match", match, "globs on parameter names, `|` = or, e.g. `visual.merger.*|model.embed_tokens.*`");
+    v("lr", lr, Range{0, 10, true}, "the group's peak learning rate; unset = optim.lr");
+    v("weight_decay", weight_decay, Range{0, 10}, "unset = optim.weight_decay");
   }
 };
 
 struct OptimSection {
-  std::string name = "adamw";             // adamw (fp32 masters)
-  double lr = 1e-4;                       // peak learning rate
-  double weight_decay = 0.0;              // decoupled (AdamW)
+  std::string name = "adamw";
+  double lr = 1e-4;
+  double weight_decay = 0.0;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
-  double grad_clip = 1.0;                 // global L2 norm; 0 disables
-  std::string no_decay = "*.bias|*norm*.weight|*ln_q.weight";  // params without weight decay
-  int64_t max_bad_steps = 5;              // abort after this many consecutive non-finite steps
-  std::vector<OptimGroup> group;          // [[optim.group]] per-module overrides
+  double grad_clip = 1.0;
+  std::string no_decay = "*.bias|*norm*.weight|*ln_q.weight";
+  int64_t max_bad_steps = 5;
+  std::vector<OptimGroup> group;
 
   template <class V> void fields(V& v) {
-    v("name", name, Choice{{"adamw"}});
-    v("lr", lr, Range{0, 10, true});
-    v("weight_decay", weight_decay, Range{0, 10});
-    v("beta1", beta1, Range{0, 1});
-    v("beta2", beta2, Range{0, 1});
-    v("eps", eps, Range{0, 1, true});
-    v("grad_clip", grad_clip, Range{0, 1e6});
-    v("no_decay", no_decay);
-    v("max_bad_steps", max_bad_steps, Range{1, 1e6});
-    v("group", group);
+    v("name", name, Choice{{"adamw"}}, "AdamW with fp32 masters");
+    v("lr", lr, Range{0, 10, true}, "peak learning rate");
+    v("weight_decay", weight_decay, Range{0, 10}, "decoupled weight decay (AdamW)");
+    v("beta1", beta1, Range{0, 1}, "AdamW beta1");
+    v("beta2", beta2, Range{0, 1}, "AdamW beta2");
+    v("eps", eps, Range{0, 1, true}, "AdamW epsilon");
+    v("grad_clip", grad_clip, Range{0, 1e6}, "clip to this global L2 gradient norm; 0 disables");
+    v("no_decay", no_decay, "globs of the parameters that get no weight decay");
+    v("max_bad_steps", max_bad_steps, Range{1, 1e6},
+      "end the run after this many consecutive steps with a non-finite loss or gradient norm (each one is "
+      "skipped on every rank)");
+    v("group", group, "Per-module optimizer settings: the first group whose glob matches a parameter wins.");
   }
 };
 
 struct ScheduleSection {
-  int64_t steps = 0;                  // optimizer steps; 0 = derive from epochs
-  double epochs = 0;                  // used when steps = 0
-  int64_t warmup_steps = 0;           // linear warmup from 0
-  std::string decay = "cosine";       // cosine | linear | constant (after warmup)
-  double min_lr_ratio = 0.0;          // floor of the decay as a fraction of optim.lr
+  int64_t steps = 0;
+  double epochs = 0;
+  int64_t warmup_steps = 0;
+  std::string decay = "cosine";
+  double min_lr_ratio = 0.0;
 
   template <class V> void fields(V& v) {
-    v("steps", steps, Range{0, 1e9});
-    v("epochs", epochs, Range{0, 1e6});
-    v("warmup_steps", warmup_steps, Range{0, 1e9});
-    v("decay", decay, Choice{{"cosine", "linear", "constant"}});
-    v("min_lr_ratio", min_lr_ratio, Range{0, 1});
+    v("steps", steps, Range{0, 1e9}, "optimizer steps; 0 = derive from epochs");
+    v("epochs", epochs, Range{0, 1e6}, "passes over data.train, used when steps = 0");
+    v("warmup_steps", warmup_steps, Range{0, 1e9}, "linear warmup from 0");
+    v("decay", decay, Choice{{"cosine", "linear", "constant"}}, "shape of the learning rate after warmup");
+    v("min_lr_ratio", min_lr_ratio, Range{0, 1}, "floor of the decay, as a fraction of optim.lr");
   }
 };
 
 struct PrecisionSection {
-  std::string param_dtype = "fp32";   // compute dtype of parameters: fp32 | bf16
-  std::string reduce_dtype = "fp32";  // gradient reduction dtype: fp32 | bf16
-  // Optimizer masters are always fp32.
+  std::string param_dtype = "fp32";
+  std::string reduce_dtype = "fp32";
 
   template <class V> void fields(V& v) {
-    v("param_dtype", param_dtype, Choice{{"fp32", "bf16"}});
-    v("reduce_dtype", reduce_dtype, Choice{{"fp32", "bf16"}});
+    v("param_dtype", param_dtype, Choice{{"fp32", "bf16"}},
+      "compute dtype of the parameters (optimizer masters are always fp32)");
+    v("reduce_dtype", reduce_dtype, Choice{{"fp32", "bf16"}}, "dtype of gradient reductions");
   }
 };
 
 struct ActivationCheckpointingSection {
-  std::string match;   // units recomputed in backward, e.g. "model.layers.*"; "" = none
-
-  template <class V> void fields(V& v) { v("match", match); }
-};
-
-// One row of the policy table: the first rule whose glob matches a module wins.
-struct ShardingRule {
-  std::string match;      // globs on module paths, '|' = or: "visual.blocks.*|visual.patch_embed"
-  std::string policy;     // freeze | ddp | fsdp | lora
-  std::string strategy;   // fsdp: full_shard | shard_grad_op | hybrid_shard (full_shard within
-                          // groups of dist.dp_shard ranks, replicated across them) | no_shard;
-                          // ddp: "" | shard_optimizer;
-                          // freeze and lora: "" | no_shard (replicated) | full_shard (the frozen
-                          // weights sharded, gathered for forward and backward)
-  // policy = "lora" only (sharding/parallel/lora.h; PEFT's LoraConfig names in brackets):
-  std::optional<int64_t> r;             // rank [r], default 8
-  std::optional<double> alpha;          // scaling alpha / r [lora_alpha], default 16
-  std::optional<double> dropout;        // on the adapter input [lora_dropout], default 0
-  std::optional<bool> rslora;           // scaling alpha / sqrt(r) [use_rslora], default false
-  std::optional<std::string> init;      // A init: kaiming [True] | gaussian ["gaussian"]; B = 0
+  std::string match;
 
   template <class V> void fields(V& v) {
-    v("match", match);
-    v("policy", policy, Choice{{"freeze", "ddp", "fsdp", "lora"}});
-    v("strategy", strategy, Choice{{"", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard", "shard_optimizer"}});
-    v("r", r, Range{1, 1e6});
-    v("alpha", alpha, Range{0, 1e9, true});
-    v("dropout", dropout, Range{0, 0.999});
-    v("rslora", rslora);
-    v("init", init, Choice{{"kaiming", "gaussian"}});
+    v("match", match, "units recomputed in backward, e.g. `model.layers.*`; \"\" = none");
+  }
+};
+
+struct ShardingRule {
+  std::string match;
+  std::string policy;
+  std::string strategy;
+  std::optional<int64_t> r;
+  std::optional<double> alpha;
+  std::optional<double> dropout;
+  std::optional<bool> rslora;
+  std::optional<std::string> init;
+
+  template <class V> void fields(V& v) {
+    v("match", match, "globs on module paths, `|` = or, e.g. `visual.blocks.*|visual.patch_embed`");
+    v("policy", policy, Choice{{"freeze", "ddp", "fsdp", "lora"}}, "what the matched modules get");
+    v("strategy", strategy, Choice{{"", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard", "shard_optimizer"}},
+      "fsdp: full_shard, shard_grad_op, hybrid_shard (full_shard within groups of dist.dp_shard ranks, "
+      "replicated across them) or no_shard; ddp: \"\" or shard_optimizer; freeze and lora: \"\" or no_shard "
+      "(replicated), full_shard or hybrid_shard (the frozen weights sharded, gathered for forward and "
+      "backward)");
+    v("r", r, Range{1, 1e6}, "lora only: adapter rank (PEFT `r`); unset = 8");
+    v("alpha", alpha, Range{0, 1e9, true}, "lora only: scaling alpha / r (PEFT `lora_alpha`); unset = 16");
+    v("dropout", dropout, Range{0, 0.999}, "lora only: dropout on the adapter input (PEFT `lora_dropout`); unset = 0");
+    v("rslora", rslora, "lora only: scaling alpha / sqrt(r) (PEFT `use_rslora`); unset = false");
+    v("init", init, Choice{{"kaiming", "gaussian"}},
+      "lora only: init of A (PEFT `init_lora_weights`: True = kaiming, \"gaussian\"); B starts at 0; unset = "
+      "kaiming");
   }
 };
 
 struct ShardingSection {
-  std::string default_policy = "ddp";   // key `default`: policy of parameters no rule matches
-  std::string default_strategy;         // strategy for the default policy
-  double ddp_bucket_mb = 25;            // DDP gradient bucket size
-  // FSDP gradient accumulation over a step's micro-batches: "sharded" reduce-scatters every
-  // micro-batch into the fp32 shard grad; "unsharded" keeps each unit's unsharded gradient
-  // sum (N*S x reduce dtype) and reduce-scatters once per step (less traffic, more memory).
+  std::string default_policy = "ddp";
+  std::string default_strategy;
+  double ddp_bucket_mb = 25;
   std::string fsdp_accumulate = "sharded";
-  // Optimizer state offload (ZeRO-Offload): fp32 masters and AdamW moments in (pinned) host
-  // memory, the update on the host while the next forward runs; the device keeps none.
   bool optimizer_offload = false;
-  std::vector<ShardingRule> module;     // [[sharding.module]] rules, in file order
+  std::vector<ShardingRule> module;
 
   template <class V> void fields(V& v) {
-    v("default", default_policy, Choice{{"freeze", "ddp", "fsdp"}});
+    v("default", default_policy, Choice{{"freeze", "ddp", "fsdp"}}, "policy of the parameters no rule matches");
     v("default_strategy", default_strategy,
-      Choice{{"", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard", "shard_optimizer"}});
-    v("ddp_bucket_mb", ddp_bucket_mb, Range{0.001, 1e5});
-    v("fsdp_accumulate", fsdp_accumulate, Choice{{"sharded", "unsharded"}});
-    v("optimizer_offload", optimizer_offload);
-    v("module", module);
+      Choice{{"", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard", "shard_optimizer"}},
+      "strategy of the default policy");
+    v("ddp_bucket_mb", ddp_bucket_mb, Range{0.001, 1e5}, "DDP gradient bucket size in MiB");
+    v("fsdp_accumulate", fsdp_accumulate, Choice{{"sharded", "unsharded"}},
+      "FSDP gradient accumulation over a step's micro-batches: `sharded` reduce-scatters every micro-batch "
+      "into the fp32 shard gradient; `unsharded` keeps each unit's unsharded gradient sum and reduce-scatters "
+      "once per step (less traffic, more memory)");
+    v("optimizer_offload", optimizer_offload,
+      "ZeRO-Offload: fp32 masters and AdamW moments in (pinned) host memory, updated on the host while the "
+      "next forward runs; the device keeps none");
+    v("module", module,
+      "The policy table, one `[[sharding.module]]` rule per entry, in file order: the first rule whose glob "
+      "matches a module wins (docs/recipes.md).");
   }
 };
 
 struct DistSection {
-  std::string backend = "auto";   // auto (nccl on CUDA, gloo on CPU) | gloo | nccl
-  std::string device = "auto";    // auto (cuda when available) | cpu | cuda
-  double timeout_s = 600;         // every collective and the rendezvous
-  int64_t dp_shard = 0;           // hybrid_shard units: ranks per shard group (mesh dp_replicate x
-                                  // dp_shard); 0 = the ranks of one node (LOCAL_WORLD_SIZE); must
-                                  // divide the world size
+  std::string backend = "auto";
+  std::string device = "auto";
+  double timeout_s = 600;
+  int64_t dp_shard = 0;
 
   template <class V> void fields(V& v) {
-    v("backend", backend, Choice{{"auto", "gloo", "nccl"}});
-    v("device", device, Choice{{"auto", "cpu", "cuda"}});
-    v("timeout_s", timeout_s, Range{1, 1e6});
-    v("dp_shard", dp_shard, Range{0, 1e6});
+    v("backend", backend, Choice{{"auto", "gloo", "nccl"}},
+      "data plane backend; `auto` = NCCL on CUDA, Gloo on CPU");
+    v("device", device, Choice{{"auto", "cpu", "cuda"}}, "`auto` = CUDA when available");
+    v("timeout_s", timeout_s, Range{1, 1e6}, "bound on every collective and on the rendezvous");
+    v("dp_shard", dp_shard, Range{0, 1e6},
+      "hybrid_shard units: ranks per shard group (mesh dp_replicate x dp_shard); 0 = the ranks of one node "
+      "(LOCAL_WORLD_SIZE); must divide the world size");
   }
 };
 
 struct CheckpointSection {
-  int64_t every = 0;              // steps between checkpoints; 0 = only at the end
-  int64_t keep_last = 2;          // older complete checkpoints are pruned
-  std::string resume = "auto";    // auto (latest complete in output_dir) | none | PATH
-  bool save_final = true;         // checkpoint after the last step
+  int64_t every = 0;
+  int64_t keep_last = 2;
+  std::string resume = "auto";
+  bool save_final = true;
 
   template <class V> void fields(V& v) {
-    v("every", every, Range{0, 1e9});
-    v("keep_last", keep_last, Range{1, 1e6});
-    v("resume", resume);
-    v("save_final", save_final);
+    v("every", every, Range{0, 1e9}, "steps between checkpoints; 0 = only at the end");
+    v("keep_last", keep_last, Range{1, 1e6}, "older complete checkpoints are pruned");
+    v("resume", resume, "`auto` (the newest complete checkpoint in run.output_dir), `none`, or a checkpoint path");
+    v("save_final", save_final, "write a checkpoint after the last step");
   }
 };
 
 struct EvalSection {
-  int64_t every = 0;                // steps between periodic evals; 0 = none
-  int64_t max_samples = 64;         // per dataset during training (0 = all)
-  bool at_end = true;               // full eval on data.eval after training
+  int64_t every = 0;
+  int64_t max_samples = 64;
+  bool at_end = true;
   int64_t max_new_tokens = 64;
   int64_t batch_size = 8;
   std::vector<std::string> metrics = {"cer", "wer", "ned", "em", "anls", "ocrbench"};
-  bool case_sensitive = true;       // normalisation (echoed in eval_summary.json)
+  bool case_sensitive = true;
   bool collapse_whitespace = true;
   bool strip_punctuation = false;
   bool nfc = true;
-  // Generation settings. Each key left out takes the value of the model directory's
-  // generation_config.json (model.path), else HF's default (greedy, no penalty): recipe /
-  // --set > generation_config.json > defaults. Resolved values and where each came from
-  // are logged and written to eval_summary.json under "generation".
-  std::optional<bool> do_sample;              // false: greedy
-  std::optional<double> temperature;          // sampling only, > 0
-  std::optional<int64_t> top_k;               // sampling only; 0 = off
-  std::optional<double> top_p;                // sampling only, (0, 1]
-  std::optional<double> repetition_penalty;   // > 0; 1 = off (HF's definition)
-  int64_t seed = 0;                           // sampling stream
+  std::optional<bool> do_sample;
+  std::optional<double> temperature;
+  std::optional<int64_t> top_k;
+  std::optional<double> top_p;
+  std::optional<double> repetition_penalty;
+  int64_t seed = 0;
 
   template <class V> void fields(V& v) {
-    v("every", every, Range{0, 1e9});
-    v("max_samples", max_samples, Range{0, 1e9});
-    v("at_end", at_end);
-    v("max_new_tokens", max_new_tokens, Range{1, 1e6});
-    v("batch_size", batch_size, Range{1, 1e5});
-    v("metrics", metrics, Choice{{"cer", "wer", "ned", "em", "anls", "ocrbench"}});
-    v("case_sensitive", case_sensitive);
-    v("collapse_whitespace", collapse_whitespace);
-    v("strip_punctuation", strip_punctuation);
-    v("nfc", nfc);
-    v("do_sample", do_sample);
-    v("temperature", temperature, Range{0, 1e6, true});
-    v("top_k", top_k, Range{0, 1e9});
-    v("top_p", top_p, Range{0, 1, true});
-    v("repetition_penalty", repetition_penalty, Range{0, 1e6, true});
-    v("seed", seed, Range{0, 9e15});
+    v("every", every, Range{0, 1e9}, "steps between periodic evals during training; 0 = none");
+    v("max_samples", max_samples, Range{0, 1e9}, "samples per dataset in a periodic eval (0 = all)");
+    v("at_end", at_end, "full eval on data.eval after training");
+    v("max_new_tokens", max_new_tokens, Range{1, 1e6}, "generation length limit");
+    v("batch_size", batch_size, Range{1, 1e5}, "prompts generated together (left-padded)");
+    v("metrics", metrics, Choice{{"cer", "wer", "ned", "em", "anls", "ocrbench"}}, "metrics to report");
+    v("case_sensitive", case_sensitive, "text normalisation before scoring (echoed in eval_summary.json)");
+    v("collapse_whitespace", collapse_whitespace, "text normalisation: runs of whitespace count as one space");
+    v("strip_punctuation", strip_punctuation, "text normalisation: punctuation removed");
+    v("nfc", nfc, "text normalisation: Unicode NFC");
+    v("do_sample", do_sample,
+      "false = greedy. Each generation key left unset takes the value of model.path's generation_config.json, "
+      "else HF's default; the resolved values and their origin go to eval_summary.json");
+    v("temperature", temperature, Range{0, 1e6, true}, "sampling only");
+    v("top_k", top_k, Range{0, 1e9}, "sampling only; 0 = off");
+    v("top_p", top_p, Range{0, 1, true}, "sampling only");
+    v("repetition_penalty", repetition_penalty, Range{0, 1e6, true}, "1 = off (HF's definition)");
+    v("seed", seed, Range{0, 9e15}, "seed of the sampling stream");
   }
 };
 
 struct LogSection {
-  int64_t every = 1;              // steps between log lines
-  std::string level = "info";     // trace | debug | info | warn | error (env VLMTRAIN_LOG_LEVEL wins)
-  bool all_ranks = false;         // log from every rank, not only rank 0
-  bool tensorboard = true;        // TensorBoard event files under <run.output_dir>/tb/ (rank 0)
+  int64_t every = 1;
+  std::string level = "info";
+  bool all_ranks = false;
+  bool tensorboard = true;
 
   template <class V> void fields(V& v) {
-    v("every", every, Range{1, 1e9});
-    v("level", level, Choice{{"trace", "debug", "info", "warn", "error"}});
-    v("all_ranks", all_ranks);
-    v("tensorboard", tensorboard);
+    v("every", every, Range{1, 1e9}, "steps between log lines");
+    v("level", level, Choice{{"trace", "debug", "info", "warn", "error"}},
+      "log level (the environment variable VLMTRAIN_LOG_LEVEL wins)");
+    v("all_ranks", all_ranks, "log from every rank, not only rank 0");
+    v("tensorboard", tensorboard, "TensorBoard event files under <run.output_dir>/tb/ (written by rank 0)");
   }
 };
 
@@ -393,19 +408,20 @@ struct Recipe {
   std::map<std::string, std::string> where;    // dotted key -> "file:line" (for errors)
 
   template <class V> void fields(V& v) {
-    v("run", run);
-    v("model", model);
-    v("data", data);
-    v("batch", batch);
-    v("optim", optim);
-    v("schedule", schedule);
-    v("precision", precision);
-    v("activation_checkpointing", activation_checkpointing);
-    v("sharding", sharding);
-    v("dist", dist);
-    v("checkpoint", checkpoint);
-    v("eval", eval);
-    v("log", log);
+    v("run", run, "The run's name, output folder and seed.");
+    v("model", model, "Which model to train: a built-in preset (random init) or an HF directory.");
+    v("data", data, "Datasets, their record format, image budgets and the loader.");
+    v("batch", batch, "How many samples a step takes and how they are cut into micro-batches.");
+    v("optim", optim, "The optimizer (AdamW, fp32 masters) and gradient clipping.");
+    v("schedule", schedule, "Run length and learning-rate schedule.");
+    v("precision", precision, "Mixed precision, with FSDP's MixedPrecision meaning.");
+    v("activation_checkpointing", activation_checkpointing,
+      "Units whose activations are recomputed in backward instead of kept.");
+    v("sharding", sharding, "The sharding policy table and the engines' settings (docs/recipes.md).");
+    v("dist", dist, "Processes, devices and collectives.");
+    v("checkpoint", checkpoint, "Training checkpoints and resume (docs/checkpoints.md).");
+    v("eval", eval, "Evaluation during and after training, and `vlmtrain eval` (docs/eval.md).");
+    v("log", log, "The step log, metrics.jsonl and TensorBoard.");
   }
 
   // Cross-field checks; throws vlm::Error "file:line: key: problem" naming the key.
@@ -433,5 +449,10 @@ std::string save_resolved_recipe(const Recipe& recipe, const std::string& dir);
 
 // Built-in model presets the recipe may name: vlm::preset_names() (every registered family's).
 std::vector<std::string> known_presets();
+
+// The recipe key reference as markdown (docs/recipe.md; `vlmtrain recipe --doc`): every
+// section with its doc, then one table row per key with its type, default, allowed values
+// and doc, all from the field lists above. Deterministic: the same build prints the same text.
+std::string recipe_reference();
 
 }  // namespace vlm::app

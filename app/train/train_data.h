@@ -8,7 +8,7 @@
 //
 // Every rank plans every step from global facts (the step's samples, their token counts
 // and image sizes), so all ranks agree on the micro-batch count of every step without a
-// collective (DESIGN.md invariants 1-2). A sample that fails to build on one rank (corrupt
+// collective (docs/design.md, invariants 1-2). A sample that fails to build on one rank (corrupt
 // image, truncation inside an image) is dropped from its micro-batch with a warning; a
 // micro-batch left empty becomes a filler; more failures than data.max_bad_fraction of the
 // samples seen is an error. Neither changes any rank's number of micro-batches.

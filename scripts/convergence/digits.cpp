@@ -1,4 +1,4 @@
-// Probe datasets for docs/tiny_convergence.md: lines of random digits in one font
+// Probe datasets for docs/notes/tiny_convergence.md: lines of random digits in one font
 // (Hershey Simplex, thickness 2, black on white, no noise), 56 px high.
 //
 //   g++ -O1 -std=c++17 digits.cpp -o digits $(pkg-config --cflags --libs opencv4)

@@ -1,5 +1,5 @@
 #!/bin/bash
-# One convergence probe (docs/tiny_convergence.md): trains recipes/ocr_tiny.toml on other
+# One convergence probe (docs/notes/tiny_convergence.md): trains recipes/ocr_tiny.toml on other
 # data for STEPS steps, evaluating every 50, and prints the loss every 10 steps and the CER
 # at each eval.
 #   scripts/convergence/probe.sh NAME TRAIN_JSONL VAL_JSONL TOKENIZER STEPS [--set K=V]...

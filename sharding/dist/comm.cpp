@@ -415,7 +415,7 @@ Work Comm::all_gather_async(const torch::Tensor& out, const torch::Tensor& in,
     // Gloo: one broadcast per rank of its slice, straight into the views of `out`. Gloo's
     // own allgather stages through a flat buffer it allocates per call and copies out of:
     // 2.2x the time of the broadcasts at world 2 for an 11 MB unit, 2.4x for 82 MB
-    // (scripts/bench/gloo_ops.py, docs/cpu_comm.md).
+    // (scripts/bench/gloo_ops.py, docs/notes/cpu_comm.md).
     WorkList works;
     for (int r = 0; r < world; ++r) {
       c10d::BroadcastOptions bo;
@@ -477,7 +477,7 @@ Work Comm::reduce_scatter_async(const torch::Tensor& out, const torch::Tensor& i
   // Gloo: an all-to-all sends chunk k of `in` to rank k in its own dtype (2-byte floats as
   // raw bytes), then this rank reduces the N chunks it received (2-byte floats in fp32, as
   // the all-reduce fallback does). Half the bytes of an all-reduce of the whole buffer, and
-  // about half the time for FSDP-unit sizes (scripts/bench/gloo_ops.py, docs/cpu_comm.md).
+  // about half the time for FSDP-unit sizes (scripts/bench/gloo_ops.py, docs/notes/cpu_comm.md).
   torch::Tensor send = as_bits(in).view(-1);     // [N*S] (x2 for 2-byte floats)
   torch::Tensor recv = torch::empty_like(send);  // chunk k: rank k's in[r*S:(r+1)*S]
   auto issue = [this, send, recv]() mutable {

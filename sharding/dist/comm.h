@@ -11,7 +11,7 @@
 // and device. `in` of all_gather may alias out's own slice (FSDP's shard-in-buffer case).
 //
 // How each op is issued on Gloo (TCP), chosen by measurement against LibTorch 2.11's own
-// Gloo ops (scripts/bench/gloo_ops.py; docs/cpu_comm.md has the numbers):
+// Gloo ops (scripts/bench/gloo_ops.py; docs/notes/cpu_comm.md has the numbers):
 //   * all-gather             -> one broadcast per rank of its slice, into views of `out`
 //                               (2-5x faster than Gloo's all_gather_into_tensor, which, like
 //                               its list allgather, stages through a buffer per call)

@@ -98,7 +98,7 @@
 //
 // Hang safety: every decision that issues a collective (gather, prefetch, reduce-scatter
 // order) depends only on the call order and on whether outputs need gradients, which are
-// the same on every rank when every rank runs every unit (DESIGN.md invariant 2). The
+// the same on every rank when every rank runs every unit (docs/design.md, invariant 2). The
 // all-gathers and the reduce-scatters go over separate comms (ParallelDims' lanes kGather
 // and kReduce), and DDP's buckets over a third: each stream of ops is in a fixed order on
 // every rank, while how the streams interleave (set by autograd's schedule, which differs

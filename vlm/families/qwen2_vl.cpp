@@ -249,7 +249,7 @@ VlmConfig tiny_qwen2_vl() {
   // theta 1e4 one image column turns the width dims by at most 0.003 rad and the LLM
   // cannot tell columns apart. Width gets 28 of 32 frequencies and theta 100 (0.56..0.012
   // rad per column); text-only tokens see plain RoPE with theta 100, ample for a few hundred
-  // positions. See docs/tiny_convergence.md.
+  // positions. See docs/notes/tiny_convergence.md.
   c.text.mrope_section = {2, 2, 28};
   c.text.rope_theta = 100.0;
   c.text.max_position_embeddings = 4096;

@@ -2,7 +2,7 @@
 // torch::nn::Module by parameter name, and write (sharded, atomic).
 //
 // Canonical names are the legacy Qwen2-VL ones, which are also the module tree's names
-// (DESIGN.md "Module tree = HF names"):
+// (docs/design.md, "Module names = HF names"):
 //   visual.*         <- also accepted as model.visual.*
 //   model.*          <- also accepted as model.language_model.*
 //   lm_head.weight   (top level in both styles; may be absent when tied to the embedding)

@@ -158,7 +158,7 @@ double stroke_width(const cv::Mat& img) {
 }
 
 // Both layouts draw strokes of 2 px or more (the tiny preset learns nothing from 1-px
-// hairlines; docs/tiny_convergence.md). The control, the same texts drawn by putText at
+// hairlines; docs/notes/tiny_convergence.md). The control, the same texts drawn by putText at
 // 1 px, shows the measure separates the two.
 TEST(SynthOcr, StrokesAreAtLeastTwoPixels) {
   std::vector<double> hairline, proportional, grid;
