@@ -252,75 +252,63 @@ void write_text(const fs::path& path, const std::string& text) {
   fs::rename(tmp, path);
 }
 
-}  // namespace
+// ---------------------------------------------------------------- select
 
-// ---------------------------------------------------------------- evaluate
+// The samples of one evaluation: every rank computes the same list.
+struct EvalPlan {
+  std::vector<Item> items;                          // global order: set by set
+  std::vector<std::vector<std::string>> references;  // per item, non-empty
+  std::vector<int64_t> local;                       // this rank's items: rank, rank + world, ...
+  int64_t batches = 0;                              // this rank's generate calls (lockstep: every rank's)
+  int64_t size() const { return static_cast<int64_t>(items.size()); }
+};
 
-EvalSummary evaluate(vlm::VisionLanguageModelImpl& model, const vlm::Tokenizer& tok, const Recipe& recipe,
-                     const std::vector<EvalDataset>& datasets, const EvalOptions& opts,
-                     vlm::sharding::Comm* comm) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const int world = comm ? comm->world_size() : 1;
-  const int rank = comm ? comm->rank() : 0;
-  const bool multi = world > 1;
+void check_eval_inputs(const vlm::VisionLanguageModelImpl& model, const vlm::Tokenizer& tok,
+                       const std::vector<EvalDataset>& datasets, const EvalOptions& opts) {
   VLM_CHECK(opts.batch_size >= 1, "evaluate: batch_size must be >= 1, got ", opts.batch_size);
   VLM_CHECK(opts.max_new_tokens >= 1, "evaluate: max_new_tokens must be >= 1, got ",
             opts.max_new_tokens);
   VLM_CHECK(opts.max_samples >= 0, "evaluate: max_samples must be >= 0, got ", opts.max_samples);
   VLM_CHECK(!datasets.empty(), "evaluate: no eval dataset (hint: set data.eval or pass --data)");
-  const vlm::VlmConfig& cfg = model.cfg;
   const int64_t image_pad = tok.special_id("<|image_pad|>", "image prompts");
-  VLM_CHECK(image_pad == cfg.image_token_id, "evaluate: the model's <|image_pad|> id is ",
-            cfg.image_token_id, " but tokenizer ", tok.source(), " has it at ", image_pad,
+  VLM_CHECK(image_pad == model.cfg.image_token_id, "evaluate: the model's <|image_pad|> id is ",
+            model.cfg.image_token_id, " but tokenizer ", tok.source(), " has it at ", image_pad,
             " (hint: load the model with its own tokenizer; presets take the ids from the "
             "tokenizer, see app/config/model_source.h)");
+}
 
-  // The global sample list: the first max_samples records of each set, in set order.
-  std::vector<Item> items;
+// The first max_samples records of each set, in set order, with their references (a record
+// with nothing to score against fails before any generation), dealt round-robin to ranks.
+EvalPlan select_samples(const std::vector<EvalDataset>& datasets, const EvalOptions& opts, int rank, int world) {
+  EvalPlan plan;
   for (size_t s = 0; s < datasets.size(); ++s) {
     const size_t n = datasets[s].records.size();
     const size_t take = opts.max_samples > 0 ? std::min<size_t>(n, size_t(opts.max_samples)) : n;
-    for (size_t r = 0; r < take; ++r) items.push_back({s, r});
+    for (size_t r = 0; r < take; ++r) plan.items.push_back({s, r});
   }
-  const int64_t n_total = static_cast<int64_t>(items.size());
+  const int64_t n_total = plan.size();
   VLM_CHECK(n_total > 0, "evaluate: the eval datasets hold no record");
-  // References first: a record with nothing to score against fails before any generation.
-  std::vector<std::vector<std::string>> references;
-  for (const Item& it : items) {
+  for (const Item& it : plan.items) {
     const Record& rec = datasets[it.set].records[it.record];
-    references.push_back(vlm::data::generation_references(rec));
-    VLM_CHECK(!references.back().empty(), rec.location(), ": no reference answer to score "
+    plan.references.push_back(vlm::data::generation_references(rec));
+    VLM_CHECK(!plan.references.back().empty(), rec.location(), ": no reference answer to score "
               "against (expected \"text\", \"answers\" or an assistant turn after the prompt)");
   }
-  // This rank's samples: global indices rank, rank + world, ...
-  std::vector<int64_t> local;
-  for (int64_t g = rank; g < n_total; g += world) local.push_back(g);
+  for (int64_t g = rank; g < n_total; g += world) plan.local.push_back(g);
   const int64_t max_local = (n_total + world - 1) / world;
-  const int64_t batches = opts.lockstep ? (max_local + opts.batch_size - 1) / opts.batch_size
-                                        : (int64_t(local.size()) + opts.batch_size - 1) / opts.batch_size;
+  plan.batches = opts.lockstep ? (max_local + opts.batch_size - 1) / opts.batch_size
+                               : (int64_t(plan.local.size()) + opts.batch_size - 1) / opts.batch_size;
+  return plan;
+}
 
-  // Prompts are built by loader threads ahead of generation.
-  // The model's processor and default system turn (app/config/data_options.h).
-  const vlm::data::PixelConfig pixels = pixel_config(recipe, cfg);
-  const vlm::data::SampleOptions sample_opts = sample_options(recipe, cfg);
-  auto produce = [&](int64_t g) {
-    Prepared p;
-    p.global = g;
-    const Record& rec = datasets[items[size_t(g)].set].records[items[size_t(g)].record];
-    try {
-      vlm::data::RecordImages images = vlm::data::load_record_images(rec, pixels);
-      p.sample = vlm::data::build_generation_prompt(tok, rec, images, sample_opts, g).sample;
-    } catch (const std::exception& e) {
-      p.error = e.what();
-    }
-    return p;
-  };
-  vlm::data::OrderedLoader<Prepared> loader(local, produce,
-                                            {opts.loader_workers, std::max<int64_t>(2, opts.batch_size * 2)});
+// ---------------------------------------------------------------- generate
 
+// Decoding settings: the resolved generation config, stopping at its eos ids and at the
+// tokenizer's end tokens; lockstep runs the dummy image on filler batches.
+vlm::GenerationOptions generation_options(const EvalOptions& opts, const vlm::Tokenizer& tok,
+                                          const vlm::VlmConfig& cfg) {
   vlm::GenerationOptions gen = vlm::to_options(opts.generation.config);
   gen.max_new_tokens = opts.max_new_tokens;
-  // Stop at the settings' eos ids and at the tokenizer's end tokens.
   std::vector<int64_t> stops = opts.generation.config.eos_token_ids;
   for (int64_t id : stop_tokens(tok, cfg))
     if (std::find(stops.begin(), stops.end(), id) == stops.end()) stops.push_back(id);
@@ -329,18 +317,61 @@ EvalSummary evaluate(vlm::VisionLanguageModelImpl& model, const vlm::Tokenizer& 
       tok.specials().pad.value_or(gen.stop_tokens.front()));
   gen.seed = opts.generation.seed;
   gen.dummy_vision = opts.lockstep;
-  if (rank == 0) spdlog::info("eval generation: {}", opts.generation.describe());
-  const auto param = model.parameters().front();
+  return gen;
+}
+
+// rows: the prompts of one batch (none: a filler batch, lockstep only) -> a left-padded
+// batch on the model's device (pixels in its parameter dtype).
+vlm::Batch device_prompt_batch(const std::vector<const vlm::TokenizedSample*>& rows, int64_t pad_token_id,
+                               const torch::Tensor& param) {
+  vlm::Batch batch = rows.empty() ? vlm::collate::filler_prompt_batch(pad_token_id)
+                                  : vlm::collate::left_padded_prompt_batch(rows, pad_token_id);
   const torch::Device device = param.device();
+  batch.input_ids = batch.input_ids.to(device);
+  batch.attention_mask = batch.attention_mask.to(device);
+  if (batch.pixel_values.defined()) batch.pixel_values = batch.pixel_values.to(device, param.scalar_type());
+  if (batch.image_grid_thw.defined()) batch.image_grid_thw = batch.image_grid_thw.to(device);
+  return batch;
+}
+
+using LocalOutcomes = std::vector<std::pair<int64_t, Outcome>>;  // (global index, outcome)
+
+// This rank's outcomes: prompts built by loader threads ahead of generation, `plan.batches`
+// generate calls (in lockstep, a rank out of samples runs filler batches and every decode
+// step agrees on stopping over `comm`, so ranks issue the same collectives).
+LocalOutcomes generate_rank(vlm::VisionLanguageModelImpl& model, const vlm::Tokenizer& tok, const Recipe& recipe,
+                            const std::vector<EvalDataset>& datasets, const EvalPlan& plan, const EvalOptions& opts,
+                            vlm::GenerationOptions gen, vlm::sharding::Comm* comm,
+                            std::chrono::steady_clock::time_point t0) {
+  const int rank = comm ? comm->rank() : 0;
+  const bool multi = comm && comm->world_size() > 1;
+  // The model's processor and default system turn (app/config/data_options.h).
+  const vlm::data::PixelConfig pixels = pixel_config(recipe, model.cfg);
+  const vlm::data::SampleOptions sample_opts = sample_options(recipe, model.cfg);
+  auto produce = [&](int64_t g) {
+    Prepared p;
+    p.global = g;
+    const Record& rec = datasets[plan.items[size_t(g)].set].records[plan.items[size_t(g)].record];
+    try {
+      vlm::data::RecordImages images = vlm::data::load_record_images(rec, pixels);
+      p.sample = vlm::data::build_generation_prompt(tok, rec, images, sample_opts, g).sample;
+    } catch (const std::exception& e) {
+      p.error = e.what();
+    }
+    return p;
+  };
+  vlm::data::OrderedLoader<Prepared> loader(plan.local, produce,
+                                            {opts.loader_workers, std::max<int64_t>(2, opts.batch_size * 2)});
+  const torch::Tensor param = model.parameters().front();
 
   torch::NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();
-  std::vector<std::pair<int64_t, Outcome>> results;  // (global index, outcome) of this rank
-  ProgressBar progress({"eval", "batches", batches, opts.progress && rank == 0});
-  int64_t done_samples = 0, generated = 0;
+  LocalOutcomes results;
+  ProgressBar progress({"eval", "batches", plan.batches, opts.progress && rank == 0});
+  int64_t done_samples = 0;
   try {
-    for (int64_t k = 0; k < batches; ++k) {
+    for (int64_t k = 0; k < plan.batches; ++k) {
       std::vector<Prepared> prepared;
       for (int64_t i = 0; i < opts.batch_size; ++i) {
         std::optional<Prepared> p = loader.next();
@@ -350,31 +381,24 @@ EvalSummary evaluate(vlm::VisionLanguageModelImpl& model, const vlm::Tokenizer& 
       std::vector<const vlm::TokenizedSample*> rows;
       std::vector<int64_t> row_global;
       for (const Prepared& p : prepared) {
-        if (!p.error.empty()) {
-          Outcome o;
-          o.error = p.error;
-          o.present = true;
-          results.push_back({p.global, std::move(o)});
+        if (p.error.empty()) {
+          rows.push_back(&p.sample);
+          row_global.push_back(p.global);
           continue;
         }
-        rows.push_back(&p.sample);
-        row_global.push_back(p.global);
+        Outcome o;
+        o.error = p.error;
+        o.present = true;
+        results.push_back({p.global, std::move(o)});
       }
       if (rows.empty() && !opts.lockstep) continue;
       const bool filler = rows.empty();
-      vlm::Batch batch = filler ? vlm::collate::filler_prompt_batch(gen.pad_token_id)
-                                : vlm::collate::left_padded_prompt_batch(rows, gen.pad_token_id);
-      batch.input_ids = batch.input_ids.to(device);
-      batch.attention_mask = batch.attention_mask.to(device);
-      if (batch.pixel_values.defined())
-        batch.pixel_values = batch.pixel_values.to(device, param.scalar_type());
-      if (batch.image_grid_thw.defined()) batch.image_grid_thw = batch.image_grid_thw.to(device);
+      vlm::Batch batch = device_prompt_batch(rows, gen.pad_token_id, param);
       if (opts.lockstep && multi) {
-        gen.stop_together = [&, filler](bool stopped_here) {
+        gen.stop_together = [&, filler, k](bool stopped_here) {
           // 1 while this rank still decodes; max over ranks = 0 once every rank is done.
           torch::Tensor busy = torch::tensor({(filler || stopped_here) ? 0.0f : 1.0f});
-          comm->all_reduce(busy, vlm::sharding::ReduceOp::kMax,
-                           vlm::str("eval: batch ", k, " stop check"));
+          comm->all_reduce(busy, vlm::sharding::ReduceOp::kMax, vlm::str("eval: batch ", k, " stop check"));
           return busy.item<float>() == 0.0f;
         };
       }
@@ -384,7 +408,6 @@ EvalSummary evaluate(vlm::VisionLanguageModelImpl& model, const vlm::Tokenizer& 
         o.present = true;
         o.generated_tokens = static_cast<int64_t>(out.tokens[i].size());
         o.prediction = decode_answer(tok, out.tokens[i], gen.stop_tokens);
-        generated += o.generated_tokens;
         results.push_back({row_global[i], std::move(o)});
       }
       done_samples += static_cast<int64_t>(prepared.size());
@@ -397,59 +420,70 @@ EvalSummary evaluate(vlm::VisionLanguageModelImpl& model, const vlm::Tokenizer& 
     throw;
   }
   model.train(was_training);
-  const double local_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return results;
+}
 
-  // Gather: every rank gets every outcome, placed at its global index.
+// ---------------------------------------------------------------- gather
+
+// Every rank gets every outcome, placed at its global index; `seconds` becomes the slowest
+// rank's time.
+std::vector<Outcome> gather_outcomes(vlm::sharding::Comm* comm, const LocalOutcomes& results, int64_t n_total,
+                                     double* seconds) {
   std::vector<Outcome> outcomes(static_cast<size_t>(n_total));
-  double seconds = local_seconds;
-  {
-    nlohmann::json mine = {{"seconds", local_seconds}, {"results", nlohmann::json::array()}};
-    for (auto& [g, o] : results)
-      mine["results"].push_back({g, o.prediction, o.generated_tokens, o.error});
-    std::vector<std::string> parts;
-    const std::string text = mine.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    if (multi) parts = all_gather_strings(*comm, text);
-    else parts.push_back(text);
-    for (const std::string& part : parts) {
-      const nlohmann::json j = nlohmann::json::parse(part);
-      seconds = std::max(seconds, j.at("seconds").get<double>());
-      for (const auto& r : j.at("results")) {
-        const int64_t g = r.at(0).get<int64_t>();
-        VLM_ASSERT(g >= 0 && g < n_total && !outcomes[size_t(g)].present, "sample ", g);
-        Outcome& o = outcomes[size_t(g)];
-        o.present = true;
-        o.prediction = r.at(1).get<std::string>();
-        o.generated_tokens = r.at(2).get<int64_t>();
-        o.error = r.at(3).get<std::string>();
-      }
+  nlohmann::json mine = {{"seconds", *seconds}, {"results", nlohmann::json::array()}};
+  for (auto& [g, o] : results) mine["results"].push_back({g, o.prediction, o.generated_tokens, o.error});
+  std::vector<std::string> parts;
+  const std::string text = mine.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (comm && comm->world_size() > 1) parts = all_gather_strings(*comm, text);
+  else parts.push_back(text);
+  for (const std::string& part : parts) {
+    const nlohmann::json j = nlohmann::json::parse(part);
+    *seconds = std::max(*seconds, j.at("seconds").get<double>());
+    for (const auto& r : j.at("results")) {
+      const int64_t g = r.at(0).get<int64_t>();
+      VLM_ASSERT(g >= 0 && g < n_total && !outcomes[size_t(g)].present, "sample ", g);
+      Outcome& o = outcomes[size_t(g)];
+      o.present = true;
+      o.prediction = r.at(1).get<std::string>();
+      o.generated_tokens = r.at(2).get<int64_t>();
+      o.error = r.at(3).get<std::string>();
     }
-    for (int64_t g = 0; g < n_total; ++g)
-      VLM_ASSERT(outcomes[size_t(g)].present, "no rank reported sample ", g);
   }
+  for (int64_t g = 0; g < n_total; ++g) VLM_ASSERT(outcomes[size_t(g)].present, "no rank reported sample ", g);
+  return outcomes;
+}
 
-  // Score, in world-1 order.
-  Scorer overall(opts.score);
-  std::vector<Scorer> per_set(datasets.size(), Scorer(opts.score));
-  std::vector<int64_t> skipped_per_set(datasets.size(), 0);
-  std::string predictions;
-  nlohmann::json skipped_list = nlohmann::json::array();
-  int64_t total_tokens = 0;
-  for (int64_t g = 0; g < n_total; ++g) {
-    const Item& it = items[size_t(g)];
+// ---------------------------------------------------------------- score
+
+// The scores of every outcome, in world-1 order, overall and per set.
+struct Scored {
+  explicit Scored(const ScoreOptions& o, size_t sets) : overall(o), per_set(sets, Scorer(o)), skipped_per_set(sets, 0) {}
+  Scorer overall;
+  std::vector<Scorer> per_set;
+  std::vector<int64_t> skipped_per_set;
+  nlohmann::json skipped_list = nlohmann::json::array();  // {id, dataset, reason}
+  std::string predictions;                                // predictions.jsonl (rank 0, with an output dir)
+  int64_t total_tokens = 0;                               // generated by the scored samples
+};
+
+Scored score_outcomes(const std::vector<EvalDataset>& datasets, const EvalPlan& plan,
+                      const std::vector<Outcome>& outcomes, const EvalOptions& opts, bool write_predictions) {
+  Scored sc(opts.score, datasets.size());
+  for (int64_t g = 0; g < plan.size(); ++g) {
+    const Item& it = plan.items[size_t(g)];
     const EvalDataset& set = datasets[it.set];
     const Record& rec = set.records[it.record];
     const Outcome& o = outcomes[size_t(g)];
     if (!o.error.empty()) {
-      ++skipped_per_set[it.set];
-      skipped_list.push_back({{"id", rec.location()}, {"dataset", set.name}, {"reason", o.error}});
+      ++sc.skipped_per_set[it.set];
+      sc.skipped_list.push_back({{"id", rec.location()}, {"dataset", set.name}, {"reason", o.error}});
       continue;
     }
-    total_tokens += o.generated_tokens;
-    const std::vector<std::string>& refs = references[size_t(g)];
-    const SampleScores s = overall.add(o.prediction, refs);
-    per_set[it.set].add(s);
-    if (rank == 0 && !opts.output_dir.empty()) {
+    sc.total_tokens += o.generated_tokens;
+    const std::vector<std::string>& refs = plan.references[size_t(g)];
+    const SampleScores s = sc.overall.add(o.prediction, refs);
+    sc.per_set[it.set].add(s);
+    if (write_predictions) {
       nlohmann::json line = {{"id", rec.location()},
                              {"dataset", set.name},
                              {"index", it.record},
@@ -457,53 +491,60 @@ EvalSummary evaluate(vlm::VisionLanguageModelImpl& model, const vlm::Tokenizer& 
                              {"prediction", o.prediction},
                              {"answers", refs},
                              {"generated_tokens", o.generated_tokens},
-                             {"scores", scores_json(s, overall)}};
-      predictions += line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+                             {"scores", scores_json(s, sc.overall)}};
+      sc.predictions += line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     }
   }
+  return sc;
+}
 
-  // Too many skipped samples: the same error on every rank.
+// Too many skipped samples in a set: the same error on every rank.
+void check_skipped(const std::vector<EvalDataset>& datasets, const Scored& sc, const EvalOptions& opts) {
   for (size_t s = 0; s < datasets.size(); ++s) {
-    const int64_t bad = skipped_per_set[s] + datasets[s].bad_at_load;
+    const int64_t bad = sc.skipped_per_set[s] + datasets[s].bad_at_load;
     const int64_t lines = static_cast<int64_t>(datasets[s].records.size()) + datasets[s].bad_at_load;
     if (bad == 0) continue;
     const double frac = lines > 0 ? double(bad) / double(lines) : 1.0;
     std::string first;
-    for (const auto& e : skipped_list)
+    for (const auto& e : sc.skipped_list)
       if (e["dataset"] == datasets[s].name) {
         first = e["id"].get<std::string>() + ": " + e["reason"].get<std::string>();
         break;
       }
     VLM_CHECK(frac <= opts.max_bad_fraction, "eval set '", datasets[s].name, "': ", bad,
-              " bad samples of ", lines, " (", skipped_per_set[s], " failed while preparing the "
+              " bad samples of ", lines, " (", sc.skipped_per_set[s], " failed while preparing the "
               "prompt, ", datasets[s].bad_at_load, " at load) exceed data.max_bad_fraction = ",
               opts.max_bad_fraction, first.empty() ? "" : "; first: " + first,
               " (hint: fix the data or raise data.max_bad_fraction)");
   }
+}
 
+// The summary: flat metrics (eval/<set>/<metric>) and eval_summary.json's object.
+EvalSummary summarize(const std::vector<EvalDataset>& datasets, const Scored& sc, const EvalOptions& opts,
+                      const vlm::GenerationOptions& gen, int world, int64_t n_total, double seconds) {
   EvalSummary sum;
   sum.seconds = seconds;
-  sum.samples = static_cast<int64_t>(overall.size());
-  sum.skipped = static_cast<int64_t>(skipped_list.size());
+  sum.samples = static_cast<int64_t>(sc.overall.size());
+  sum.skipped = static_cast<int64_t>(sc.skipped_list.size());
   nlohmann::json sets = nlohmann::json::object();
   for (size_t s = 0; s < datasets.size(); ++s) {
-    nlohmann::json j = summary_json(per_set[s].summary(), opts.score);
-    j["skipped"] = skipped_per_set[s];
+    nlohmann::json j = summary_json(sc.per_set[s].summary(), opts.score);
+    j["skipped"] = sc.skipped_per_set[s];
     j["bad_at_load"] = datasets[s].bad_at_load;
     sets[datasets[s].name] = j;
-    put_metrics(sum.metrics, datasets[s].name, per_set[s].summary(), overall);
-    sum.metrics["eval/" + datasets[s].name + "/skipped"] = double(skipped_per_set[s]);
+    put_metrics(sum.metrics, datasets[s].name, sc.per_set[s].summary(), sc.overall);
+    sum.metrics["eval/" + datasets[s].name + "/skipped"] = double(sc.skipped_per_set[s]);
   }
-  put_metrics(sum.metrics, "overall", overall.summary(), overall);
+  put_metrics(sum.metrics, "overall", sc.overall.summary(), sc.overall);
   sum.metrics["eval/seconds"] = seconds;
   sum.metrics["eval/samples_per_s"] = seconds > 0 ? double(n_total) / seconds : 0.0;
-  nlohmann::json overall_j = summary_json(overall.summary(), opts.score);
+  nlohmann::json overall_j = summary_json(sc.overall.summary(), opts.score);
   overall_j["skipped"] = sum.skipped;
   sum.json = {{"metrics", opts.score.metrics},
               {"normalization", opts.score.norm.to_json()},
               {"overall", overall_j},
               {"datasets", sets},
-              {"skipped", skipped_list},
+              {"skipped", sc.skipped_list},
               {"model", opts.model_source},
               {"checkpoint", opts.checkpoint.empty() ? nlohmann::json() : nlohmann::json(opts.checkpoint)},
               {"step", opts.step >= 0 ? nlohmann::json(opts.step) : nlohmann::json()},
@@ -513,16 +554,41 @@ EvalSummary evaluate(vlm::VisionLanguageModelImpl& model, const vlm::Tokenizer& 
               {"max_new_tokens", opts.max_new_tokens},
               {"max_samples", opts.max_samples},
               {"samples", n_total},
-              {"generated_tokens", total_tokens},
+              {"generated_tokens", sc.total_tokens},
               {"seconds", seconds},
               {"samples_per_s", sum.metrics["eval/samples_per_s"]},
-              {"tokens_per_s", seconds > 0 ? double(total_tokens) / seconds : 0.0}};
+              {"tokens_per_s", seconds > 0 ? double(sc.total_tokens) / seconds : 0.0}};
   sum.json["generation"] = opts.generation.to_json();
   sum.json["generation"]["stop_tokens"] = gen.stop_tokens;
+  return sum;
+}
 
-  if (rank == 0 && !opts.output_dir.empty()) {
+}  // namespace
+
+// ---------------------------------------------------------------- evaluate
+
+EvalSummary evaluate(vlm::VisionLanguageModelImpl& model, const vlm::Tokenizer& tok, const Recipe& recipe,
+                     const std::vector<EvalDataset>& datasets, const EvalOptions& opts,
+                     vlm::sharding::Comm* comm) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int world = comm ? comm->world_size() : 1;
+  const int rank = comm ? comm->rank() : 0;
+  check_eval_inputs(model, tok, datasets, opts);
+  const EvalPlan plan = select_samples(datasets, opts, rank, world);
+  const vlm::GenerationOptions gen = generation_options(opts, tok, model.cfg);
+  if (rank == 0) spdlog::info("eval generation: {}", opts.generation.describe());
+
+  const LocalOutcomes mine = generate_rank(model, tok, recipe, datasets, plan, opts, gen, comm, t0);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::vector<Outcome> outcomes = gather_outcomes(comm, mine, plan.size(), &seconds);
+
+  const bool write = rank == 0 && !opts.output_dir.empty();
+  const Scored scored = score_outcomes(datasets, plan, outcomes, opts, write);
+  check_skipped(datasets, scored, opts);
+  EvalSummary sum = summarize(datasets, scored, opts, gen, world, plan.size(), seconds);
+  if (write) {
     fs::create_directories(opts.output_dir);
-    write_text(fs::path(opts.output_dir) / "predictions.jsonl", predictions);
+    write_text(fs::path(opts.output_dir) / "predictions.jsonl", scored.predictions);
     write_text(fs::path(opts.output_dir) / "eval_summary.json",
                sum.json.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   }
