@@ -9,6 +9,7 @@
 //                                 per rank, traffic per rank and link class (within a node /
 //                                 across nodes, app/plan/traffic_plan.h) and warnings.
 #include <cstdio>
+#include <functional>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
@@ -135,215 +136,278 @@ int plan(const PlanArgs& a) {
 }
 
 
-int plan_recipe(const PlanArgs& a) {
-  namespace sh = vlm::sharding;
-  const auto& preset_name = a.preset;
-  const bool as_json = a.json;
-  VLM_CHECK(!a.leaves, "vlmtrain plan: --leaves applies with --preset NAME alone (without a RECIPE)");
-  Recipe recipe = load_recipe(a.recipe);
-  recipe.validate(Purpose::plan);
+// ---------------------------------------------------------------- plan RECIPE
+
+// Everything `plan RECIPE` prints, computed once: the mesh, the model on the meta device with
+// the recipe's policies, and the cost models over it.
+struct RecipePlan {
+  Recipe recipe;
   int world = 1;
+  int local_world = 1;
+  vlm::app::MeshShape mesh;
+  std::string source;  // "preset NAME" or the model path
+  vlm::VlmConfig cfg;
+  vlm::sharding::ShardingOptions opts;
+  vlm::VisionLanguageModel model{nullptr};
+  std::vector<vlm::sharding::UnitPlan> units;
+  vlm::sharding::ParamCounts counts;
+  MemoryPlan mem;
+  TrafficPlan traffic;
+  PlannedBatch pb;
+  StepMemory step;
+  ActivationPlan act;
+  int64_t total = 0;
+
+  bool checkpointed(const std::string& path) const {
+    for (const auto& u : units)
+      if (u.path == path) return u.checkpointed;
+    return false;
+  }
+  std::function<bool(const std::string&)> checkpointed_fn() const {
+    return [this](const std::string& p) { return checkpointed(p); };
+  }
+  // A unit's activation bytes at the end of the forward (a tied lm_head's rows join its unit).
+  double unit_activation(const vlm::sharding::UnitPlan& u) const {
+    if (!u.adapter_of.empty()) return 0.0;
+    double b = act.unit_forward_bytes(u.path, checkpointed_fn());
+    if (!u.aliases.empty()) b += act.unit_forward_bytes(u.aliases, checkpointed_fn());
+    return b;
+  }
+};
+
+// --world-size, --nproc-per-node and the recipe's hybrid_shard group -> the mesh.
+void plan_mesh(const PlanArgs& a, RecipePlan& p) {
   if (a.world_size) {
     VLM_CHECK(*a.world_size >= 1 && *a.world_size <= (1 << 20), "vlmtrain plan: --world-size: expected a positive ",
               "integer, got '", *a.world_size, "'");
-    world = static_cast<int>(*a.world_size);
+    p.world = static_cast<int>(*a.world_size);
   }
-  int local_world = world;
+  p.local_world = p.world;
   if (a.nproc_per_node) {
-    VLM_CHECK(*a.nproc_per_node >= 1 && *a.nproc_per_node <= world && world % *a.nproc_per_node == 0,
-              "vlmtrain plan: --nproc-per-node: expected a divisor of the world size ", world, ", got ",
+    VLM_CHECK(*a.nproc_per_node >= 1 && *a.nproc_per_node <= p.world && p.world % *a.nproc_per_node == 0,
+              "vlmtrain plan: --nproc-per-node: expected a divisor of the world size ", p.world, ", got ",
               *a.nproc_per_node);
-    local_world = static_cast<int>(*a.nproc_per_node);
+    p.local_world = static_cast<int>(*a.nproc_per_node);
   }
-  vlm::app::MeshShape mesh{world, 0, local_world};
-  if (uses_hybrid_shard(recipe)) {
-    mesh.dp_shard = recipe.dist.dp_shard > 0 ? static_cast<int>(recipe.dist.dp_shard) : local_world;
-    VLM_CHECK(mesh.dp_shard <= world && world % mesh.dp_shard == 0, recipe.source, ": dist.dp_shard = ",
-              mesh.dp_shard, recipe.dist.dp_shard > 0 ? "" : " (--nproc-per-node)", " does not divide the world size ",
-              world, " (hint: hybrid_shard needs dp_shard | world size)");
+  p.mesh = vlm::app::MeshShape{p.world, 0, p.local_world};
+  if (uses_hybrid_shard(p.recipe)) {
+    const Recipe& r = p.recipe;
+    p.mesh.dp_shard = r.dist.dp_shard > 0 ? static_cast<int>(r.dist.dp_shard) : p.local_world;
+    VLM_CHECK(p.mesh.dp_shard <= p.world && p.world % p.mesh.dp_shard == 0, r.source, ": dist.dp_shard = ",
+              p.mesh.dp_shard, r.dist.dp_shard > 0 ? "" : " (--nproc-per-node)", " does not divide the world size ",
+              p.world, " (hint: hybrid_shard needs dp_shard | world size)");
   }
-  std::string source;
-  vlm::VlmConfig cfg;
-  if (preset_name) {
-    cfg = vlm::preset(*preset_name);
-    source = "preset " + *preset_name;
+}
+
+// The architecture: --preset, else the recipe's model.preset, else model.path's config.json.
+void plan_model_config(const PlanArgs& a, RecipePlan& p) {
+  const Recipe& recipe = p.recipe;
+  if (a.preset) {
+    p.cfg = vlm::preset(*a.preset);
+    p.source = "preset " + *a.preset;
   } else if (!recipe.model.preset.empty()) {
-    cfg = vlm::preset(recipe.model.preset);
-    source = "preset " + recipe.model.preset;
+    p.cfg = vlm::preset(recipe.model.preset);
+    p.source = "preset " + recipe.model.preset;
   } else {
     VLM_CHECK(!recipe.model.path.empty(), recipe.source, ": neither model.preset nor model.path is set ",
               "(hint: give --preset NAME)");
     try {
-      cfg = vlm::load_hf_config(recipe.model.path);
+      p.cfg = vlm::load_hf_config(recipe.model.path);
     } catch (const vlm::Error& e) {
       throw vlm::Error(std::string(e.what()) + "; to plan without the model files, name its architecture with "
                        "--preset (e.g. --preset qwen2.5-vl-3b)");
     }
-    source = recipe.model.path;
+    p.source = recipe.model.path;
   }
-  const sh::ShardingOptions opts = sharding_options(recipe);
-  vlm::VisionLanguageModel model(cfg, torch::TensorOptions().device(torch::kMeta).dtype(opts.param_dtype));
-  sh::attach_lora(*model, opts);
-  const auto units = sh::resolve_units(*model, opts);
-  const sh::ParamCounts counts = sh::count_params(units);
-  vlm::app::MemoryPlan mem = vlm::app::plan_memory(units, world, opts.param_dtype, opts.reduce_dtype,
-                                       opts.fsdp_accumulate_unsharded, mesh.dp_shard);
-  if (opts.optimizer_offload) vlm::app::plan_offload(mem, units);  // optimizer bytes -> host
-  std::vector<std::pair<std::string, std::string>> call_order;
-  for (const auto& u : model->units())
-    call_order.emplace_back(u.path, u.shares_params_with.empty() ? u.path : u.shares_params_with);
-  const vlm::app::TrafficPlan traffic = vlm::app::plan_traffic(units, call_order, mesh, opts.param_dtype, opts.reduce_dtype,
-                                                   opts.fsdp_accumulate_unsharded);
-  // Activations and the step's peak for one micro-batch of the budget (app/plan/step_memory.h).
-  sh::apply_freeze(units);  // requires_grad as the policies set it: what autograd keeps follows
-  const PlannedBatch pb = planned_batch(a, recipe, cfg);
-  const vlm::app::AttentionPath apath = pb.device == "cuda" ? vlm::app::AttentionPath::cuda : vlm::app::AttentionPath::cpu;
-  const StepMemoryModel step_model(*model, mem, units, opts.param_dtype, apath,
-                                   recipe.data.prefetch * recipe.batch.samples_per_rank);
-  const StepMemory step = step_model.step(pb.shape, 1, recipe.batch.samples_per_rank);
-  const vlm::app::ActivationPlan act = vlm::app::plan_activations(*model, pb.shape, opts.param_dtype, apath);
-  auto checkpointed = [&units](const std::string& path) {
-    for (const auto& u : units)
-      if (u.path == path) return u.checkpointed;
-    return false;
-  };
-  // A unit's activation bytes at the end of the forward (a tied lm_head's rows join its unit).
-  auto unit_activation = [&](const sh::UnitPlan& u) {
-    if (!u.adapter_of.empty()) return 0.0;
-    double b = act.unit_forward_bytes(u.path, checkpointed);
-    if (!u.aliases.empty()) b += act.unit_forward_bytes(u.aliases, checkpointed);
-    return b;
-  };
-  const int64_t total = vlm::count_parameters(*model);
-  const char* pdtype = recipe.precision.param_dtype.c_str();
+}
 
-  if (as_json) {
-    nlohmann::json j;
-    j["recipe"] = recipe.source;
-    j["model"] = source;
-    j["family"] = vlm::family_name(cfg.family);
-    j["world_size"] = world;
-    j["mesh"] = {{"nproc_per_node", local_world}, {"dp_shard", mesh.shard()}, {"dp_replicate", mesh.replicate()}};
-    j["param_dtype"] = recipe.precision.param_dtype;
-    j["reduce_dtype"] = recipe.precision.reduce_dtype;
-    j["total_params"] = total;
-    j["trainable_params"] = counts.trainable;
-    auto& arr = j["units"] = nlohmann::json::array();
-    for (size_t i = 0; i < units.size(); ++i) {
-      const auto& u = units[i];
-      const auto& m = mem.units[i];
-      arr.push_back({{"path", u.path}, {"aliases", u.aliases}, {"policy", sh::policy_name(u.policy)},
-                     {"strategy", sh::strategy_name(u.strategy)}, {"sharding", sh::sharding_name(u.sharding)},
-                     {"rule", u.rule}, {"params", u.numel}, {"trainable", u.trainable()},
-                     {"param_bytes", m.param_bytes},
-                     {"grad_bytes", m.grad_bytes}, {"optim_bytes", m.optim_bytes}, {"total_bytes", m.total()},
-                     {"host_optim_bytes", m.host_optim_bytes}, {"activation_checkpointing", u.checkpointed},
-                     {"activation_bytes", unit_activation(u)}});
-    }
-    j["totals"] = {{"param_bytes", mem.total.param_bytes}, {"grad_bytes", mem.total.grad_bytes},
-                   {"optim_bytes", mem.total.optim_bytes}, {"total_bytes", mem.total.total()},
-                   {"host_optim_bytes", mem.total.host_optim_bytes}};
-    j["optimizer_offload"] = opts.optimizer_offload;
-    j["offload_saved_bytes"] = mem.offload_saved_bytes;
-    j["gathered_peak_bytes"] = mem.gathered_peak_bytes;
-    j["reduce_scatter_peak_bytes"] = mem.reduce_scatter_peak_bytes;
-    j["unsharded_accum_bytes"] = mem.unsharded_accum_bytes;
-    j["peak_bytes"] = mem.peak_bytes();
-    j["activations"] = {{"tokens", pb.shape.tokens()}, {"image_tokens", pb.image_tokens},
-                        {"patches", pb.shape.patches}, {"packed", pb.shape.packed}, {"device", pb.device},
-                        {"forward_bytes", act.forward_bytes(checkpointed)}, {"peak_bytes", act.peak_bytes(checkpointed)}};
-    j["step_peak"] = {{"persistent_bytes", step.persistent}, {"inputs_bytes", step.inputs},
-                      {"gathered_bytes", step.gathered}, {"reduce_scatter_bytes", step.reduce},
-                      {"loss_backward_activation_bytes", step.act_head},
-                      {"unit_backward_activation_bytes", step.act_units}, {"unit_grad_bytes", step.grads},
-                      {"step_grad_bytes", step.step_grads}, {"total_bytes", step.total()}};
-    auto& ops = j["traffic"]["ops"] = nlohmann::json::array();
-    for (const auto& o : traffic.ops)
-      ops.push_back({{"unit", o.unit}, {"op", o.op}, {"group", vlm::app::comm_group_name(o.group)},
-                     {"inter_node", o.inter_node}, {"bytes", o.bytes}, {"per_micro_batch", o.per_micro_batch},
-                     {"per_step", o.per_step}});
-    j["traffic"]["step_1mb"] = {{"intra_node_bytes", traffic.intra_node_bytes(1)},
-                                {"inter_node_bytes", traffic.inter_node_bytes(1)}};
-    j["traffic"]["per_extra_micro_batch"] = {
-        {"intra_node_bytes", traffic.intra_node_bytes(2) - traffic.intra_node_bytes(1)},
-        {"inter_node_bytes", traffic.inter_node_bytes(2) - traffic.inter_node_bytes(1)}};
-    j["warnings"] = mem.warnings;
-    std::cout << j.dump(2) << "\n";
-    return 0;
+// The model on the meta device under the recipe's policies, and its memory, traffic and
+// activation plans for one micro-batch of the budget (app/plan/step_memory.h).
+RecipePlan make_recipe_plan(const PlanArgs& a) {
+  namespace sh = vlm::sharding;
+  VLM_CHECK(!a.leaves, "vlmtrain plan: --leaves applies with --preset NAME alone (without a RECIPE)");
+  RecipePlan p;
+  p.recipe = load_recipe(a.recipe);
+  p.recipe.validate(Purpose::plan);
+  plan_mesh(a, p);
+  plan_model_config(a, p);
+  p.opts = sharding_options(p.recipe);
+  p.model = vlm::VisionLanguageModel(p.cfg, torch::TensorOptions().device(torch::kMeta).dtype(p.opts.param_dtype));
+  sh::attach_lora(*p.model, p.opts);
+  p.units = sh::resolve_units(*p.model, p.opts);
+  p.counts = sh::count_params(p.units);
+  p.mem = plan_memory(p.units, p.world, p.opts.param_dtype, p.opts.reduce_dtype, p.opts.fsdp_accumulate_unsharded,
+                      p.mesh.dp_shard);
+  if (p.opts.optimizer_offload) plan_offload(p.mem, p.units);  // optimizer bytes -> host
+  std::vector<std::pair<std::string, std::string>> call_order;
+  for (const auto& u : p.model->units())
+    call_order.emplace_back(u.path, u.shares_params_with.empty() ? u.path : u.shares_params_with);
+  p.traffic = plan_traffic(p.units, call_order, p.mesh, p.opts.param_dtype, p.opts.reduce_dtype,
+                           p.opts.fsdp_accumulate_unsharded);
+  sh::apply_freeze(p.units);  // requires_grad as the policies set it: what autograd keeps follows
+  p.pb = planned_batch(a, p.recipe, p.cfg);
+  const AttentionPath apath = p.pb.device == "cuda" ? AttentionPath::cuda : AttentionPath::cpu;
+  const StepMemoryModel step_model(*p.model, p.mem, p.units, p.opts.param_dtype, apath,
+                                   p.recipe.data.prefetch * p.recipe.batch.samples_per_rank);
+  p.step = step_model.step(p.pb.shape, 1, p.recipe.batch.samples_per_rank);
+  p.act = plan_activations(*p.model, p.pb.shape, p.opts.param_dtype, apath);
+  p.total = vlm::count_parameters(*p.model);
+  return p;
+}
+
+nlohmann::json plan_json(const RecipePlan& p) {
+  namespace sh = vlm::sharding;
+  const auto checkpointed = p.checkpointed_fn();
+  const MemoryPlan& mem = p.mem;
+  nlohmann::json j;
+  j["recipe"] = p.recipe.source;
+  j["model"] = p.source;
+  j["family"] = vlm::family_name(p.cfg.family);
+  j["world_size"] = p.world;
+  j["mesh"] = {{"nproc_per_node", p.local_world}, {"dp_shard", p.mesh.shard()}, {"dp_replicate", p.mesh.replicate()}};
+  j["param_dtype"] = p.recipe.precision.param_dtype;
+  j["reduce_dtype"] = p.recipe.precision.reduce_dtype;
+  j["total_params"] = p.total;
+  j["trainable_params"] = p.counts.trainable;
+  auto& arr = j["units"] = nlohmann::json::array();
+  for (size_t i = 0; i < p.units.size(); ++i) {
+    const auto& u = p.units[i];
+    const auto& m = mem.units[i];
+    arr.push_back({{"path", u.path}, {"aliases", u.aliases}, {"policy", sh::policy_name(u.policy)},
+                   {"strategy", sh::strategy_name(u.strategy)}, {"sharding", sh::sharding_name(u.sharding)},
+                   {"rule", u.rule}, {"params", u.numel}, {"trainable", u.trainable()},
+                   {"param_bytes", m.param_bytes},
+                   {"grad_bytes", m.grad_bytes}, {"optim_bytes", m.optim_bytes}, {"total_bytes", m.total()},
+                   {"host_optim_bytes", m.host_optim_bytes}, {"activation_checkpointing", u.checkpointed},
+                   {"activation_bytes", p.unit_activation(u)}});
   }
+  j["totals"] = {{"param_bytes", mem.total.param_bytes}, {"grad_bytes", mem.total.grad_bytes},
+                 {"optim_bytes", mem.total.optim_bytes}, {"total_bytes", mem.total.total()},
+                 {"host_optim_bytes", mem.total.host_optim_bytes}};
+  j["optimizer_offload"] = p.opts.optimizer_offload;
+  j["offload_saved_bytes"] = mem.offload_saved_bytes;
+  j["gathered_peak_bytes"] = mem.gathered_peak_bytes;
+  j["reduce_scatter_peak_bytes"] = mem.reduce_scatter_peak_bytes;
+  j["unsharded_accum_bytes"] = mem.unsharded_accum_bytes;
+  j["peak_bytes"] = mem.peak_bytes();
+  const PlannedBatch& pb = p.pb;
+  j["activations"] = {{"tokens", pb.shape.tokens()}, {"image_tokens", pb.image_tokens},
+                      {"patches", pb.shape.patches}, {"packed", pb.shape.packed}, {"device", pb.device},
+                      {"forward_bytes", p.act.forward_bytes(checkpointed)}, {"peak_bytes", p.act.peak_bytes(checkpointed)}};
+  const StepMemory& step = p.step;
+  j["step_peak"] = {{"persistent_bytes", step.persistent}, {"inputs_bytes", step.inputs},
+                    {"gathered_bytes", step.gathered}, {"reduce_scatter_bytes", step.reduce},
+                    {"loss_backward_activation_bytes", step.act_head},
+                    {"unit_backward_activation_bytes", step.act_units}, {"unit_grad_bytes", step.grads},
+                    {"step_grad_bytes", step.step_grads}, {"total_bytes", step.total()}};
+  auto& ops = j["traffic"]["ops"] = nlohmann::json::array();
+  for (const auto& o : p.traffic.ops)
+    ops.push_back({{"unit", o.unit}, {"op", o.op}, {"group", comm_group_name(o.group)},
+                   {"inter_node", o.inter_node}, {"bytes", o.bytes}, {"per_micro_batch", o.per_micro_batch},
+                   {"per_step", o.per_step}});
+  j["traffic"]["step_1mb"] = {{"intra_node_bytes", p.traffic.intra_node_bytes(1)},
+                              {"inter_node_bytes", p.traffic.inter_node_bytes(1)}};
+  j["traffic"]["per_extra_micro_batch"] = {
+      {"intra_node_bytes", p.traffic.intra_node_bytes(2) - p.traffic.intra_node_bytes(1)},
+      {"inter_node_bytes", p.traffic.inter_node_bytes(2) - p.traffic.inter_node_bytes(1)}};
+  j["warnings"] = mem.warnings;
+  return j;
+}
+
+// The unit table: one row per unit, then the totals per rank.
+void print_unit_table(const RecipePlan& p) {
+  namespace sh = vlm::sharding;
+  const MemoryPlan& mem = p.mem;
   size_t width = 10;
-  for (const auto& u : units) width = std::max(width, u.path.size() + (u.aliases.empty() ? 0 : u.aliases.size() + 3));
+  for (const auto& u : p.units) width = std::max(width, u.path.size() + (u.aliases.empty() ? 0 : u.aliases.size() + 3));
   std::printf("recipe %s, model %s (%s) on the meta device, world size %d, params %s, grads reduced in %s\n\n",
-              recipe.source.c_str(), source.c_str(), vlm::family_name(cfg.family).c_str(), world, pdtype,
-              recipe.precision.reduce_dtype.c_str());
+              p.recipe.source.c_str(), p.source.c_str(), vlm::family_name(p.cfg.family).c_str(), p.world,
+              p.recipe.precision.param_dtype.c_str(), p.recipe.precision.reduce_dtype.c_str());
   const int w = static_cast<int>(width);
   std::printf("%-*s %-7s %-16s %-16s %15s %11s %11s %11s %11s %11s  %s\n", w, "unit", "policy", "strategy",
               "sharding", "params", "params/rank", "grads/rank", "optim/rank", "total/rank", "activations", "act.ckpt");
-  for (size_t i = 0; i < units.size(); ++i) {
-    const auto& u = units[i];
+  for (size_t i = 0; i < p.units.size(); ++i) {
+    const auto& u = p.units[i];
     const auto& m = mem.units[i];
     const std::string name = u.aliases.empty() ? u.path : u.path + " (" + u.aliases + ")";
     std::printf("%-*s %-7s %-16s %-16s %15s %11s %11s %11s %11s %11s  %s\n", w, name.c_str(),
                 sh::policy_name(u.policy), sh::strategy_name(u.strategy), sh::sharding_name(u.sharding),
-                with_commas(u.numel).c_str(), vlm::app::human_bytes(m.param_bytes).c_str(),
-                vlm::app::human_bytes(m.grad_bytes).c_str(), vlm::app::human_bytes(m.optim_bytes).c_str(),
-                vlm::app::human_bytes(m.total()).c_str(), vlm::app::human_bytes(unit_activation(u)).c_str(),
-                u.checkpointed ? "yes" : "no");
+                with_commas(u.numel).c_str(), human_bytes(m.param_bytes).c_str(), human_bytes(m.grad_bytes).c_str(),
+                human_bytes(m.optim_bytes).c_str(), human_bytes(m.total()).c_str(),
+                human_bytes(p.unit_activation(u)).c_str(), u.checkpointed ? "yes" : "no");
   }
   std::printf("\n%-*s %-7s %-16s %-16s %15s %11s %11s %11s %11s %11s\n", w, "total per rank", "", "", "",
-              with_commas(total).c_str(), vlm::app::human_bytes(mem.total.param_bytes).c_str(),
-              vlm::app::human_bytes(mem.total.grad_bytes).c_str(), vlm::app::human_bytes(mem.total.optim_bytes).c_str(),
-              vlm::app::human_bytes(mem.total.total()).c_str(), vlm::app::human_bytes(act.forward_bytes(checkpointed)).c_str());
+              with_commas(p.total).c_str(), human_bytes(mem.total.param_bytes).c_str(),
+              human_bytes(mem.total.grad_bytes).c_str(), human_bytes(mem.total.optim_bytes).c_str(),
+              human_bytes(mem.total.total()).c_str(), human_bytes(p.act.forward_bytes(p.checkpointed_fn())).c_str());
+}
+
+// Transient buffers, activations, the step's peak, accumulation and offload lines.
+void print_memory(const RecipePlan& p) {
+  const MemoryPlan& mem = p.mem;
+  const auto checkpointed = p.checkpointed_fn();
   if (mem.gathered_peak_bytes > 0 || mem.reduce_scatter_peak_bytes > 0)
     std::printf("\ntransient: gathered flat parameters %s (every shard_grad_op unit + the three largest full_shard "
                 "units: running + two prefetched), reduce-scatter buffers in flight %s (the two largest trainable "
                 "fsdp units, reduce dtype); peak per rank %s before activations (below)\n",
-                vlm::app::human_bytes(mem.gathered_peak_bytes).c_str(), vlm::app::human_bytes(mem.reduce_scatter_peak_bytes).c_str(),
-                vlm::app::human_bytes(mem.peak_bytes()).c_str());
+                human_bytes(mem.gathered_peak_bytes).c_str(), human_bytes(mem.reduce_scatter_peak_bytes).c_str(),
+                human_bytes(mem.peak_bytes()).c_str());
+  const PlannedBatch& pb = p.pb;
   std::printf("\nactivations for one micro-batch of %lld tokens (%lld image tokens = %lld patches%s; %s kernels; "
               "--tokens / --image-tokens to change): %s kept at the end of the forward (column above), peak %s "
               "through backward\n",
               static_cast<long long>(pb.shape.tokens()), static_cast<long long>(pb.image_tokens),
               static_cast<long long>(pb.shape.patches), pb.shape.packed ? ", packed" : "", pb.device.c_str(),
-              vlm::app::human_bytes(act.forward_bytes(checkpointed)).c_str(), vlm::app::human_bytes(act.peak_bytes(checkpointed)).c_str());
+              human_bytes(p.act.forward_bytes(checkpointed)).c_str(), human_bytes(p.act.peak_bytes(checkpointed)).c_str());
+  const StepMemory& step = p.step;
   std::printf("step peak per rank (app/plan/step_memory.h): persistent %s + inputs %s + max(gathered units %s + "
               "max(loss backward %s, reduce-scatter buffers %s + unit backward %s) + a unit's parameter gradient %s, "
               "gradients until the optimizer %s) = %s\n",
-              vlm::app::human_bytes(step.persistent).c_str(), vlm::app::human_bytes(step.inputs).c_str(),
-              vlm::app::human_bytes(step.gathered).c_str(), vlm::app::human_bytes(step.act_head).c_str(),
-              vlm::app::human_bytes(step.reduce).c_str(), vlm::app::human_bytes(step.act_units).c_str(),
-              vlm::app::human_bytes(step.grads).c_str(), vlm::app::human_bytes(step.step_grads).c_str(),
-              vlm::app::human_bytes(step.total()).c_str());
+              human_bytes(step.persistent).c_str(), human_bytes(step.inputs).c_str(), human_bytes(step.gathered).c_str(),
+              human_bytes(step.act_head).c_str(), human_bytes(step.reduce).c_str(), human_bytes(step.act_units).c_str(),
+              human_bytes(step.grads).c_str(), human_bytes(step.step_grads).c_str(), human_bytes(step.total()).c_str());
   if (mem.unsharded_accum_bytes > 0)
     std::printf("fsdp_accumulate = \"unsharded\": unsharded gradient sums %s during gradient accumulation "
                 "(every trainable fsdp unit, reduce dtype; included in the peak), one reduce-scatter per unit "
                 "and step instead of one per micro-batch\n",
-                vlm::app::human_bytes(mem.unsharded_accum_bytes).c_str());
-  if (opts.optimizer_offload)
+                human_bytes(mem.unsharded_accum_bytes).c_str());
+  if (p.opts.optimizer_offload)
     std::printf("optimizer_offload: optimizer state in host memory (pinned on CUDA: fp32 master, m, v and grad "
                 "staging) %s per rank; device memory saved %s per rank (optim/rank above is what stays)\n",
-                vlm::app::human_bytes(mem.total.host_optim_bytes).c_str(), vlm::app::human_bytes(mem.offload_saved_bytes).c_str());
-  if (world > 1) {
-    std::printf("\ntraffic per rank and step (ring volumes; %d node%s x %d ranks", world / local_world,
-                world / local_world == 1 ? "" : "s", local_world);
-    if (uses_hybrid_shard(recipe))
-      std::printf("; mesh dp_replicate %d x dp_shard %d", mesh.replicate(), mesh.shard());
-    std::printf("): within a node %s + %s per extra micro-batch, across nodes %s + %s per extra micro-batch\n",
-                vlm::app::human_bytes(traffic.intra_node_bytes(1)).c_str(),
-                vlm::app::human_bytes(traffic.intra_node_bytes(2) - traffic.intra_node_bytes(1)).c_str(),
-                vlm::app::human_bytes(traffic.inter_node_bytes(1)).c_str(),
-                vlm::app::human_bytes(traffic.inter_node_bytes(2) - traffic.inter_node_bytes(1)).c_str());
-    for (vlm::app::CommGroup g : {vlm::app::CommGroup::kWorld, vlm::app::CommGroup::kShard, vlm::app::CommGroup::kReplicate}) {
-      const double b = traffic.group_bytes(g, 1);
-      if (b > 0)
-        std::printf("  %-9s group %s: %s per step of one micro-batch\n", vlm::app::comm_group_name(g),
-                    vlm::app::TrafficPlan::spans_nodes(mesh, g) ? "(across nodes)" : "(within a node)",
-                    vlm::app::human_bytes(b).c_str());
-    }
+                human_bytes(mem.total.host_optim_bytes).c_str(), human_bytes(mem.offload_saved_bytes).c_str());
+}
+
+// Bytes per rank and step within a node and across nodes, and per process group.
+void print_traffic(const RecipePlan& p) {
+  const TrafficPlan& traffic = p.traffic;
+  std::printf("\ntraffic per rank and step (ring volumes; %d node%s x %d ranks", p.world / p.local_world,
+              p.world / p.local_world == 1 ? "" : "s", p.local_world);
+  if (uses_hybrid_shard(p.recipe)) std::printf("; mesh dp_replicate %d x dp_shard %d", p.mesh.replicate(), p.mesh.shard());
+  std::printf("): within a node %s + %s per extra micro-batch, across nodes %s + %s per extra micro-batch\n",
+              human_bytes(traffic.intra_node_bytes(1)).c_str(),
+              human_bytes(traffic.intra_node_bytes(2) - traffic.intra_node_bytes(1)).c_str(),
+              human_bytes(traffic.inter_node_bytes(1)).c_str(),
+              human_bytes(traffic.inter_node_bytes(2) - traffic.inter_node_bytes(1)).c_str());
+  for (CommGroup g : {CommGroup::kWorld, CommGroup::kShard, CommGroup::kReplicate}) {
+    const double b = traffic.group_bytes(g, 1);
+    if (b > 0)
+      std::printf("  %-9s group %s: %s per step of one micro-batch\n", comm_group_name(g),
+                  TrafficPlan::spans_nodes(p.mesh, g) ? "(across nodes)" : "(within a node)", human_bytes(b).c_str());
   }
-  std::printf("\nparams: total %s, trainable %s (%.4f%%)\n", with_commas(total).c_str(),
-              with_commas(counts.trainable).c_str(), total > 0 ? 100.0 * counts.trainable / total : 0.0);
-  for (const auto& warning : mem.warnings) std::printf("warning: %s\n", warning.c_str());
+}
+
+int plan_recipe(const PlanArgs& a) {
+  const RecipePlan p = make_recipe_plan(a);
+  if (a.json) {
+    std::cout << plan_json(p).dump(2) << "\n";
+    return 0;
+  }
+  print_unit_table(p);
+  print_memory(p);
+  if (p.world > 1) print_traffic(p);
+  std::printf("\nparams: total %s, trainable %s (%.4f%%)\n", with_commas(p.total).c_str(),
+              with_commas(p.counts.trainable).c_str(), p.total > 0 ? 100.0 * p.counts.trainable / p.total : 0.0);
+  for (const auto& warning : p.mem.warnings) std::printf("warning: %s\n", warning.c_str());
   return 0;
 }
 
