@@ -241,6 +241,12 @@ class Supervisor {
   int run();
 
  private:
+  void prepare_workers();
+  void start_workers();
+  void supervise(int signal_fd);
+  void poll_once(int signal_fd);
+  void on_signals(int signal_fd);
+  int verdict();
   void spawn(Worker& w);
   void pump(Worker& w, Stream& s);
   void emit_lines(Worker& w, Stream& s, bool flush_all);
@@ -396,9 +402,8 @@ void Supervisor::reap() {
   signal_all(SIGTERM, true);
 }
 
-int Supervisor::run() {
-  SignalGuard guard;
-  const int world = o_.nnodes * o_.nproc_per_node;
+// Each local worker's ranks, error file (removed if left over) and log file.
+void Supervisor::prepare_workers() {
   workers_.resize(o_.nproc_per_node);
   for (int l = 0; l < o_.nproc_per_node; ++l) {
     Worker& w = workers_[l];
@@ -414,6 +419,11 @@ int Supervisor::run() {
                 " (hint: check --log-dir)");
     }
   }
+}
+
+// Every worker, or none: a failed spawn kills and reaps the ones already started.
+void Supervisor::start_workers() {
+  const int world = o_.nnodes * o_.nproc_per_node;
   say(str("starting ", o_.nproc_per_node, " worker(s): ranks ", workers_.front().rank, "..",
           workers_.back().rank, " of ", world, " (node ", o_.node_rank, " of ", o_.nnodes,
           "), master ", o_.master_addr, ":", o_.master_port, ", error files in ", dir_));
@@ -425,45 +435,57 @@ int Supervisor::run() {
       if (w.running) ::waitpid(w.pid, nullptr, 0);
     throw;
   }
+}
 
+// Signals the launcher received: the first is forwarded to the workers (SIGKILL after the
+// grace period), a second one kills them at once. SIGCHLD only wakes the loop.
+void Supervisor::on_signals(int fd) {
+  char sigs[64];
+  ssize_t k;
+  while ((k = ::read(fd, sigs, sizeof sigs)) > 0) {
+    for (ssize_t j = 0; j < k; ++j) {
+      const int sig = sigs[j];
+      if (sig == SIGCHLD) continue;
+      if (stop_signal_ == 0) {
+        stop_signal_ = sig;
+        say(str("received ", signal_name(sig), ", forwarding it to the workers (SIGKILL after ",
+                o_.grace.count() / 1000.0, " s)"));
+        stopping_ = true;
+        kill_at_ = Clock::now() + o_.grace;
+        signal_all(sig, true);
+      } else {
+        say(str("received ", signal_name(sig), " again: killing the workers"));
+        kill_at_ = Clock::now();
+      }
+    }
+  }
+}
+
+// One round of the loop: wait up to 100 ms for output or a signal, copy output lines.
+void Supervisor::poll_once(int signal_fd) {
+  std::vector<pollfd> fds{{signal_fd, POLLIN, 0}};
+  std::vector<std::pair<Worker*, Stream*>> owners{{nullptr, nullptr}};
+  for (auto& w : workers_) {
+    for (Stream* s : {&w.out, &w.err}) {
+      if (s->fd < 0) continue;
+      fds.push_back({s->fd, POLLIN, 0});
+      owners.push_back({&w, s});
+    }
+  }
+  const int n = ::poll(fds.data(), fds.size(), 100);
+  if (n < 0 && errno != EINTR) throw vlm::Error(str("vlmtrain launch: poll failed: ", std::strerror(errno)));
+  if (n <= 0) return;
+  if (fds[0].revents & POLLIN) on_signals(signal_fd);
+  for (size_t j = 1; j < fds.size(); ++j)
+    if (fds[j].revents & (POLLIN | POLLHUP | POLLERR)) pump(*owners[j].first, *owners[j].second);
+}
+
+// Poll, reap and enforce the grace period until every worker has exited and its output
+// is read (or, when a worker's child still holds a pipe, 2 s after the last exit).
+void Supervisor::supervise(int signal_fd) {
   std::optional<Clock::time_point> drain_until;
   for (;;) {
-    std::vector<pollfd> fds{{guard.read_fd(), POLLIN, 0}};
-    std::vector<std::pair<Worker*, Stream*>> owners{{nullptr, nullptr}};
-    for (auto& w : workers_) {
-      for (Stream* s : {&w.out, &w.err}) {
-        if (s->fd < 0) continue;
-        fds.push_back({s->fd, POLLIN, 0});
-        owners.push_back({&w, s});
-      }
-    }
-    const int n = ::poll(fds.data(), fds.size(), 100);
-    if (n < 0 && errno != EINTR) throw vlm::Error(str("vlmtrain launch: poll failed: ", std::strerror(errno)));
-    if (n > 0) {
-      if (fds[0].revents & POLLIN) {
-        char sigs[64];
-        ssize_t k;
-        while ((k = ::read(guard.read_fd(), sigs, sizeof sigs)) > 0) {
-          for (ssize_t j = 0; j < k; ++j) {
-            const int sig = sigs[j];
-            if (sig == SIGCHLD) continue;
-            if (stop_signal_ == 0) {
-              stop_signal_ = sig;
-              say(str("received ", signal_name(sig), ", forwarding it to the workers (SIGKILL after ",
-                      o_.grace.count() / 1000.0, " s)"));
-              stopping_ = true;
-              kill_at_ = Clock::now() + o_.grace;
-              signal_all(sig, true);
-            } else {
-              say(str("received ", signal_name(sig), " again: killing the workers"));
-              kill_at_ = Clock::now();
-            }
-          }
-        }
-      }
-      for (size_t j = 1; j < fds.size(); ++j)
-        if (fds[j].revents & (POLLIN | POLLHUP | POLLERR)) pump(*owners[j].first, *owners[j].second);
-    }
+    poll_once(signal_fd);
     reap();
     bool any_running = false;
     for (auto& w : workers_) any_running = any_running || w.running;
@@ -473,25 +495,24 @@ int Supervisor::run() {
       signal_all(SIGKILL, true);
       killed_ = true;
     }
-    if (!any_running) {
-      bool open = false;
-      for (auto& w : workers_) open = open || w.out.fd >= 0 || w.err.fd >= 0;
-      if (!open) break;
-      // A worker's child may still hold the pipe: drain for a moment, then stop reading.
-      if (!drain_until) drain_until = Clock::now() + std::chrono::seconds(2);
-      if (Clock::now() >= *drain_until) {
-        for (auto& w : workers_) {
-          if (w.out.fd >= 0) close_stream(w, w.out);
-          if (w.err.fd >= 0) close_stream(w, w.err);
-        }
-        break;
+    if (any_running) continue;
+    bool open = false;
+    for (auto& w : workers_) open = open || w.out.fd >= 0 || w.err.fd >= 0;
+    if (!open) return;
+    if (!drain_until) drain_until = Clock::now() + std::chrono::seconds(2);
+    if (Clock::now() >= *drain_until) {
+      for (auto& w : workers_) {
+        if (w.out.fd >= 0) close_stream(w, w.out);
+        if (w.err.fd >= 0) close_stream(w, w.err);
       }
+      return;
     }
   }
-  for (auto& w : workers_)
-    if (w.log_fd >= 0) ::close(w.log_fd);
+}
 
-  // ---------------------------------------------------------------- verdict
+// The launcher's exit code: 128 + signal when stopped by one, 0 when every worker
+// succeeded, else 1 after a report on the first failure (its error file) and the others.
+int Supervisor::verdict() {
   if (stop_signal_ != 0) {
     say(str("stopped by ", signal_name(stop_signal_), "; workers: ", [&] {
       std::string s;
@@ -521,6 +542,16 @@ int Supervisor::run() {
          "because of it\n";
   write_all(2, "vlmtrain launch: " + msg);
   return 1;
+}
+
+int Supervisor::run() {
+  SignalGuard guard;
+  prepare_workers();
+  start_workers();
+  supervise(guard.read_fd());
+  for (auto& w : workers_)
+    if (w.log_fd >= 0) ::close(w.log_fd);
+  return verdict();
 }
 
 }  // namespace
