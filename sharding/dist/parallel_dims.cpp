@@ -145,28 +145,47 @@ std::shared_ptr<Comm> local_comm(const ParallelOptions& opts) {
 }
 }  // namespace
 
-ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts) {
-  ParallelDims p;
-  p.env_ = env;
-  p.timeout_ = opts.timeout;
-  VLM_CHECK(opts.device == "auto" || opts.device == "cpu" || opts.device == "cuda",
-            "device: expected auto, cpu or cuda, got '", opts.device, "'");
-  VLM_CHECK(opts.backend == "auto" || opts.backend == "gloo" || opts.backend == "nccl",
-            "backend: expected auto, gloo or nccl, got '", opts.backend, "'");
-  const bool cuda = opts.device == "cuda" || (opts.device == "auto" && torch::cuda::is_available());
-  if (cuda) {
-    VLM_CHECK(torch::cuda::is_available(), "device = cuda, but this LibTorch sees no CUDA device",
-              " (hint: use device = \"cpu\" or a CUDA build of LibTorch)");
-    const int gpus = static_cast<int>(torch::cuda::device_count());
-    VLM_CHECK(env.local_rank < gpus || opts.backend == "gloo", "LOCAL_RANK ", env.local_rank,
-              " has no GPU: this node has ", gpus,
-              " (hint: --nproc_per_node must not exceed the GPU count; dist.backend = \"gloo\" lets ranks share one)");
-    p.device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank % gpus));
+// init(), step by step. Each step sets the ParallelDims fields it names; the order of the
+// steps is the order in which every rank creates its groups (which must match across ranks).
+struct ParallelDims::Init {
+  ParallelDims& p;
+  const DistEnv& env;
+  const ParallelOptions& opts;
+  std::string who;    // "rank r/N (launcher)", for messages
+  std::string where;  // MASTER_ADDR:MASTER_PORT
+  c10::intrusive_ptr<c10d::Store> store;
+
+  Init(ParallelDims& dims, const DistEnv& e, const ParallelOptions& o)
+      : p(dims), env(e), opts(o),
+        who(str("rank ", e.rank, "/", e.world_size, " (", launcher_name(e.launcher), ")")),
+        where(str(e.master_addr, ":", e.master_port)) {}
+
+  // The options' device and backend checked; this rank's device (CUDA: LOCAL_RANK's GPU)
+  // and its context, which makes it the thread's current device.
+  bool pick_device() {
+    VLM_CHECK(opts.device == "auto" || opts.device == "cpu" || opts.device == "cuda",
+              "device: expected auto, cpu or cuda, got '", opts.device, "'");
+    VLM_CHECK(opts.backend == "auto" || opts.backend == "gloo" || opts.backend == "nccl",
+              "backend: expected auto, gloo or nccl, got '", opts.backend, "'");
+    const bool cuda = opts.device == "cuda" || (opts.device == "auto" && torch::cuda::is_available());
+    if (cuda) {
+      VLM_CHECK(torch::cuda::is_available(), "device = cuda, but this LibTorch sees no CUDA device",
+                " (hint: use device = \"cpu\" or a CUDA build of LibTorch)");
+      const int gpus = static_cast<int>(torch::cuda::device_count());
+      VLM_CHECK(env.local_rank < gpus || opts.backend == "gloo", "LOCAL_RANK ", env.local_rank,
+                " has no GPU: this node has ", gpus,
+                " (hint: --nproc_per_node must not exceed the GPU count; dist.backend = \"gloo\" lets ranks share one)");
+      p.device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank % gpus));
+    }
+    p.device_context_ = std::make_shared<DeviceContext>(p.device_);  // sets this thread's device
+    return cuda;
   }
-  p.device_context_ = std::make_shared<DeviceContext>(p.device_);  // sets this thread's device
-  p.mesh_ = opts.mesh;
-  p.dp_shard_ = env.world_size;
-  if (opts.mesh) {
+
+  // The mesh's shape from the options (dp_shard 0: the ranks of one node).
+  void mesh_shape() {
+    p.mesh_ = opts.mesh;
+    p.dp_shard_ = env.world_size;
+    if (!opts.mesh) return;
     p.dp_shard_ = opts.dp_shard > 0 ? opts.dp_shard : env.local_world_size;
     VLM_CHECK(opts.dp_shard >= 0, "dist.dp_shard: expected 0 (the ranks of one node) or a positive rank count, got ",
               opts.dp_shard);
@@ -175,7 +194,9 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
               " (hint: hybrid_shard shards within groups of dp_shard ranks and replicates across world / dp_shard "
               "of them; pick a divisor of the world size, usually the GPUs per node)");
   }
-  if (env.world_size == 1) {
+
+  // World 1: every comm is local.
+  void local_comms() {
     p.comm_ = local_comm(opts);
     p.control_ = local_comm(opts);
     p.control_->set_plane("control", p.comm_.get());
@@ -187,76 +208,80 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
     }
     p.shard_lanes_ = {p.lanes_[static_cast<int>(Lane::kGather)], p.lanes_[static_cast<int>(Lane::kReduce)]};
     p.replicate_ = local_comm(opts);
-    return p;
   }
 
-  // ---------------------------------------------------------------- store
-  const std::string who = str("rank ", env.rank, "/", env.world_size, " (", launcher_name(env.launcher), ")");
-  const bool server = !env.use_agent_store && env.rank == 0;
-  c10d::TCPStoreOptions so;
-  so.port = static_cast<std::uint16_t>(env.master_port);
-  so.isServer = server;
-  so.waitWorkers = false;
-  so.timeout = opts.timeout;
-  const std::string where = str(env.master_addr, ":", env.master_port);
-  c10::intrusive_ptr<c10d::Store> store = wrap(
-      server ? str(who, ": cannot host the rendezvous store on port ", env.master_port)
-             : str(who, ": cannot reach the rendezvous store at ", where, " within ",
-                   opts.timeout.count() / 1000.0, " s"),
-      server ? "the port is probably in use: pick another MASTER_PORT"
-             : (env.use_agent_store ? "the torchrun agent's store is not listening there"
-                                    : "is rank 0 running, and MASTER_ADDR/MASTER_PORT the same on all ranks?"),
-      [&] { return c10::make_intrusive<c10d::TCPStore>(env.master_addr, so); });
-  if (env.use_agent_store) store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix(), store);
-  store->setTimeout(opts.timeout);
-  p.store_ = store;
+  // The rendezvous store: rank 0 hosts it, or every rank joins the torchrun agent's (under
+  // the attempt's prefix).
+  void connect_store() {
+    const bool server = !env.use_agent_store && env.rank == 0;
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<std::uint16_t>(env.master_port);
+    so.isServer = server;
+    so.waitWorkers = false;
+    so.timeout = opts.timeout;
+    store = wrap(server ? str(who, ": cannot host the rendezvous store on port ", env.master_port)
+                        : str(who, ": cannot reach the rendezvous store at ", where, " within ",
+                              opts.timeout.count() / 1000.0, " s"),
+                 server ? "the port is probably in use: pick another MASTER_PORT"
+                        : (env.use_agent_store ? "the torchrun agent's store is not listening there"
+                                               : "is rank 0 running, and MASTER_ADDR/MASTER_PORT the same on all ranks?"),
+                 [&] { return c10::make_intrusive<c10d::TCPStore>(env.master_addr, so); });
+    if (env.use_agent_store) store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix(), store);
+    store->setTimeout(opts.timeout);
+    p.store_ = store;
+  }
 
-  // ---------------------------------------------------------------- process group
-  VLM_CHECK(cuda || opts.backend != "nccl", "dist.backend = \"nccl\" needs the CUDA device, but this rank runs on ",
-            "the CPU (hint: dist.device = \"cuda\", or dist.backend = \"auto\")");
-  if (cuda && opts.backend != "gloo") {
+  // The data plane's world group: NCCL on CUDA (unless dist.backend = "gloo"), else Gloo.
+  void world_group(bool cuda) {
+    VLM_CHECK(cuda || opts.backend != "nccl", "dist.backend = \"nccl\" needs the CUDA device, but this rank runs on ",
+              "the CPU (hint: dist.device = \"cuda\", or dist.backend = \"auto\")");
+    if (cuda && opts.backend != "gloo") {
 #ifdef USE_C10D_NCCL
-    p.group_ = make_nccl_group(env, opts, store, who, env.rank, env.world_size);
-    p.backend_ = Backend::kNccl;
+      p.group_ = make_nccl_group(env, opts, store, who, env.rank, env.world_size);
+      p.backend_ = Backend::kNccl;
 #else
-    throw Error(str("device is CUDA but the LibTorch this vlmtrain was built against has no "
-                    "NCCL (hint: build against the PyPI wheel torch==2.11.0, or use device = "
-                    "\"cpu\")"));
+      throw Error(str("device is CUDA but the LibTorch this vlmtrain was built against has no "
+                      "NCCL (hint: build against the PyPI wheel torch==2.11.0, or use device = "
+                      "\"cpu\")"));
 #endif
-  } else {
-    p.group_ = make_gloo_group(env, opts, store, who, where, env.rank, env.world_size);
-    p.backend_ = Backend::kGloo;
+    } else {
+      p.group_ = make_gloo_group(env, opts, store, who, where, env.rank, env.world_size);
+      p.backend_ = Backend::kGloo;
+    }
+    p.comm_ = std::make_shared<Comm>(p.group_, env.rank, env.world_size, p.backend_, opts.timeout);
+    p.comm_->set_store(store);
   }
-  p.comm_ = std::make_shared<Comm>(p.group_, env.rank, env.world_size, p.backend_, opts.timeout);
-  p.comm_->set_store(store);
 
-  // ---------------------------------------------------------------- control plane
   // Small host-side agreement (token counts, statistics, votes, fingerprints, eval gathers,
   // checkpoint barriers) on CPU tensors, over its own Gloo group: NCCL takes CUDA tensors
   // only, and a separate group keeps these ops out of the data plane's order.
-  auto control_store = c10::make_intrusive<c10d::PrefixStore>("control", store);
-  p.control_group_ = make_gloo_group(env, opts, control_store, who, where, env.rank, env.world_size);
-  p.control_ = std::make_shared<Comm>(p.control_group_, env.rank, env.world_size, Backend::kGloo, opts.timeout);
-  p.control_->set_store(control_store);
-  p.control_->set_plane("control", p.comm_.get());
-  p.comm_->set_plane("data", p.control_.get());
+  void control_plane() {
+    auto control_store = c10::make_intrusive<c10d::PrefixStore>("control", store);
+    p.control_group_ = make_gloo_group(env, opts, control_store, who, where, env.rank, env.world_size);
+    p.control_ = std::make_shared<Comm>(p.control_group_, env.rank, env.world_size, Backend::kGloo, opts.timeout);
+    p.control_->set_store(control_store);
+    p.control_->set_plane("control", p.comm_.get());
+    p.comm_->set_plane("data", p.control_.get());
+  }
 
-  // The shared-memory channel (CPU jobs on one host) for a Gloo comm, or the reason it is off.
-  auto attach_shm = [&](Comm& c, const c10::intrusive_ptr<c10d::Store>& st, int rank, int size) {
+  // The shared-memory channel (CPU jobs on one host, opt-in) for a Gloo comm, or the reason
+  // it is off.
+  void attach_shm(Comm& c, const c10::intrusive_ptr<c10d::Store>& st, int rank, int size) {
     std::string why_not = "opt in with VLMTRAIN_SHM_COMM=1";
     std::shared_ptr<ShmChannel> shm;
     if (env.shm_comm) {
-      shm = wrap(str(who, ": shared-memory set-up through ", where), "unset VLMTRAIN_SHM_COMM (or set it to 0) to use Gloo's TCP only",
+      shm = wrap(str(who, ": shared-memory set-up through ", where),
+                 "unset VLMTRAIN_SHM_COMM (or set it to 0) to use Gloo's TCP only",
                  [&] { return ShmChannel::create(st, rank, size, opts.timeout, &why_not); });
     }
     c.set_shm(shm, shm ? std::string() : "shared memory off: " + why_not);
-  };
+  }
 
   // A data-plane comm over a group of its own: `size` ranks (this one `rank` among them)
   // meeting under `prefix` in the store, with the main group's backend, and on Gloo the
-  // shared-memory channel when every rank is on one host. Size 1: local, no group.
-  auto make_comm = [&](const std::string& prefix, const std::string& plane, int rank, int size,
-                       c10::intrusive_ptr<c10d::Backend>* group) {
+  // shared-memory channel when opted in. Size 1: local, no group.
+  std::shared_ptr<Comm> make_comm(const std::string& prefix, const std::string& plane, int rank, int size,
+                                  c10::intrusive_ptr<c10d::Backend>* group) {
     if (size == 1) {
       auto c = local_comm(opts);
       c->set_plane(plane, p.control_.get());
@@ -270,38 +295,43 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
     c->set_plane(plane, p.control_.get());
     if (p.backend_ == Backend::kGloo) attach_shm(*c, sub_store, rank, size);
     return c;
-  };
-
-  // ---------------------------------------------------------------- lanes
-  // One group per lane (the header comment), each with the main group's transport.
-  if (p.backend_ == Backend::kGloo) attach_shm(*p.comm_, store, env.rank, env.world_size);
-  p.lanes_[0] = p.comm_;
-  for (int l = 1; l < kNumLanes; ++l) {
-    const std::string name = lane_name(static_cast<Lane>(l));
-    if (!opts.lanes) {
-      p.lanes_[l] = p.comm_;
-      continue;
-    }
-    p.lanes_[l] = make_comm(str("lane/", name), str("data/", name), env.rank, env.world_size, &p.lane_groups_[l]);
   }
 
-  // ---------------------------------------------------------------- mesh (hybrid_shard)
-  // Without a mesh the "shard group" is the world and there is no replica.
-  p.shard_lanes_ = {p.lanes_[static_cast<int>(Lane::kGather)], p.lanes_[static_cast<int>(Lane::kReduce)]};
-  p.replicate_ = local_comm(opts);
-  p.replicate_->set_plane("data/replicate", p.control_.get());
-  // rank = replica * dp_shard + shard_rank: the shard groups are runs of consecutive ranks
-  // (a node's under torchrun / Slurm when dp_shard = LOCAL_WORLD_SIZE), the replicate groups
-  // take every dp_shard-th rank.
-  if (opts.mesh) {
-    // Every rank must derive the same mesh (dp_shard 0 follows LOCAL_WORLD_SIZE, which may
-    // differ between nodes): agree on it before any rank creates a group of it.
+  // One group per lane (the header comment), each with the main group's transport.
+  void lanes() {
+    if (p.backend_ == Backend::kGloo) attach_shm(*p.comm_, store, env.rank, env.world_size);
+    p.lanes_[0] = p.comm_;
+    for (int l = 1; l < kNumLanes; ++l) {
+      const std::string name = lane_name(static_cast<Lane>(l));
+      if (!opts.lanes) {
+        p.lanes_[l] = p.comm_;
+        continue;
+      }
+      p.lanes_[l] = make_comm(str("lane/", name), str("data/", name), env.rank, env.world_size, &p.lane_groups_[l]);
+    }
+  }
+
+  // Every rank must derive the same mesh (dp_shard 0 follows LOCAL_WORLD_SIZE, which may
+  // differ between nodes): agree on it over the control plane before any mesh group exists.
+  void agree_on_mesh() {
     torch::Tensor d = torch::tensor({static_cast<double>(p.dp_shard_), -static_cast<double>(p.dp_shard_)}, torch::kFloat64);
     p.control_->all_reduce(d, ReduceOp::kMax, "agree on the mesh (dist.dp_shard)");
     VLM_CHECK(d[0].item<double>() == -d[1].item<double>(), who, ": the ranks derive different mesh shapes: dp_shard is ",
               p.dp_shard_, " here, between ", -d[1].item<double>(), " and ", d[0].item<double>(), " over the ranks",
               opts.dp_shard > 0 ? "" : " (dist.dp_shard = 0 follows LOCAL_WORLD_SIZE, which differs between nodes)",
               " (hint: set dist.dp_shard explicitly, the same on every node)");
+  }
+
+  // hybrid_shard's groups: rank = replica * dp_shard + shard_rank; the shard groups are runs
+  // of consecutive ranks (a node's under torchrun / Slurm when dp_shard = LOCAL_WORLD_SIZE),
+  // the replicate groups take every dp_shard-th rank. Without a mesh the "shard group" is
+  // the world and there is no replica.
+  void mesh_groups() {
+    p.shard_lanes_ = {p.lanes_[static_cast<int>(Lane::kGather)], p.lanes_[static_cast<int>(Lane::kReduce)]};
+    p.replicate_ = local_comm(opts);
+    p.replicate_->set_plane("data/replicate", p.control_.get());
+    if (!opts.mesh) return;
+    agree_on_mesh();
     const int replica = p.replica(), shard_rank = p.shard_rank();
     const int dp_shard = p.dp_shard_, dp_replicate = p.dp_replicate();
     for (int k = 0; k < 2; ++k) {
@@ -320,7 +350,24 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
                              dp_replicate, &g);
     if (g) p.mesh_groups_.push_back(g);
   }
+};
 
+ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts) {
+  ParallelDims p;
+  p.env_ = env;
+  p.timeout_ = opts.timeout;
+  Init in(p, env, opts);
+  const bool cuda = in.pick_device();
+  in.mesh_shape();
+  if (env.world_size == 1) {
+    in.local_comms();
+    return p;
+  }
+  in.connect_store();
+  in.world_group(cuda);
+  in.control_plane();
+  in.lanes();
+  in.mesh_groups();
   if (p.backend_ == Backend::kNccl) p.start_watchdog();
   return p;
 }

@@ -149,6 +149,7 @@ class ParallelDims {
   void start_watchdog();
 
  private:
+  struct Init;  // init()'s steps (parallel_dims.cpp)
   ParallelDims() = default;
   DistEnv env_;
   Backend backend_ = Backend::kNone;
