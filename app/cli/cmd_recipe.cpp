@@ -7,6 +7,7 @@
 
 #include "app/cli/commands.h"
 #include "app/config/recipe.h"
+#include "app/config/recipe_doc.h"
 #include "vlm/runtime/check.h"
 
 namespace vlm::app {

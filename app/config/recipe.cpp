@@ -11,38 +11,13 @@
 #include <toml.hpp>
 #include <type_traits>
 
+#include "app/config/recipe_fields.h"
 #include "vlm/runtime/check.h"
 #include "vlm/model/config.h"
 
 namespace vlm::app {
 namespace {
 
-// ---------------------------------------------------------------- type traits
-
-template <class T, class = void>
-struct has_fields : std::false_type {};
-struct ProbeVisitor {
-  template <class... A>
-  void operator()(A&&...) {}
-};
-template <class T>
-struct has_fields<T, std::void_t<decltype(std::declval<T&>().fields(std::declval<ProbeVisitor&>()))>>
-    : std::true_type {};
-
-template <class T>
-struct is_vector : std::false_type {};
-template <class T>
-struct is_vector<std::vector<T>> : std::true_type {};
-
-template <class T>
-struct is_struct_vector : std::false_type {};
-template <class T>
-struct is_struct_vector<std::vector<T>> : has_fields<T> {};
-
-template <class T>
-struct is_optional : std::false_type {};
-template <class T>
-struct is_optional<std::optional<T>> : std::true_type {};
 
 std::string type_name(const toml::value& v) {
   switch (v.type()) {
@@ -75,39 +50,6 @@ size_t edit_distance(const std::string& a, const std::string& b) {
     std::swap(prev, cur);
   }
   return prev[b.size()];
-}
-
-std::string quote(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      default:
-        if (c < 0x20 || c == 0x7f) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
-}
-
-std::string format_double(double x) {
-  char buf[40];
-  for (int prec = 6; prec <= 17; ++prec) {
-    std::snprintf(buf, sizeof buf, "%.*g", prec, x);
-    if (std::strtod(buf, nullptr) == x) break;
-  }
-  std::string s = buf;
-  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
-  return s;
 }
 
 // ---------------------------------------------------------------- parsing
@@ -202,8 +144,8 @@ class Parser {
     for (const auto& ok : c->values)
       if (s == ok) return;
     std::string list;
-    for (const auto& ok : c->values) list += (list.empty() ? "" : ", ") + quote(ok);
-    throw vlm::Error(at + ": key '" + key + "': invalid value " + quote(s) + " (expected one of " +
+    for (const auto& ok : c->values) list += (list.empty() ? "" : ", ") + toml_quote(ok);
+    throw vlm::Error(at + ": key '" + key + "': invalid value " + toml_quote(s) + " (expected one of " +
                      list + ")");
   }
 
@@ -269,17 +211,6 @@ class Parser {
 
 // ---------------------------------------------------------------- printing
 
-// A scalar field's value in TOML syntax.
-std::string toml_value(const std::string& s) { return quote(s); }
-std::string toml_value(bool b) { return b ? "true" : "false"; }
-std::string toml_value(int64_t x) { return std::to_string(x); }
-std::string toml_value(double x) { return format_double(x); }
-std::string toml_value(const std::vector<std::string>& xs) {
-  std::string out = "[";
-  for (size_t i = 0; i < xs.size(); ++i) out += (i ? ", " : "") + quote(xs[i]);
-  return out + "]";
-}
-
 class Printer {
  public:
   explicit Printer(std::string header) : header_(std::move(header)) {}
@@ -328,115 +259,6 @@ class Printer {
   std::string scalars_;
   std::string nested_;
 };
-
-// ---------------------------------------------------------------- reference (docs/recipe.md)
-
-// A markdown table cell: `|` escaped (globs in docs use it).
-std::string md_cell(const std::string& s) {
-  std::string out;
-  for (char c : s) out += c == '|' ? std::string("\\|") : std::string(1, c);
-  return out;
-}
-
-std::string md_number(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", x);
-  return buf;
-}
-
-// Walks a default Recipe's field lists and writes one markdown section per table: its doc,
-// then a row per key (type, default, allowed values, doc); nested tables follow their parent.
-class Documenter {
- public:
-  Documenter(std::string path, bool array, std::string doc)
-      : path_(std::move(path)), array_(array), doc_(std::move(doc)) {}
-
-  template <class T>
-  void operator()(const char* key, T& member, const char* doc) {
-    add(key, member, doc, "");
-  }
-  template <class T>
-  void operator()(const char* key, T& member, const Choice& choice, const char* doc) {
-    std::string allowed;
-    for (const auto& c : choice.values) allowed += (allowed.empty() ? "" : ", ") + ("`" + quote(c) + "`");
-    add(key, member, doc, allowed);
-  }
-  template <class T>
-  void operator()(const char* key, T& member, const Range& range, const char* doc) {
-    add(key, member, doc, (range.lo_open ? "> " : ">= ") + md_number(range.lo) + ", <= " + md_number(range.hi));
-  }
-
-  std::string str() const {
-    std::string out;
-    if (!path_.empty()) {
-      out += "## `" + std::string(array_ ? "[[" : "[") + path_ + (array_ ? "]]" : "]") + "`\n\n" + doc_ + "\n\n";
-      if (array_) out += "Repeat the table for each entry; `--set " + path_ + ".0.KEY=VALUE` overrides entry 0.\n\n";
-    }
-    if (!rows_.empty()) out += "| key | type | default | allowed values | doc |\n|---|---|---|---|---|\n" + rows_ + "\n";
-    return out + nested_;
-  }
-
- private:
-  template <class T>
-  void add(const std::string& key, T& member, const std::string& doc, const std::string& allowed) {
-    const std::string path = path_.empty() ? key : path_ + "." + key;
-    if constexpr (has_fields<T>::value) {
-      Documenter sub(path, false, doc);
-      member.fields(sub);
-      nested_ += sub.str();
-    } else if constexpr (is_struct_vector<T>::value) {
-      typename T::value_type item{};
-      Documenter sub(path, true, doc);
-      item.fields(sub);
-      nested_ += sub.str();
-    } else {
-      rows_ += "| `" + key + "` | " + type_of(member) + " | " + default_of(member) + " | " + md_cell(allowed) +
-               " | " + md_cell(doc) + " |\n";
-    }
-  }
-
-  static std::string type_of(const std::string&) { return "string"; }
-  static std::string type_of(bool) { return "bool"; }
-  static std::string type_of(int64_t) { return "integer"; }
-  static std::string type_of(double) { return "number"; }
-  static std::string type_of(const std::vector<std::string>&) { return "list of strings"; }
-  template <class T>
-  static std::string type_of(const std::optional<T>&) {
-    return type_of(T{});
-  }
-
-  template <class T>
-  static std::string default_of(const T& member) {
-    if constexpr (is_optional<T>::value) {
-      return member.has_value() ? default_of(*member) : "unset";
-    } else {
-      return "`" + md_cell(toml_value(member)) + "`";
-    }
-  }
-
-  std::string path_;
-  bool array_ = false;
-  std::string doc_;
-  std::string rows_;
-  std::string nested_;
-};
-
-const char* const kReferenceIntro = R"(# Recipe reference
-
-<!-- Generated by `vlmtrain recipe --doc` from the field lists in app/config/recipe.h: edit
-     those, then regenerate with `./build/vlmtrain recipe --doc > docs/recipe.md`
-     (tests/app/config/recipe_doc_test.cpp fails while this file is stale). -->
-
-A recipe is a TOML file of the sections below (docs/recipes.md explains how to write one).
-Every key is optional and takes its default when left out. Unknown keys, wrong types and
-values outside the allowed ones are errors naming `file:line` and the key. Any key can be
-overridden on the command line: `--set section.key=VALUE` (TOML value syntax; a bare word is
-a string). `vlmtrain recipe RECIPE` prints a recipe with every default filled in.
-
-Types: `number` accepts integers and floats; a `list of strings` also accepts one string;
-an `unset` default means the key has no value unless given (its doc says what applies then).
-
-)";
 
 // ---------------------------------------------------------------- overrides
 
@@ -496,7 +318,7 @@ toml::value parse_override_value(const std::string& text, const std::string& sou
     return doc.as_table().at("v");
   } catch (const std::exception&) {
     // A bare word such as runs/x or cosine: take it as a string.
-    std::istringstream in2("v = " + quote(text) + "\n");
+    std::istringstream in2("v = " + toml_quote(text) + "\n");
     toml::value doc = toml::parse(in2, source);
     return doc.as_table().at("v");
   }
@@ -591,15 +413,6 @@ std::string to_toml(const Recipe& recipe) {
   return root.str();
 }
 
-std::string recipe_reference() {
-  Recipe defaults;  // fields() is non-const by design
-  Documenter root("", false, "");
-  defaults.fields(root);
-  std::string out = kReferenceIntro + root.str();
-  while (!out.empty() && out.back() == '\n') out.pop_back();
-  return out + "\n";
-}
-
 std::string recipe_hash(const Recipe& recipe) {
   // FNV-1a 64 over the resolved TOML: stable across platforms and runs.
   uint64_t h = 1469598103934665603ULL;
@@ -644,6 +457,52 @@ std::vector<std::string> family_choices() {
 std::string Recipe::location(const std::string& key) const {
   auto it = where.find(key);
   return it != where.end() ? it->second : source;
+}
+
+// ---------------------------------------------------------------- TOML spelling (recipe_fields.h)
+
+std::string toml_quote(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+static std::string format_double(double x) {
+  char buf[40];
+  for (int prec = 6; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, x);
+    if (std::strtod(buf, nullptr) == x) break;
+  }
+  std::string s = buf;
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+// A scalar field's value in TOML syntax.
+std::string toml_value(const std::string& s) { return toml_quote(s); }
+std::string toml_value(bool b) { return b ? "true" : "false"; }
+std::string toml_value(int64_t x) { return std::to_string(x); }
+std::string toml_value(double x) { return format_double(x); }
+std::string toml_value(const std::vector<std::string>& xs) {
+  std::string out = "[";
+  for (size_t i = 0; i < xs.size(); ++i) out += (i ? ", " : "") + toml_quote(xs[i]);
+  return out + "]";
 }
 
 }  // namespace vlm::app

@@ -450,9 +450,6 @@ std::string save_resolved_recipe(const Recipe& recipe, const std::string& dir);
 // Built-in model presets the recipe may name: vlm::preset_names() (every registered family's).
 std::vector<std::string> known_presets();
 
-// The recipe key reference as markdown (docs/recipe.md; `vlmtrain recipe --doc`): every
-// section with its doc, then one table row per key with its type, default, allowed values
-// and doc, all from the field lists above. Deterministic: the same build prints the same text.
-std::string recipe_reference();
+// The key reference generated from these field lists: app/config/recipe_doc.h.
 
 }  // namespace vlm::app

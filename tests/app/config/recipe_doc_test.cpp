@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "app/config/recipe.h"
+#include "app/config/recipe_doc.h"
 #include "tests/testing.h"
 
 namespace {
