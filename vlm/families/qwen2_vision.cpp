@@ -8,7 +8,7 @@
 
 namespace vlm {
 
-VisionBlockImpl::VisionBlockImpl(const VlmConfig& cfg, const torch::TensorOptions& opts) {
+Qwen2VisionBlockImpl::Qwen2VisionBlockImpl(const VlmConfig& cfg, const torch::TensorOptions& opts) {
   const auto& v = cfg.vision;
   norm1 = register_module("norm1", Norm(v.norm, v.embed_dim, v.norm_eps, opts));
   norm2 = register_module("norm2", Norm(v.norm, v.embed_dim, v.norm_eps, opts));
@@ -16,7 +16,7 @@ VisionBlockImpl::VisionBlockImpl(const VlmConfig& cfg, const torch::TensorOption
   mlp = register_module("mlp", Mlp(v.mlp, v.embed_dim, v.intermediate_size, /*bias=*/true, opts));
 }
 
-torch::Tensor VisionBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+torch::Tensor Qwen2VisionBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                        const torch::Tensor& sin, const std::vector<int64_t>& cu) {
   auto h = x + attn(norm1(x), cos, sin, cu);
   return residual_linear(this, h, mlp->hidden(norm2(h)), mlp->out_proj());
@@ -61,25 +61,25 @@ WindowIndex get_window_index(const torch::Tensor& grid_thw, const VisionConfig& 
   return {idx, cu};
 }
 
-VisionEncoderImpl::VisionEncoderImpl(const VlmConfig& c, const torch::TensorOptions& opts) : cfg(c) {
+Qwen2VisionEncoderImpl::Qwen2VisionEncoderImpl(const VlmConfig& c, const torch::TensorOptions& opts) : cfg(c) {
   const auto& v = cfg.vision;
   patch_embed = register_module("patch_embed",
                                 PatchEmbed(v.embed_dim, v.in_chans, v.temporal_patch_size, v.patch_size, opts));
   blocks_list = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < v.depth; ++i) {
-    blocks.push_back(VisionBlock(cfg, opts));
+    blocks.push_back(Qwen2VisionBlock(cfg, opts));
     blocks_list->push_back(blocks.back());
   }
   merger = register_module("merger", PatchMerger(cfg, opts));
 }
 
-void VisionEncoderImpl::append_units(std::vector<Unit>& u, const std::string& prefix) {
+void Qwen2VisionEncoderImpl::append_units(std::vector<Unit>& u, const std::string& prefix) {
   u.push_back({prefix + ".patch_embed", patch_embed.get(), ""});
   for (size_t i = 0; i < blocks.size(); ++i) u.push_back({prefix + ".blocks." + std::to_string(i), blocks[i].get(), ""});
   u.push_back({prefix + ".merger", merger.get(), ""});
 }
 
-std::vector<VisionUnitLayout> VisionEncoderImpl::unit_layouts(const std::string& prefix) {
+std::vector<VisionUnitLayout> Qwen2VisionEncoderImpl::unit_layouts(const std::string& prefix) {
   using Kind = VisionUnitLayout::Kind;
   std::vector<VisionUnitLayout> u(1);
   u[0].kind = Kind::patch_embed;
@@ -105,13 +105,13 @@ std::vector<VisionUnitLayout> VisionEncoderImpl::unit_layouts(const std::string&
   return u;
 }
 
-int64_t VisionEncoderImpl::connector_parameters() {
+int64_t Qwen2VisionEncoderImpl::connector_parameters() {
   int64_t n = 0;
   for (const auto& p : merger->parameters()) n += p.numel();
   return n;
 }
 
-torch::Tensor VisionEncoderImpl::forward(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw,
+torch::Tensor Qwen2VisionEncoderImpl::forward(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw,
                                          UnitRunner& runner, const std::string& prefix) {
   const auto& v = cfg.vision;
   const int64_t unit = v.merge_unit();
@@ -142,7 +142,7 @@ torch::Tensor VisionEncoderImpl::forward(const torch::Tensor& pixel_values, cons
   for (int64_t i = 0; i < v.depth; ++i) {
     const bool is_full = !v.window_attention() || std::find(full.begin(), full.end(), i) != full.end();
     const auto& cu = is_full ? cu_full : cu_window;
-    VisionBlock& blk = blocks[i];
+    Qwen2VisionBlock& blk = blocks[i];
     x = runner.run(prefix + ".blocks." + std::to_string(i), *blk, x,
                    [blk, cos = cs.cos, sin = cs.sin, cu](const torch::Tensor& h) mutable { return blk(h, cos, sin, cu); });
   }

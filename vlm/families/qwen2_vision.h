@@ -22,9 +22,9 @@
 namespace vlm {
 
 // `visual.blocks.N`: x += attn(norm1(x)); x += mlp(norm2(x)).
-class VisionBlockImpl : public torch::nn::Module {
+class Qwen2VisionBlockImpl : public torch::nn::Module {
  public:
-  VisionBlockImpl(const VlmConfig& cfg, const torch::TensorOptions& opts);
+  Qwen2VisionBlockImpl(const VlmConfig& cfg, const torch::TensorOptions& opts);
   // x: [S, E]; cos/sin: [S, D] fp32; cu_seqlens: segment bounds (images or windows) -> [S, E]
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const std::vector<int64_t>& cu_seqlens);
@@ -32,7 +32,7 @@ class VisionBlockImpl : public torch::nn::Module {
   VisionAttention attn{nullptr};
   Mlp mlp{nullptr};
 };
-TORCH_MODULE(VisionBlock);
+TORCH_MODULE(Qwen2VisionBlock);
 
 // [0, cumsum of gh*gw repeated t times per image]: per-frame full-attention segments.
 std::vector<int64_t> image_cu_seqlens(const torch::Tensor& grid_thw);
@@ -49,9 +49,9 @@ WindowIndex get_window_index(const torch::Tensor& grid_thw, const VisionConfig& 
 
 // The Qwen2-VL / Qwen2.5-VL tower (registry: families/qwen2_vl.cpp): norms and MLP of
 // cfg.vision.norm / .mlp, window attention when cfg.vision.window_attention().
-class VisionEncoderImpl : public VisionTowerImpl {
+class Qwen2VisionEncoderImpl : public VisionTowerImpl {
  public:
-  VisionEncoderImpl(const VlmConfig& cfg, const torch::TensorOptions& opts);
+  Qwen2VisionEncoderImpl(const VlmConfig& cfg, const torch::TensorOptions& opts);
   VisionOutput encode(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw, UnitRunner& runner,
                       const std::string& prefix) override {
     return {forward(pixel_values, grid_thw, runner, prefix), {}};
@@ -68,9 +68,9 @@ class VisionEncoderImpl : public VisionTowerImpl {
   VlmConfig cfg;
   PatchEmbed patch_embed{nullptr};
   torch::nn::ModuleList blocks_list{nullptr};  // registered as "blocks"
-  std::vector<VisionBlock> blocks;
+  std::vector<Qwen2VisionBlock> blocks;
   PatchMerger merger{nullptr};
 };
-TORCH_MODULE(VisionEncoder);
+TORCH_MODULE(Qwen2VisionEncoder);
 
 }  // namespace vlm

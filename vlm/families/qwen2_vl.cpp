@@ -291,7 +291,7 @@ VlmConfig small() {
 }
 
 std::shared_ptr<VisionTowerImpl> q2_make_vision(const VlmConfig& cfg, const torch::TensorOptions& opts) {
-  return std::make_shared<VisionEncoderImpl>(cfg, opts);
+  return std::make_shared<Qwen2VisionEncoderImpl>(cfg, opts);
 }
 
 // Both families' hub preprocessor_config.json: CLIP mean/std, 56x56 .. 28x28x16384 pixels.
