@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""How transformers resolves Qwen2-VL / Qwen2.5-VL / Qwen3-VL config.json files, for
-tests/vlm/model/config_test.cpp and config_qwen3_test.cpp: every file is loaded with AutoConfig.from_pretrained (as
+"""How transformers resolves Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 config.json files, for
+tests/vlm/model/config_test.cpp, config_qwen3_test.cpp and config_qwen35_test.cpp: every file is loaded with AutoConfig.from_pretrained (as
 from_pretrained of the model would) and the values the model is built from are written
 under vlmtrain's field names (vlm/model/config.h).
 
@@ -17,8 +17,10 @@ under vlmtrain's field names (vlm/model/config.h).
 
 Where the value comes from (transformers 5.23):
   text       config.text_config (the decoder reads it); rope_theta and mrope_section from
-             its rope_parameters (mrope_section absent: [16, 24, 24], as the rotary
-             embedding defaults it); eos_token_id: the first when a list.
+             its rope_parameters (mrope_section absent: [16, 24, 24], Qwen3-VL [24, 20, 20],
+             Qwen3.5 [11, 11, 10], as the rotary embeddings default it); eos_token_id: the
+             first when a list. Qwen3.5 adds layer_types, the linear-attention geometry and
+             partial_rotary_factor (rope_parameters).
   vision     config.vision_config; Qwen2-VL's MLP width is int(embed_dim * mlp_ratio), as
              the vision block computes it.
   tie        config.tie_word_embeddings (what PreTrainedModel's tied-weights mapping reads).
@@ -40,11 +42,11 @@ def resolve(cfg):
     if fam == "qwen2_vl":
         vision.update(embed_dim=v.embed_dim, out_hidden_size=v.hidden_size,
                       intermediate_size=int(v.embed_dim * v.mlp_ratio))
-    elif fam == "qwen3_vl":
+    elif fam in ("qwen3_vl", "qwen3_5"):
         vision.update(embed_dim=v.hidden_size, out_hidden_size=v.out_hidden_size,
                       intermediate_size=v.intermediate_size,
                       num_position_embeddings=v.num_position_embeddings,
-                      deepstack_visual_indexes=list(v.deepstack_visual_indexes),
+                      deepstack_visual_indexes=list(getattr(v, "deepstack_visual_indexes", [])),
                       rope_theta=float(v.rope_parameters["rope_theta"]))
     else:
         vision.update(embed_dim=v.hidden_size, out_hidden_size=v.out_hidden_size,
@@ -54,14 +56,20 @@ def resolve(cfg):
     eos = getattr(t, "eos_token_id", None)  # Qwen3VLTextConfig has no default for it
     if isinstance(eos, (list, tuple)):
         eos = eos[0]
+    default_section = {"qwen3_vl": [24, 20, 20], "qwen3_5": [11, 11, 10]}.get(fam, [16, 24, 24])
     text = dict(vocab_size=t.vocab_size, hidden_size=t.hidden_size,
                 intermediate_size=t.intermediate_size, num_hidden_layers=t.num_hidden_layers,
                 num_attention_heads=t.num_attention_heads, num_key_value_heads=t.num_key_value_heads,
                 rms_norm_eps=float(t.rms_norm_eps), rope_theta=float(rope["rope_theta"]),
-                mrope_section=list(rope.get("mrope_section", [24, 20, 20] if fam == "qwen3_vl" else [16, 24, 24])),
+                mrope_section=list(rope.get("mrope_section", default_section)),
                 max_position_embeddings=t.max_position_embeddings, hidden_act=t.hidden_act)
-    if fam == "qwen3_vl":
+    if fam in ("qwen3_vl", "qwen3_5"):
         text.update(head_dim=t.head_dim, attention_bias=bool(t.attention_bias))
+    if fam == "qwen3_5":
+        text.update(layer_types=list(t.layer_types), linear_num_key_heads=t.linear_num_key_heads,
+                    linear_num_value_heads=t.linear_num_value_heads, linear_key_head_dim=t.linear_key_head_dim,
+                    linear_value_head_dim=t.linear_value_head_dim, linear_conv_kernel_dim=t.linear_conv_kernel_dim,
+                    partial_rotary_factor=float(rope.get("partial_rotary_factor", 1.0)))
     return dict(ok=True, family=fam, vision=vision, text=text,
                 tie_word_embeddings=bool(cfg.tie_word_embeddings),
                 image_token_id=cfg.image_token_id, video_token_id=cfg.video_token_id,

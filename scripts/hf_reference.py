@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """HF transformers references for tests/vlm/model/hf_parity_test.cpp, produced at test time.
 
-For each family (qwen2_vl, qwen2_5_vl, qwen3_vl) it builds a tiny random model with transformers,
+For each family (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5) it builds a tiny random model with transformers,
 with every weight re-drawn at a scale that keeps activations O(1) (so attention is far
 from uniform and rotary or mask bugs change the result) and with random norms and biases
 (so ones / zeros cannot hide a bug), and saves it. Then, for each pass in PASSES (float32
@@ -125,6 +125,51 @@ REAL["qwen2_vl_small_preset"] = dict(
                        patch_size=14, spatial_merge_size=2, temporal_patch_size=2, hidden_act="quick_gelu"))
 REAL_BATCHES = ["images_left", "multi_image_right"]
 
+# Qwen3.5: a hybrid decoder (Gated DeltaNet `linear_attn` and gated `self_attn` layers) on the
+# Qwen3-VL tower without DeepStack. Tiny: head_dim 64 of which a quarter rotates (M-RoPE
+# 3 + 3 + 2 interleaved), 2 key heads serving 4 value heads of 16 in the linear layers.
+# Two layer-type patterns: three linear then one full, untied ("qwen3_5"); full first, then
+# two linear, tied ("qwen3_5_tied").
+QWEN35_TINY = dict(
+    image_token_id=250, video_token_id=251, vision_start_token_id=248, vision_end_token_id=249,
+    tie_word_embeddings=False,
+    text_config=dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                     num_attention_heads=2, num_key_value_heads=1, head_dim=64, rms_norm_eps=1e-6,
+                     max_position_embeddings=512, hidden_act="silu", attention_bias=False,
+                     linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                     linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                     layer_types=["linear_attention"] * 3 + ["full_attention"],
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                                      "mrope_section": [3, 3, 2], "mrope_interleaved": True},
+                     bos_token_id=0, eos_token_id=1, pad_token_id=3, attention_dropout=0.0),
+    vision_config=dict(depth=2, hidden_size=64, intermediate_size=96, num_heads=2, in_channels=3,
+                       patch_size=16, spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64,
+                       num_position_embeddings=36, hidden_act="gelu_pytorch_tanh"))
+FAMILIES["qwen3_5"] = QWEN35_TINY
+FAMILIES["qwen3_5_tied"] = dict(
+    QWEN35_TINY, tie_word_embeddings=True,
+    text_config=dict(QWEN35_TINY["text_config"], num_hidden_layers=3,
+                     layer_types=["full_attention", "linear_attention", "linear_attention"]))
+# Qwen3.5-9B widths: one linear layer (16 key heads of 128 serving 32 value heads of 128,
+# conv over 8192 channels) and one full layer (16 x 256 query heads with their gates on 4 kv
+# heads, 64 rotated dims, M-RoPE 11 + 11 + 10, theta 1e7), a 512-wide MLP (the mixers are what
+# is checked) and one 1152-wide vision block with 48 x 48 positions.
+REAL["qwen3_5_9b_layer"] = dict(
+    QWEN35_TINY,
+    text_config=dict(QWEN35_TINY["text_config"], vocab_size=512, hidden_size=4096, intermediate_size=512,
+                     num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=4, head_dim=256,
+                     linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                     linear_value_head_dim=128, layer_types=["linear_attention", "full_attention"],
+                     max_position_embeddings=262144,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                                      "mrope_section": [11, 11, 10], "mrope_interleaved": True}),
+    vision_config=dict(QWEN35_TINY["vision_config"], depth=1, hidden_size=1152, intermediate_size=4304,
+                       num_heads=16, out_hidden_size=4096, num_position_embeddings=2304))
+# Longer batches for the families whose mixer is chunked (Qwen3.5's Gated DeltaNet, chunks of
+# 64 tokens): sequences of 2-3 chunks, the state carried across chunk boundaries.
+LONG_BATCHES = ["long_left", "long_right"]
+FAMILY_BATCHES = {"qwen3_5": LONG_BATCHES, "qwen3_5_tied": LONG_BATCHES, "qwen3_5_9b_layer": ["long_right"]}
+
 IMG, VS, VE, PAD = TEXT["image_token_id"], TEXT["vision_start_token_id"], TEXT["vision_end_token_id"], 3
 
 # A sequence is a list of items: an int n = n random text tokens, or (gh, gw) = an image of
@@ -142,6 +187,9 @@ BATCHES = {
     # text only (no pixel_values at all), left and right padding
     "text_left": dict(pad="left", seqs=[([14], 9), ([8], 5)]),
     "text_right": dict(pad="right", seqs=[([7], 4), ([15], 10)]),
+    # 2-3 chunks of 64 per sequence (FAMILY_BATCHES)
+    "long_left": dict(pad="left", seqs=[([60, (4, 8), 50], 20), ([140], 40)]),
+    "long_right": dict(pad="right", seqs=[([30, (6, 10), 70], 30), ([100], 50)]),
 }
 
 
@@ -158,7 +206,9 @@ def patch_size(cfg_dict):
 
 
 def build(family, cfg_dict, embed_std=0.25):
-    if family.startswith("qwen3_vl"):
+    if family.startswith("qwen3_5"):
+        from transformers import Qwen3_5Config as C, Qwen3_5ForConditionalGeneration as M
+    elif family.startswith("qwen3_vl"):
         from transformers import Qwen3VLConfig as C, Qwen3VLForConditionalGeneration as M
     elif family.startswith("qwen2_5_vl"):
         from transformers import Qwen2_5_VLConfig as C, Qwen2_5_VLForConditionalGeneration as M
@@ -169,6 +219,9 @@ def build(family, cfg_dict, embed_std=0.25):
         for n, p in model.named_parameters():
             if n.endswith(".bias"):
                 p.normal_(0.0, 0.1)
+            elif family.startswith("qwen3_5") and "language_model" in n and "norm" in n \
+                    and "linear_attn.norm" not in n:  # Qwen3.5's zero-centred RMSNorms: scale 1 + w
+                p.normal_(0.0, 0.2)
             elif "norm" in n or "ln_q" in n:  # (Qwen3: also q_norm, k_norm, merger norms)
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             elif "embed_tokens" in n:
@@ -252,8 +305,12 @@ def main():
     from safetensors.torch import save_file
     torch.set_num_threads(1)  # tiny tensors: threads only cost time (20x on a loaded 2-core box)
     os.makedirs(args.out, exist_ok=True)
-    plan = [(f, c, PASSES, list(BATCHES)) for f, c in FAMILIES.items()]
-    plan += [(f, c, {"float32": PASSES["float32"]}, REAL_BATCHES) for f, c in REAL.items()]
+    short = [b for b in BATCHES if b not in LONG_BATCHES]
+    plan = [(f, c, PASSES, short + FAMILY_BATCHES.get(f, [])) for f, c in FAMILIES.items()]
+    plan += [(f, c, {"float32": PASSES["float32"]}, REAL_BATCHES + FAMILY_BATCHES.get(f, []))
+             for f, c in REAL.items()]
+    # Qwen3.5 last, so that the other families keep their seeds (1000 + their index).
+    plan.sort(key=lambda entry: entry[0].startswith("qwen3_5"))
     for fi, (family, cfg_dict, passes, batches) in enumerate(plan):
         torch.manual_seed(1000 + fi)
         model = build(family, cfg_dict)
@@ -273,7 +330,8 @@ def main():
     with open(os.path.join(args.out, "manifest.json"), "w") as f:
         json.dump({"transformers": transformers.__version__, "torch": torch.__version__,
                    "families": list(FAMILIES), "dtypes": list(PASSES), "batches": list(BATCHES),
-                   "real_layers": list(REAL), "real_batches": REAL_BATCHES}, f)
+                   "real_layers": list(REAL), "real_batches": REAL_BATCHES,
+                   "family_batches": FAMILY_BATCHES}, f)
     print(json.dumps({"transformers": transformers.__version__, "torch": torch.__version__}))
 
 

@@ -2,6 +2,7 @@
 #include "app/plan/activation_memory.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "vlm/runtime/check.h"
@@ -62,6 +63,7 @@ struct Op {
   double stats;  // LayerNorm statistics element bytes (the input's dtype on the CPU)
   bool cuda;     // CUDA kernels (dropout's mask), else the CPU's
   double kept = 0;
+  double per_call = 0;  // bytes kept once per call (not per row)
 
   // A Linear at `path` on an input of width `in` (rg: the input needs a gradient). Its input
   // is kept by a trained weight or by an adapter without dropout; that is counted once by
@@ -85,10 +87,14 @@ struct Op {
   // RMSNorm (layers.cpp) over `w`: x.to(fp32) squared and scaled (kept when x needs a
   // gradient: x itself in fp32, else an fp32 copy; rsqrt), the normalised copy (kept for a
   // trained weight). input_is_new: x was made inside this unit (else the producer counts it).
-  bool rms(const std::string& path, double w, bool rg, bool input_is_new, double rows_per_stat = 1) {
+  // Zero-centred (NormKind::rms_norm_centered, Qwen3.5): the normalised copy stays fp32 (it
+  // is multiplied by 1 + w in fp32).
+  bool rms(const std::string& path, double w, bool rg, bool input_is_new, double rows_per_stat = 1,
+           bool centered = false) {
     if (rg) kept += ((p == kF && !input_is_new) ? 0.0 : kF * w) + kF * rows_per_stat;
+    if (rg && centered) per_call += kF * w / rows_per_stat;  // 1 + w, fp32, kept by the product
     const bool tw = t.weight(path);
-    if (tw) kept += p * w;
+    if (tw) kept += (centered ? kF : p) * w;
     return rg || tw;
   }
   // LayerNorm: keeps its input and two statistics per row when anything needs a gradient.
@@ -191,38 +197,92 @@ UnitActivation merger(const VisionConfig& v, Op o, const VisionUnitLayout& l, bo
   return u;
 }
 
-UnitActivation decoder_layer(const TextConfig& tc, Op o, const std::string& l, bool rg, bool packed) {
-  const double d = static_cast<double>(tc.hidden_size), inter = static_cast<double>(tc.intermediate_size);
+// `self_attn` on the normed x (n1: whether it needs a gradient), per token: returns whether
+// its output does.
+bool attention_mixer(const TextConfig& tc, Op& o, const std::string& a, bool n1, bool packed) {
+  const double d = static_cast<double>(tc.hidden_size);
   const double heads = static_cast<double>(tc.num_attention_heads), kvh = static_cast<double>(tc.num_key_value_heads);
   const double hd = heads * static_cast<double>(tc.head_dim()), kvd = kvh * static_cast<double>(tc.head_dim());
-  const std::string a = l + ".self_attn";
-  UnitActivation u;
-  u.keeps_input = norm_keeps_input(true, o.p, rg, o.t.weight(l + ".input_layernorm"));
-  const bool n1 = o.rms(l + ".input_layernorm", d, rg, false);
   if (o.keeps_input(a + ".q_proj") || o.keeps_input(a + ".k_proj") || o.keeps_input(a + ".v_proj")) o.kept += o.p * d;
   bool q = o.linear(a + ".q_proj", d, n1), k = o.linear(a + ".k_proj", d, n1);
   const bool v = o.linear(a + ".v_proj", d, n1);
+  // Gated attention in fp32: the query is a view of q_proj's [query | gate] output, so the
+  // norm's kept input holds the gate half's storage too.
+  if (tc.attn_output_gate && tc.qk_norm && o.p == kF && q) o.kept += kF * hd;
   if (tc.qk_norm) {  // per head: the projection (fp32 or its copy), rsqrt per head row, normed copy
-    q = o.rms(a + ".q_norm", hd, q, true, heads);
-    k = o.rms(a + ".k_norm", kvd, k, true, kvh);
+    const bool c = tc.norm == NormKind::rms_norm_centered;
+    q = o.rms(a + ".q_norm", hd, q, true, heads, c);
+    k = o.rms(a + ".k_norm", kvd, k, true, kvh, c);
   }
   const bool attn = q || k || v;
   if (attn) o.kept += o.p * (2 * hd + 2 * kvd) + kF * heads;  // rotated q, k; v; out; logsumexp
   if (attn && packed && !flash_varlen(o, tc.head_dim())) o.kept += o.p * hd;  // per-sample outputs, then cat
+  // Gated attention: sigmoid(gate), the attention output's [B, L, H*D] copy kept by the
+  // product (packed without flash: the concatenated outputs, counted above, serve), and the
+  // gated output (o_proj's input, a new tensor).
+  const bool out_copy = !(packed && !flash_varlen(o, tc.head_dim()));
+  if (attn && tc.attn_output_gate)
+    o.kept += o.p * hd * (out_copy ? 2 : 1) + (o.keeps_input(a + ".o_proj") ? o.p * hd : 0.0);
   if (!attn && o.keeps_input(a + ".o_proj")) o.kept += o.p * hd;
-  const bool h = o.linear(a + ".o_proj", hd, attn) || rg;
-  const bool n2 = o.rms(l + ".post_attention_layernorm", d, h, true);
+  return o.linear(a + ".o_proj", hd, attn);
+}
+
+// `linear_attn` (vlm/model/gated_delta_net.h) on the normed x, per token: what autograd keeps
+// of the projections, the conv, the decays and the chunked rule (fp32 inside), the gated norm.
+// pad: the chunk-padded length over the real one (the rule's tensors are per padded token).
+bool linear_mixer(const TextConfig& tc, Op& o, const std::string& a, bool n1, double pad) {
+  const double d = static_cast<double>(tc.hidden_size), h = static_cast<double>(tc.linear_num_value_heads);
+  const double hk = h * static_cast<double>(tc.linear_key_head_dim);    // q / k per value head, repeated
+  const double hv = h * static_cast<double>(tc.linear_value_head_dim);  // V
+  const double conv = 2 * static_cast<double>(tc.linear_num_key_heads * tc.linear_key_head_dim) + hv;
+  const double c = 64, state = hk * static_cast<double>(tc.linear_value_head_dim);  // chunk; H Dk Dv
+  if (o.keeps_input(a + ".in_proj_qkv") || o.keeps_input(a + ".in_proj_z") || o.keeps_input(a + ".in_proj_b") ||
+      o.keeps_input(a + ".in_proj_a"))
+    o.kept += o.p * d;
+  bool any = o.linear(a + ".in_proj_qkv", d, n1);
+  any = o.linear(a + ".in_proj_z", d, n1) || any;
+  any = o.linear(a + ".in_proj_b", d, n1) || any;
+  any = o.linear(a + ".in_proj_a", d, n1) || any;
+  any = any || o.t.weight(a + ".conv1d") || o.t.weight(a);
+  if (!any) return o.linear(a + ".out_proj", hv, false);
+  o.kept += 2 * o.p * conv;                 // the conv's input (state-prefixed) and SiLU's input
+  o.kept += kF * hv + o.p * h + 4 * kF * h;  // z (fp32, SiLU's input); sigmoid(b); softplus in / out
+  o.kept += 2 * kF * hk + 2 * kF * h;        // q, k before their L2 norm; the norms' rsqrt
+  // The chunked rule, per padded token: padded q, k, v, beta; k*beta, the UT solves' outputs
+  // (new values, decayed keys), the decayed q and k; the chunk-square matrices (pair decays,
+  // two products, the UT system, the intra-chunk scores); three decay vectors; the corrected
+  // values; one fp32 state [H, Dk, Dv] per chunk.
+  o.kept += pad * (kF * (6 * hk + 3 * hv + 5 * h * c + 4 * h) + kF * state / c);
+  // The gated norm: its fp32 input and rsqrt, the normed copy (trained weight), the weighted
+  // product and SiLU(z); then out_proj's input.
+  o.kept += kF * hv + kF * h + (o.t.weight(a + ".norm") ? o.p * hv : 0.0) + o.p * hv + kF * hv;
+  if (o.keeps_input(a + ".out_proj")) o.kept += o.p * hv;
+  return o.linear(a + ".out_proj", hv, true);
+}
+
+UnitActivation decoder_layer(const TextConfig& tc, Op o, const std::string& l, int64_t index, bool rg, bool packed,
+                             double pad) {
+  const double d = static_cast<double>(tc.hidden_size), inter = static_cast<double>(tc.intermediate_size);
+  UnitActivation u;
+  u.keeps_input = norm_keeps_input(true, o.p, rg, o.t.weight(l + ".input_layernorm"));
+  const bool c = tc.norm == NormKind::rms_norm_centered;
+  const bool n1 = o.rms(l + ".input_layernorm", d, rg, false, 1, c);
+  const bool h = (tc.mixer(index) == MixerKind::linear_attention ? linear_mixer(tc, o, l + ".linear_attn", n1, pad)
+                                                                  : attention_mixer(tc, o, l + ".self_attn", n1, packed)) ||
+                 rg;
+  const bool n2 = o.rms(l + ".post_attention_layernorm", d, h, true, 1, c);
   if (o.keeps_input(l + ".mlp.gate_proj") || o.keeps_input(l + ".mlp.up_proj")) o.kept += o.p * d;
   u.needs_grad = mlp(o, MlpKind::gated_silu, l + ".mlp", d, inter, n2) || h;
   if (u.needs_grad) u.backward_bytes = 3 * o.p * inter;
   u.output_bytes = o.p * d;
   u.kept_bytes = o.kept + u.output_bytes;
+  u.per_call_bytes = o.per_call;
   return u;
 }
 
 UnitActivation scaled(std::string path, UnitActivation u, double rows, int input_from) {
   u.path = std::move(path);
-  u.kept_bytes *= rows;
+  u.kept_bytes = u.kept_bytes * rows + u.per_call_bytes;
   u.output_bytes *= rows;
   u.backward_bytes *= rows;
   u.input_from = input_from;
@@ -287,19 +347,25 @@ ActivationPlan plan_activations(VisionLanguageModelImpl& model, const MicroBatch
   emb.output_bytes = emb.kept_bytes = p * d;
   emb.needs_grad = t.weight("model.embed_tokens") || mg.needs_grad;
   int prev = add("model.embed_tokens", emb, tokens, -1);
+  // Gated DeltaNet chunks of 64 tokens: each row padded to whole chunks; packed, each sample
+  // is (half a chunk expected per sample).
+  const double seq = static_cast<double>(shape.seq_len);
+  const double pad = shape.packed ? (seq + 32.0 * static_cast<double>(std::max<int64_t>(shape.samples, 1))) / seq
+                                  : std::ceil(seq / 64.0) * 64.0 / seq;
   bool rg = emb.needs_grad;
   for (int64_t i = 0; i < tc.num_hidden_layers; ++i) {
     const std::string l = "model.layers." + std::to_string(i);
-    const UnitActivation layer = decoder_layer(tc, op, l, rg, shape.packed);
+    const UnitActivation layer = decoder_layer(tc, op, l, i, rg, shape.packed, pad);
     prev = add(l, layer, tokens, prev);
     rg = layer.needs_grad;
   }
   Op fo = op;
   UnitActivation fn;
   fn.keeps_input = norm_keeps_input(true, p, rg, t.weight("model.norm"));
-  fn.needs_grad = fo.rms("model.norm", d, rg, false);
+  fn.needs_grad = fo.rms("model.norm", d, rg, false, 1, tc.norm == NormKind::rms_norm_centered);
   fn.output_bytes = p * d;
   fn.kept_bytes = fo.kept + fn.output_bytes;
+  fn.per_call_bytes = fo.per_call;
   add("model.norm", fn, tokens, prev);
   UnitActivation head;  // the supervised rows of the hidden states, kept by the loss
   head.kept_bytes = p * d;
@@ -311,10 +377,10 @@ ActivationPlan plan_activations(VisionLanguageModelImpl& model, const MicroBatch
   // a LoRA layer's at three MLP-width tensors.
   for (auto& u : units) u.backward_bytes = std::max(0.0, u.backward_bytes - p * t.trained_numel(u.path));
 
-  // Text rotary cos / sin [B, L, D] (activation dtype), M-RoPE ids [3, B, L] int64, the image
+  // Text rotary cos / sin [B, L, R] (R rotated dims; activation dtype), M-RoPE ids [3, B, L] int64, the image
   // token mask; vision rotary cos / sin [S, Dv] fp32 (kept by the rotations when the tower
   // builds a graph).
-  plan.shared_bytes = tokens * (2 * p * static_cast<double>(tc.head_dim()) + 24 + 1) +
+  plan.shared_bytes = tokens * (2 * p * static_cast<double>(tc.rotary_dim()) + 24 + 1) +
                       (tower_grad ? patches * 2 * kF * static_cast<double>(v.head_dim()) : 0.0);
   // Loss chunk: logits [m, V] in the activation dtype, their fp32 upcast, fp32 log-softmax.
   const double vocab = static_cast<double>(tc.vocab_size);

@@ -51,6 +51,8 @@ struct MicroBatchShape {
   int64_t patches = 0;     // pixel_values rows; 0: no image (a 1-token dummy image runs)
   int64_t loss_rows = 0;   // supervised next-token positions (the head's rows)
   bool packed = false;     // one packed row with per-sample attention (text cu_seqlens)
+  int64_t samples = 1;     // packed: the samples in the row (Gated DeltaNet pads each to
+                           // whole 64-token chunks: half a chunk expected per sample)
   int64_t tokens() const { return rows * seq_len; }
 };
 
@@ -62,6 +64,8 @@ enum class AttentionPath { cpu, cuda };
 struct UnitActivation {
   std::string path;          // "visual.blocks.3", "model.layers.0", ...
   double kept_bytes = 0;     // alive from the unit's forward to its backward, output included
+  double per_call_bytes = 0; // of which kept once per call whatever the rows (a zero-centred
+                             // norm's 1 + w)
   double output_bytes = 0;   // the unit's output (part of kept_bytes)
   bool keeps_input = false;  // whether the unit's own forward keeps its input alive
   int input_from = -1;       // the unit whose output is this unit's input (-1: none)

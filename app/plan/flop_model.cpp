@@ -33,6 +33,22 @@ FlopModel::FlopModel(const std::vector<vlm::sharding::UnitPlan>& units, const vl
     } else {
       per_token_ += f * n;
     }
+    // Gated DeltaNet layers (Qwen3.5): the chunked rule's own matmuls, per token and value
+    // head (chunk c = 64): scores q k^T and (beta k) k^T, the UT solves, the intra-chunk
+    // product, and the state's three products (read twice, write once). Trained: forward +
+    // backward (3x); frozen: the forward (and the input gradient through it, not counted).
+    if (starts_with(path, "model.layers.") && u.adapter_of.empty() &&
+        path.find('.', std::string("model.layers.").size()) == std::string::npos) {
+      const int64_t layer = std::atoll(path.c_str() + std::string("model.layers.").size());
+      const auto& t = cfg.text;
+      if (layer < t.num_hidden_layers && t.mixer(layer) == vlm::MixerKind::linear_attention) {
+        const double c = 64, dk = static_cast<double>(t.linear_key_head_dim);
+        const double dv = static_cast<double>(t.linear_value_head_dim);
+        const double core = static_cast<double>(t.linear_num_value_heads) *
+                            (4 * c * dk + c * (dk + dv) + 2 * c * dv + 6 * dk * dv);
+        per_token_ += (u.trainable() ? 3.0 : 1.0) * core;
+      }
+    }
   }
 }
 

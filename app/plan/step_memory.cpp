@@ -34,6 +34,7 @@ vlm::app::MicroBatchShape StepMemoryModel::shape_of(const vlm::collate::MicroBat
   s.patches = b.pixel_values.defined() ? b.pixel_values.size(0) : 0;
   s.loss_rows = mb.supervised_tokens;
   s.packed = b.text_cu_seqlens.defined();
+  if (s.packed) s.samples = b.text_cu_seqlens.numel() - 1;
   return s;
 }
 

@@ -185,5 +185,7 @@ TEST(NoHangDist, TwoRanksPacked) { run_world(2, "tiny", true); }
 TEST(NoHangDist, ThreeRanksPacked) { run_world(3, "tiny", true); }
 TEST(NoHangDist, FourRanksPacked) { run_world(4, "tiny", true); }
 TEST(NoHangDist, TwoRanksQwen3Packed) { run_world(2, "tiny-qwen3", true); }
+TEST(NoHangDist, TwoRanksQwen35) { run_world(2, "tiny-qwen3.5"); }
+TEST(NoHangDist, TwoRanksQwen35Packed) { run_world(2, "tiny-qwen3.5", true); }
 
 }  // namespace

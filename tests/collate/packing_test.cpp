@@ -212,6 +212,12 @@ TEST(PackedModel, LossAndEveryGradientEqualPaddedQwen3DeepStack) { expect_packed
 
 TEST(PackedModel, LossAndEveryGradientEqualPaddedQwen25Windows) { expect_packed_equals_padded("tiny-qwen2.5", 7); }
 
+// Qwen3.5: the Gated DeltaNet layers restart their conv and recurrent state at every packed
+// sample (as at the start of a padded row).
+TEST(PackedModel, LossAndEveryGradientEqualPaddedQwen35LinearAttention) {
+  expect_packed_equals_padded("tiny-qwen3.5", 8);
+}
+
 // Whole steps: the padded plan's micro-batches and the packed plan's (other groupings of
 // the same samples) give the same summed loss and gradients, fillers included.
 TEST(PackedModel, PlannedStepEqualsPaddedStep) {

@@ -18,6 +18,7 @@ const std::vector<const ModelFamilySpec*>& model_families() {
       VLM_FAMILY(qwen2_vl),
       VLM_FAMILY(qwen2_5_vl),
       VLM_FAMILY(qwen3_vl),
+      VLM_FAMILY(qwen3_5),
   };
   return all;
 }

@@ -97,16 +97,17 @@ torch::Tensor VisionAttentionImpl::forward(const torch::Tensor& x, const torch::
 TextAttentionImpl::TextAttentionImpl(const TextConfig& cfg, const torch::TensorOptions& opts)
     : num_heads(cfg.num_attention_heads),
       num_kv_heads(cfg.num_key_value_heads),
-      head_dim(cfg.head_dim()) {
+      head_dim(cfg.head_dim()),
+      output_gate(cfg.attn_output_gate) {
   const int64_t d = cfg.hidden_size;
   const bool b = cfg.attention_bias;
-  q_proj = register_module("q_proj", Linear(d, num_heads * head_dim, b, opts));
+  q_proj = register_module("q_proj", Linear(d, num_heads * head_dim * (output_gate ? 2 : 1), b, opts));
   k_proj = register_module("k_proj", Linear(d, num_kv_heads * head_dim, b, opts));
   v_proj = register_module("v_proj", Linear(d, num_kv_heads * head_dim, b, opts));
   o_proj = register_module("o_proj", Linear(num_heads * head_dim, d, false, opts));
   if (cfg.qk_norm) {
-    q_norm = register_module("q_norm", Norm(NormKind::rms_norm, head_dim, cfg.rms_norm_eps, opts));
-    k_norm = register_module("k_norm", Norm(NormKind::rms_norm, head_dim, cfg.rms_norm_eps, opts));
+    q_norm = register_module("q_norm", Norm(cfg.norm, head_dim, cfg.rms_norm_eps, opts));
+    k_norm = register_module("k_norm", Norm(cfg.norm, head_dim, cfg.rms_norm_eps, opts));
   }
 }
 
@@ -118,7 +119,14 @@ torch::Tensor TextAttentionImpl::forward(const torch::Tensor& x, const torch::Te
             "packed attention (text cu_seqlens) needs one row [1, L], no mask and no KV cache; got B = ", b,
             mask.defined() ? ", a mask" : "", cache != nullptr ? ", a cache" : "",
             " (hint: a packed batch is for training forwards only)");
-  auto q = q_proj(x).view({b, l, num_heads, head_dim});     // [B, L, H, D]
+  auto q = q_proj(x);
+  torch::Tensor gate;  // [B, L, H * D]
+  if (output_gate) {   // per head [query | gate]
+    auto qg = q.view({b, l, num_heads, 2, head_dim});
+    gate = qg.select(3, 1).reshape({b, l, num_heads * head_dim});
+    q = qg.select(3, 0);
+  }
+  q = q.reshape({b, l, num_heads, head_dim});               // [B, L, H, D]
   auto k = k_proj(x).view({b, l, num_kv_heads, head_dim});  // [B, L, Hkv, D]
   if (q_norm) {
     q = q_norm(q);
@@ -127,9 +135,9 @@ torch::Tensor TextAttentionImpl::forward(const torch::Tensor& x, const torch::Te
   q = q.transpose(1, 2);  // [B, H, L, D]
   k = k.transpose(1, 2);  // [B, Hkv, L, D]
   auto v = v_proj(x).view({b, l, num_kv_heads, head_dim}).transpose(1, 2);
-  auto c = cos.unsqueeze(1), sn = sin.unsqueeze(1);                         // [B, 1, L, D]
-  q = apply_rotary(q, c, sn);
-  k = apply_rotary(k, c, sn);
+  auto c = cos.unsqueeze(1), sn = sin.unsqueeze(1);                         // [B, 1, L, R]
+  q = apply_partial_rotary(q, c, sn);
+  k = apply_partial_rotary(k, c, sn);
   if (cache != nullptr) {
     if (cache->k.defined()) {
       k = torch::cat({cache->k, k}, 2);
@@ -142,11 +150,15 @@ torch::Tensor TextAttentionImpl::forward(const torch::Tensor& x, const torch::Te
   if (cu_seqlens != nullptr) {  // packed row: causal inside each sample, [1, H, L, D] <-> [L, H, D]
     auto packed = [](const torch::Tensor& t) { return t.squeeze(0).transpose(0, 1); };
     auto o = varlen_attention(packed(q), packed(k), packed(v), *cu_seqlens, scale, /*causal=*/true);
-    return o_proj(o.reshape({1, l, num_heads * head_dim}));
+    return out(o.reshape({1, l, num_heads * head_dim}), gate);
   }
   // No mask: causal attention of right-padded rows (training; see LanguageModelImpl).
   auto o = attention(q, k, v, mask, scale, !mask.defined());
-  return o_proj(o.transpose(1, 2).reshape({b, l, num_heads * head_dim}));
+  return out(o.transpose(1, 2).reshape({b, l, num_heads * head_dim}), gate);
+}
+
+torch::Tensor TextAttentionImpl::out(const torch::Tensor& o, const torch::Tensor& gate) {
+  return o_proj(gate.defined() ? o * torch::sigmoid(gate) : o);
 }
 
 }  // namespace vlm

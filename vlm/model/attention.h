@@ -54,11 +54,14 @@ struct LayerKv {
 
 // `model.layers.N.self_attn`: q/k/v_proj (with bias when cfg.attention_bias: Qwen2), o_proj
 // without; with cfg.qk_norm (Qwen3) q_norm / k_norm, RMSNorm over head_dim of each head
-// before the rotary; GQA; M-RoPE.
+// before the rotary; GQA; M-RoPE on the first cfg.rotary_dim() dims of each head (all of
+// them but in Qwen3.5). With cfg.attn_output_gate (Qwen3.5's gated attention) q_proj yields
+// [query, gate] per head (2 * head_dim rows each) and the attention output is multiplied by
+// sigmoid(gate) before o_proj.
 class TextAttentionImpl : public torch::nn::Module {
  public:
   TextAttentionImpl(const TextConfig& cfg, const torch::TensorOptions& opts);
-  // x: [B, L, d]; cos/sin: [B, L, D] (activation dtype); mask: bool [B, 1, L, T];
+  // x: [B, L, d]; cos/sin: [B, L, R] (R = rotary dims, activation dtype); mask: bool [B, 1, L, T];
   // cache: when given, the new keys/values are appended to it and attention runs over all.
   // cu_seqlens (packed row, B == 1, no mask, no cache): causal attention inside each
   // segment [cu[i], cu[i+1]) only. -> [B, L, d]
@@ -66,8 +69,13 @@ class TextAttentionImpl : public torch::nn::Module {
                         const torch::Tensor& mask, LayerKv* cache,
                         const std::vector<int64_t>* cu_seqlens = nullptr);
   int64_t num_heads, num_kv_heads, head_dim;
+  bool output_gate;
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   Norm q_norm{nullptr}, k_norm{nullptr};  // null without qk_norm
+
+ private:
+  // o: [B, L, H*D], gate: [B, L, H*D] or undefined -> o_proj(o * sigmoid(gate)): [B, L, d]
+  torch::Tensor out(const torch::Tensor& o, const torch::Tensor& gate);
 };
 TORCH_MODULE(TextAttention);
 

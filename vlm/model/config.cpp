@@ -12,6 +12,12 @@
 
 namespace vlm {
 
+int64_t TextConfig::count_layers(MixerKind kind) const {
+  int64_t n = 0;
+  for (int64_t i = 0; i < num_hidden_layers; ++i) n += mixer(i) == kind ? 1 : 0;
+  return n;
+}
+
 std::string family_name(const std::string& family) { return family_spec(family).model_type; }
 
 std::vector<std::string> family_names() {
@@ -56,6 +62,27 @@ VlmConfig load_hf_config(const std::string& dir_or_file) {
   ss << in.rdbuf();
   return parse_hf_config(ss.str(), path);
 }
+
+namespace {
+
+// layer_types (one per layer) and, when a layer is linear attention, its geometry.
+void validate_layer_types(const TextConfig& t, const std::string& src) {
+  VLM_CHECK(t.layer_types.empty() || static_cast<int64_t>(t.layer_types.size()) == t.num_hidden_layers, src,
+            ": layer_types has ", t.layer_types.size(), " entries, expected num_hidden_layers = ",
+            t.num_hidden_layers);
+  if (t.count_layers(MixerKind::linear_attention) == 0) return;
+  for (const auto& [key, value] : {std::pair<const char*, int64_t>{"linear_num_key_heads", t.linear_num_key_heads},
+                                   {"linear_num_value_heads", t.linear_num_value_heads},
+                                   {"linear_key_head_dim", t.linear_key_head_dim},
+                                   {"linear_value_head_dim", t.linear_value_head_dim},
+                                   {"linear_conv_kernel_dim", t.linear_conv_kernel_dim}})
+    VLM_CHECK(value >= 1 && value <= kMaxConfigSize, src, ": ", key, " is ", value, ", expected an integer in [1, ",
+              kMaxConfigSize, "] (the config has linear_attention layers)");
+  VLM_CHECK(t.linear_num_value_heads % t.linear_num_key_heads == 0, src, ": linear_num_value_heads ",
+            t.linear_num_value_heads, " is not a multiple of linear_num_key_heads ", t.linear_num_key_heads);
+}
+
+}  // namespace
 
 void validate(const VlmConfig& c, const std::string& src) {
   const auto& v = c.vision;
@@ -103,10 +130,16 @@ void validate(const VlmConfig& c, const std::string& src) {
             t.num_attention_heads, " (hint: or give head_dim)");
   VLM_CHECK(t.num_attention_heads % t.num_key_value_heads == 0, src, ": num_attention_heads ",
             t.num_attention_heads, " is not a multiple of num_key_value_heads ", t.num_key_value_heads);
+  VLM_CHECK(std::isfinite(t.partial_rotary_factor) && t.partial_rotary_factor > 0 && t.partial_rotary_factor <= 1,
+            src, ": partial_rotary_factor is ", t.partial_rotary_factor, ", expected a number in (0, 1]");
+  VLM_CHECK(t.rotary_dim() % 2 == 0, src, ": the rotated dims head_dim * partial_rotary_factor = ",
+            t.rotary_dim(), " must be even");
   const int64_t sec = std::accumulate(t.mrope_section.begin(), t.mrope_section.end(), int64_t{0});
-  VLM_CHECK(t.mrope_section.size() == 3 && sec * 2 == t.head_dim(), src,
-            ": mrope_section must have 3 entries summing to head_dim/2 = ", t.head_dim() / 2,
-            ", got ", t.mrope_section.size(), " entries summing to ", sec);
+  VLM_CHECK(t.mrope_section.size() == 3 && sec * 2 == t.rotary_dim(), src,
+            ": mrope_section must have 3 entries summing to half the rotated dims (head_dim * "
+            "partial_rotary_factor / 2 = ", t.rotary_dim() / 2, "), got ", t.mrope_section.size(),
+            " entries summing to ", sec);
+  validate_layer_types(t, src);
   VLM_CHECK(v.out_hidden_size == t.hidden_size, src, ": merger output width ", v.out_hidden_size,
             " != text hidden_size ", t.hidden_size,
             " (hint: Qwen2-VL's vision_config.hidden_size is the merger output width)");

@@ -86,8 +86,28 @@ struct TextConfig {
   // Qwen2-VL); false: every image token takes offset 0 (Qwen2.5-VL scales time by a video's
   // seconds per frame, 0 for an image; Qwen3-VL likewise).
   bool image_frames_advance_time = false;
+  // Features of hybrid decoders (Qwen3.5); the defaults describe Qwen2 / Qwen3:
+  NormKind norm = NormKind::rms_norm;  // decoder norms (layer norms, final norm, q/k norms);
+                                       // Qwen3.5: rms_norm_centered, x * (1 + w)
+  std::vector<MixerKind> layer_types;  // token mixer of each layer; empty: all full attention
+  double partial_rotary_factor = 1.0;  // rotary on the first head_dim * factor dims of q / k
+                                       // (Qwen3.5: 0.25); M-RoPE sections sum to half of that
+  bool attn_output_gate = false;       // Qwen3.5 gated attention: q_proj yields [query, gate]
+                                       // per head, the output is attn * sigmoid(gate)
+  // Gated DeltaNet geometry (linear_attention layers; 0 without any):
+  int64_t linear_num_key_heads = 0;    // q / k heads
+  int64_t linear_num_value_heads = 0;  // v heads (a multiple of the key heads)
+  int64_t linear_key_head_dim = 0;     // Dk
+  int64_t linear_value_head_dim = 0;   // Dv
+  int64_t linear_conv_kernel_dim = 4;  // depthwise causal conv over q, k, v
 
   int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : hidden_size / num_attention_heads; }
+  // Rotated dims of each q / k head (HF: int(head_dim * partial_rotary_factor)).
+  int64_t rotary_dim() const { return static_cast<int64_t>(static_cast<double>(head_dim()) * partial_rotary_factor); }
+  MixerKind mixer(int64_t layer) const {
+    return layer_types.empty() ? MixerKind::full_attention : layer_types[static_cast<size_t>(layer)];
+  }
+  int64_t count_layers(MixerKind kind) const;
 };
 
 struct VlmConfig {

@@ -1,25 +1,38 @@
-// `model.layers.N`: pre-norm Qwen2 decoder layer.
-//   h = x + o_proj(attn(input_layernorm(x))); out = h + mlp(post_attention_layernorm(h))
+// `model.layers.N`: pre-norm decoder layer with the token mixer TextConfig::mixer(N) picks:
+//   h = x + mixer(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h))
+// where mixer is `self_attn` (softmax attention: Qwen2, Qwen3, Qwen3.5's full layers) or
+// `linear_attn` (Gated DeltaNet: Qwen3.5's linear layers).
 #pragma once
 #include <torch/torch.h>
 
 #include "vlm/model/attention.h"
 #include "vlm/model/config.h"
+#include "vlm/model/gated_delta_net.h"
 #include "vlm/model/layers.h"
 #include "vlm/model/mlp.h"
 
 namespace vlm {
 
+// What one decoder layer keeps for cached decoding: keys / values (attention layers) or the
+// conv and recurrent state (linear-attention layers).
+struct LayerCache {
+  LayerKv kv;
+  LinearAttentionState linear;
+};
+
 class DecoderLayerImpl : public torch::nn::Module {
  public:
-  DecoderLayerImpl(const TextConfig& cfg, const torch::TensorOptions& opts);
-  // x: [B, L, d]; cos/sin: [B, L, D]; mask: bool [B, 1, L, T]; cache: optional;
+  DecoderLayerImpl(const TextConfig& cfg, int64_t layer_index, const torch::TensorOptions& opts);
+  // x: [B, L, d]; cos/sin: [B, L, R]; mask: bool [B, 1, L, T] (attention) and padding: [B, L]
+  // (the new tokens' attention_mask, linear attention), either undefined; cache: optional;
   // cu_seqlens: optional packed-row segments (TextAttentionImpl::forward) -> [B, L, d]
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& mask, LayerKv* cache = nullptr,
+                        const torch::Tensor& mask, const torch::Tensor& padding, LayerCache* cache = nullptr,
                         const std::vector<int64_t>* cu_seqlens = nullptr);
+  MixerKind mixer;
   Norm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
-  TextAttention self_attn{nullptr};
+  TextAttention self_attn{nullptr};     // full_attention layers
+  GatedDeltaNet linear_attn{nullptr};   // linear_attention layers
   Mlp mlp{nullptr};
 };
 TORCH_MODULE(DecoderLayer);

@@ -23,10 +23,10 @@ LanguageModelImpl::LanguageModelImpl(const TextConfig& c, const torch::TensorOpt
   embed_tokens = register_module("embed_tokens", Embedding(cfg.vocab_size, cfg.hidden_size, opts, cfg.pad_token_id));
   layers_list = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
-    layers.push_back(DecoderLayer(cfg, opts));
+    layers.push_back(DecoderLayer(cfg, i, opts));
     layers_list->push_back(layers.back());
   }
-  norm = register_module("norm", Norm(NormKind::rms_norm, cfg.hidden_size, cfg.rms_norm_eps, opts));
+  norm = register_module("norm", Norm(cfg.norm, cfg.hidden_size, cfg.rms_norm_eps, opts));
 }
 
 torch::Tensor LanguageModelImpl::embed(const torch::Tensor& input_ids, UnitRunner& runner,
@@ -54,10 +54,14 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torc
             "attention_mask: expected [", b, ", ", past + l, "] (cached + new tokens), got ",
             attention_mask.defined() ? attention_mask.sizes() : torch::IntArrayRef{});
   if (cache && cache->layers.empty()) cache->layers.resize(layers.size());
-  auto cs = mrope_cos_sin(position_ids.to(embeds.device()), cfg.head_dim(), cfg.rope_theta,
-                          cfg.mrope_section, embeds.scalar_type(), cfg.mrope_interleaved);  // [B, L, D]
+  auto cs = mrope_cos_sin(position_ids.to(embeds.device()), cfg.rotary_dim(), cfg.rope_theta,
+                          cfg.mrope_section, embeds.scalar_type(), cfg.mrope_interleaved);  // [B, L, R]
   // Undefined: causal attention without a mask tensor (flash attention on CUDA).
   auto mask = attention_mask.defined() ? causal_padding_mask(attention_mask.to(embeds.device()), l) : torch::Tensor();
+  // The new tokens' padding, for linear-attention layers (zeroed before the mixer).
+  auto padding = attention_mask.defined() && cfg.count_layers(MixerKind::linear_attention) > 0
+                     ? attention_mask.narrow(1, past, l).to(embeds.device())
+                     : torch::Tensor();
   // Owned copy: activation checkpointing reruns the layer in backward, after the caller's
   // vector is gone.
   std::shared_ptr<const std::vector<int64_t>> cu;
@@ -65,10 +69,10 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torc
   auto h = embeds;
   for (size_t i = 0; i < layers.size(); ++i) {
     DecoderLayer& layer = layers[i];
-    LayerKv* kv = cache ? &cache->layers[i] : nullptr;
+    LayerCache* kv = cache ? &cache->layers[i] : nullptr;
     h = runner.run(prefix + ".layers." + std::to_string(i), *layer, h,
-                   [layer, cos = cs.cos, sin = cs.sin, mask, kv, cu](const torch::Tensor& x) mutable {
-                     return layer(x, cos, sin, mask, kv, cu.get());
+                   [layer, cos = cs.cos, sin = cs.sin, mask, padding, kv, cu](const torch::Tensor& x) mutable {
+                     return layer(x, cos, sin, mask, padding, kv, cu.get());
                    });
     if (deepstack != nullptr && i < deepstack->embeds.size()) {
       // h[mask] += embeds[i], as HF's _deepstack_process (adding exact zeros elsewhere).
@@ -76,6 +80,7 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torc
       h = h + torch::zeros_like(h).masked_scatter(m, deepstack->embeds[i].to(h.scalar_type()));
     }
   }
+  if (cache) cache->tokens = past + l;
   return runner.run(prefix + ".norm", *norm, h, [n = norm](const torch::Tensor& x) mutable { return n(x); });
 }
 

@@ -1,4 +1,4 @@
-// `model`: the Qwen2 / Qwen3 text decoder with M-RoPE: embed_tokens, layers.N, norm. The head
+// `model`: the Qwen2 / Qwen3 / Qwen3.5 text decoder with M-RoPE: embed_tokens, layers.N, norm. The head
 // (`lm_head`, possibly tied to embed_tokens) lives in the composed model (vision_language_model.h).
 //
 // Names: B batch, L new tokens, P cached tokens, T = P + L keys, d hidden, D head_dim.
@@ -16,10 +16,11 @@
 
 namespace vlm {
 
-// Keys/values of every layer for cached decoding.
+// What every layer keeps for cached decoding (keys / values, or linear-attention state).
 struct KvCache {
-  std::vector<LayerKv> layers;
-  int64_t length() const { return layers.empty() || !layers[0].k.defined() ? 0 : layers[0].k.size(2); }
+  std::vector<LayerCache> layers;
+  int64_t tokens = 0;  // tokens seen so far (the cached length)
+  int64_t length() const { return tokens; }
 };
 
 // Causal + key-padding mask. attention_mask: [B, T] (1 = real token); the L queries sit at

@@ -15,6 +15,12 @@ torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos, con
   return x * cos + rotate_half(x) * sin;
 }
 
+torch::Tensor apply_partial_rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t r = cos.size(-1), d = x.size(-1);
+  if (r == d) return apply_rotary(x, cos, sin);
+  return torch::cat({apply_rotary(x.narrow(-1, 0, r), cos, sin), x.narrow(-1, r, d - r)}, -1);
+}
+
 torch::Tensor rotary_inv_freq(int64_t dim, double theta) {
   auto exponent = torch::arange(0, dim, 2, torch::kInt64).to(torch::kFloat32) / static_cast<double>(dim);
   return 1.0 / torch::pow(theta, exponent);

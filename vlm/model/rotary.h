@@ -17,6 +17,10 @@ torch::Tensor rotate_half(const torch::Tensor& x);
 // x * cos + rotate_half(x) * sin, with cos/sin broadcast against x.
 torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
+// apply_rotary on the first cos.size(-1) dims of x; the rest pass unchanged (partial rotary,
+// Qwen3.5: a quarter of each head).
+torch::Tensor apply_partial_rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
 // inv_freq_k = theta^(-2k/dim), k = 0..dim/2-1, fp32 (computed as HF does).
 torch::Tensor rotary_inv_freq(int64_t dim, double theta);
 

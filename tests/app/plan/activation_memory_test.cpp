@@ -128,7 +128,7 @@ void check(const Case& k) {
   const double bwd_peak = static_cast<double>(TensorMemoryMeter::peak_bytes() - base);
 
   vlm::app::MicroBatchShape shape{k.packed ? 1 : rows, k.packed ? rows * len : len, rows * k.gh * k.gw, out.n_tokens,
-                             k.packed};
+                             k.packed, k.packed ? rows : 1};
   const auto plan = vlm::app::plan_activations(*m, shape, k.dtype);
   auto none = [](const std::string&) { return false; };
   size_t compared = 0;
@@ -136,7 +136,17 @@ void check(const Case& k) {
     if (path == "lm_head") continue;  // its kept rows are cut before the unit runs
     auto it = std::find_if(plan.units.begin(), plan.units.end(), [&](const auto& u) { return u.path == path; });
     ASSERT_NE(it, plan.units.end()) << path << " is not in the plan";
-    EXPECT_EQ(it->kept_bytes, static_cast<double>(added)) << path;
+    // Qwen3.5's decoder units allocate a few per-call tensors that are not per token (the
+    // zero-centred norms' 1 + w, the conv's state prefix of each row, the chunk mask): the plan
+    // counts per token, so those units are held to 0.2% (measured 0.0% to 0.13%); every other
+    // unit to the byte.
+    const bool per_call_extras = k.preset == "tiny-qwen3.5" && path.rfind("model.", 0) == 0;
+    if (per_call_extras)
+      EXPECT_NEAR(it->kept_bytes / static_cast<double>(added), 1.0, 2e-3)
+          << path << ": plan " << static_cast<int64_t>(it->kept_bytes) << " B, measured " << added << " B";
+    else
+      EXPECT_EQ(it->kept_bytes, static_cast<double>(added))
+          << path << ": plan " << static_cast<int64_t>(it->kept_bytes) << " B, measured " << added << " B";
     ++compared;
   }
   EXPECT_EQ(compared + 1, plan.units.size());
@@ -149,12 +159,12 @@ void check(const Case& k) {
 }
 
 TEST(ActivationPlan, MatchesTheForwardOfEveryFamilyTrained) {
-  for (const char* preset : {"tiny", "tiny-qwen2.5", "tiny-qwen3"})
+  for (const char* preset : {"tiny", "tiny-qwen2.5", "tiny-qwen3", "tiny-qwen3.5"})
     for (torch::Dtype dt : {torch::kFloat32, torch::kBFloat16}) check({preset, dt, Mix::trained});
 }
 
 TEST(ActivationPlan, MatchesWithAFrozenTowerAndWithLora) {
-  for (const char* preset : {"tiny", "tiny-qwen2.5", "tiny-qwen3"})
+  for (const char* preset : {"tiny", "tiny-qwen2.5", "tiny-qwen3", "tiny-qwen3.5"})
     for (Mix mix : {Mix::frozen_vision, Mix::lora_qv, Mix::lora_all_dropout}) check({preset, torch::kFloat32, mix});
   check({"tiny", torch::kBFloat16, Mix::lora_qv});
   check({"tiny", torch::kBFloat16, Mix::frozen_vision});
@@ -163,6 +173,7 @@ TEST(ActivationPlan, MatchesWithAFrozenTowerAndWithLora) {
 TEST(ActivationPlan, MatchesPackedAndTextOnlyBatches) {
   check({"tiny", torch::kFloat32, Mix::trained, 8, 16, /*packed=*/true});
   check({"tiny-qwen3", torch::kBFloat16, Mix::trained, 8, 16, /*packed=*/true});
+  check({"tiny-qwen3.5", torch::kFloat32, Mix::trained, 8, 16, /*packed=*/true});
   check({"tiny", torch::kFloat32, Mix::trained, 0, 0});
   check({"tiny-qwen2.5", torch::kBFloat16, Mix::frozen_vision, 0, 0});
 }

@@ -42,9 +42,28 @@ Counts formula_qwen3(const vlm::VlmConfig& c) {
   return {patch + pos + v.depth * block + merger + deepstack, merger + deepstack, llm};
 }
 
+// Qwen3.5: the Qwen3-VL tower without DeepStack; gated attention (q_proj twice as wide) in
+// the full layers, Gated DeltaNet in the linear ones.
+Counts formula_qwen3_5(const vlm::VlmConfig& c) {
+  Counts v = formula_qwen3(c);  // vision as Qwen3-VL's (no DeepStack mergers listed)
+  const auto& t = c.text;
+  const int64_t d = t.hidden_size, hd = t.head_dim(), q = t.num_attention_heads * hd, kv = t.num_key_value_heads * hd;
+  const int64_t mlp = 3 * d * t.intermediate_size;
+  const int64_t full = 2 * d + d * 2 * q + 2 * d * kv + q * d + 2 * hd + mlp;
+  const int64_t h = t.linear_num_value_heads, kd = t.linear_num_key_heads * t.linear_key_head_dim;
+  const int64_t vd = h * t.linear_value_head_dim, conv = 2 * kd + vd;
+  const int64_t linear = 2 * d + d * conv + d * vd + 2 * d * h + conv * t.linear_conv_kernel_dim + 2 * h +
+                         t.linear_value_head_dim + vd * d + mlp;
+  const int64_t nf = t.count_layers(vlm::MixerKind::full_attention);
+  const int64_t emb = t.vocab_size * d;
+  v.llm = emb + nf * full + (t.num_hidden_layers - nf) * linear + d + (c.tie_word_embeddings ? 0 : emb);
+  return v;
+}
+
 // Closed form from the spec's weight list.
 Counts formula(const vlm::VlmConfig& c) {
   if (c.family == "qwen3_vl") return formula_qwen3(c);
+  if (c.family == "qwen3_5") return formula_qwen3_5(c);
   const auto& v = c.vision;
   const auto& t = c.text;
   const bool v2 = c.family == "qwen2_vl";

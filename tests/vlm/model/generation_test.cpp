@@ -60,7 +60,7 @@ struct LenRecorder : vlm::UnitRunner {
 };
 
 class Gen : public ::testing::TestWithParam<std::string> {};
-INSTANTIATE_TEST_SUITE_P(Families, Gen, ::testing::Values("tiny", "tiny-qwen2.5", "tiny-qwen3"));
+INSTANTIATE_TEST_SUITE_P(Families, Gen, ::testing::Values("tiny", "tiny-qwen2.5", "tiny-qwen3", "tiny-qwen3.5"));
 
 TEST_P(Gen, KvCacheMatchesFullRecomputation) {
   auto m = make_gen_model(GetParam());

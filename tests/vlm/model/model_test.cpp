@@ -116,7 +116,7 @@ TEST(Attention, GqaUsesKvHeadOfItsGroup) {
 // ---------------------------------------------------------------- model, both families
 
 class Tiny : public ::testing::TestWithParam<std::string> {};
-INSTANTIATE_TEST_SUITE_P(Families, Tiny, ::testing::Values("tiny", "tiny-qwen2.5", "tiny-qwen3"));
+INSTANTIATE_TEST_SUITE_P(Families, Tiny, ::testing::Values("tiny", "tiny-qwen2.5", "tiny-qwen3", "tiny-qwen3.5"));
 
 TEST_P(Tiny, PackedImagesEqualSeparateRuns) {
   auto m = make_test_model(GetParam());
