@@ -64,6 +64,7 @@ std::vector<vlm::ChatTurn> record_chat_turns(const Record& r, int64_t n_turns) {
 vlm::ChatOptions chat_options(const SampleOptions& opts, bool generation) {
   vlm::ChatOptions co;
   co.default_system = opts.default_system;
+  co.chat_template = opts.chat_template;
   if (opts.system_prompt == kNoSystemTurn) co.default_system.clear();
   else if (!opts.system_prompt.empty()) co.default_system = opts.system_prompt;
   co.add_generation_prompt = generation;

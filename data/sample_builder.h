@@ -39,6 +39,8 @@ struct SampleOptions {
   // The model family's default system turn (vlm::family_spec(cfg.family).default_system;
   // "" = none, as Qwen3-VL). Default: Qwen2-VL's chat template's.
   std::string default_system = vlm::ChatOptions{}.default_system;
+  // The model family's template (vlm::family_spec(cfg.family).chat_template).
+  vlm::ChatTemplate chat_template = vlm::ChatTemplate::kChatML;
   int64_t max_length = 0;     // cut the tail to this many tokens; 0 = no truncation
 };
 

@@ -68,6 +68,7 @@ std::map<int64_t, std::pair<TextTokenCounts, std::string>> read_section(
     key["tokenizer"] = tok_id;
     key["system_prompt"] = opts.system_prompt;
     key["default_system"] = opts.default_system;
+    key["chat_template"] = static_cast<int>(opts.chat_template);
     for (auto& [k, v] : key.items())
       if (!s.contains(k) || s[k] != v) return out;
     for (auto& [line, v] : s.at("counts").items())
@@ -88,6 +89,7 @@ bool write_section(const std::string& jsonl, const std::string& tok_id, const Sa
   s["tokenizer"] = tok_id;
   s["system_prompt"] = opts.system_prompt;
   s["default_system"] = opts.default_system;
+  s["chat_template"] = static_cast<int>(opts.chat_template);
   json c = json::object();
   for (const auto& [line, v] : counts)
     c[std::to_string(line)] = {v.first.text_tokens, v.first.supervised_tokens, v.second};

@@ -23,7 +23,7 @@ check_includes vlm 'vlm'
 check_includes collate 'vlm|collate'
 check_includes data 'vlm|data'
 check_includes sharding 'vlm|sharding'
-families=$(grep -rnE 'qwen2_vl|qwen2_5_vl|qwen3_vl|Family::' --include=*.h --include=*.cpp \
+families=$(grep -rnE 'qwen2_vl|qwen2_5_vl|qwen3_vl|qwen3_5|Family::' --include=*.h --include=*.cpp \
            app vlm sharding data collate | grep -v '^vlm/families/' || true)
 if [ -n "$families" ]; then
   echo "registry: family identifiers outside vlm/families/ (read an architecture feature of the config instead):"

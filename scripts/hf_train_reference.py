@@ -39,7 +39,9 @@ import hf_reference  # noqa: E402  (the tiny shapes and the weight draw)
 
 
 def model_class(family):
-    if family == "qwen3_vl":
+    if family == "qwen3_5":
+        from transformers import Qwen3_5Config as C, Qwen3_5ForConditionalGeneration as M
+    elif family == "qwen3_vl":
         from transformers import Qwen3VLConfig as C, Qwen3VLForConditionalGeneration as M
     elif family == "qwen2_5_vl":
         from transformers import Qwen2_5_VLConfig as C, Qwen2_5_VLForConditionalGeneration as M
@@ -62,6 +64,13 @@ def cmd_init(a):
         text["pad_token_id"] = a.pad_token_id
     torch.manual_seed(a.seed)
     model = hf_reference.build(a.family, cfg)
+    if a.family.startswith("qwen3_5"):  # the decays as transformers initialises them
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n.endswith("linear_attn.A_log"):
+                    p.copy_(torch.empty_like(p).uniform_(0.01, 16).log())
+                elif n.endswith("linear_attn.dt_bias"):
+                    p.fill_(1.0)
     model.save_pretrained(a.out)
     print(json.dumps({"out": a.out, "params": sum(p.numel() for p in model.parameters())}))
 

@@ -23,6 +23,7 @@ vlm::data::SampleOptions sample_options(const Recipe& recipe, const vlm::VlmConf
   vlm::data::SampleOptions o;
   o.system_prompt = recipe.data.system_prompt;
   o.default_system = vlm::family_spec(cfg.family).default_system;
+  o.chat_template = vlm::family_spec(cfg.family).chat_template;
   return o;
 }
 

@@ -296,7 +296,7 @@ Trainer::Trainer(const Recipe& recipe_, vlm::sharding::ParallelDims& dims_, Trai
     spdlog::info("tensorboard: {} (tensorboard --logdir {})", metrics->tensorboard_file(),
                  (fs::path(out_dir) / "tb").string());
   if (main)
-    spdlog::info("MFU convention: 6N per token for trained units, 2N for frozen, 4N for a LoRA base, no attention FLOPs; peak: {}",
+    spdlog::info("MFU convention: 6N per token for trained units, 2N for frozen, 4N for a LoRA base, no attention FLOPs (Gated DeltaNet: the chunked rule's matmuls counted, 3x trained); peak: {}",
                  peak_how);
   if (!recipe.data.eval.empty() && (recipe.eval.every > 0 || recipe.eval.at_end))
     eval_sets = load_eval_datasets(recipe, recipe.data.eval);

@@ -298,6 +298,7 @@ const ModelFamilySpec& qwen3_5_family() {
     // As Qwen3-VL's preprocessor_config.json: mean/std 0.5, 256^2 .. 4096^2 pixels.
     s.processor = {{0.5, 0.5, 0.5}, {0.5, 0.5, 0.5}, 65536, 16777216};
     s.default_system = "";
+    s.chat_template = ChatTemplate::kQwen3_5;  // think blocks: docs/qwen35_text.md
     s.parse = q35_parse;
     s.to_json = q35_to_json;
     s.validate = q35_validate;

@@ -41,6 +41,7 @@
 
 #include "vlm/model/config.h"
 #include "vlm/model/vision_tower.h"
+#include "vlm/text/chat_template.h"
 
 namespace vlm {
 
@@ -62,6 +63,8 @@ struct ModelFamilySpec {
   ProcessorDefaults processor;
   // System turn the chat template inserts when a conversation has none ("" = none).
   std::string default_system;
+  // How conversations render (vlm/text/chat_template.h): ChatML, or Qwen3.5's (think blocks).
+  ChatTemplate chat_template = ChatTemplate::kChatML;
   // config.json (model_type already matched) -> config with its features set, keys absent
   // taking transformers' defaults; throws vlm::Error naming `src` and the key.
   std::function<VlmConfig(const nlohmann::json& top, const std::string& src)> parse;

@@ -126,12 +126,11 @@ torch::Tensor TextAttentionImpl::forward(const torch::Tensor& x, const torch::Te
     gate = qg.select(3, 1).reshape({b, l, num_heads * head_dim});
     q = qg.select(3, 0);
   }
-  q = q.reshape({b, l, num_heads, head_dim});               // [B, L, H, D]
+  q = q.reshape({b, l, num_heads, head_dim});  // [B, L, H, D]
+  // HF's order: q_proj, q_norm, k_proj, k_norm, v_proj.
+  if (q_norm) q = q_norm(q);
   auto k = k_proj(x).view({b, l, num_kv_heads, head_dim});  // [B, L, Hkv, D]
-  if (q_norm) {
-    q = q_norm(q);
-    k = k_norm(k);
-  }
+  if (k_norm) k = k_norm(k);
   q = q.transpose(1, 2);  // [B, H, L, D]
   k = k.transpose(1, 2);  // [B, Hkv, L, D]
   auto v = v_proj(x).view({b, l, num_kv_heads, head_dim}).transpose(1, 2);

@@ -26,8 +26,18 @@ RuleInputs rule_inputs(torch::Tensor q, torch::Tensor k, const torch::Tensor& v,
     q = q.repeat_interleave(hv / hk, 2);
     k = k.repeat_interleave(hv / hk, 2);
   }
+  // The same ops in the same order as HF's torch_chunk_gated_delta_rule: autograd then
+  // accumulates gradients in the same order, so fp32 results agree to the last bit where the
+  // kernels do (the rule's backward amplifies any rounding difference).
   auto f32 = [](const torch::Tensor& x) { return x.transpose(1, 2).to(torch::kFloat32).contiguous(); };
-  RuleInputs r{l2norm(f32(q)), l2norm(f32(k)), f32(v), f32(g), f32(beta)};
+  RuleInputs r;
+  r.q = f32(q);
+  r.k = f32(k);
+  r.v = f32(v);
+  r.beta = f32(beta);
+  r.g = f32(g);
+  r.q = l2norm(r.q);
+  r.k = l2norm(r.k);
   r.q = r.q * (1.0 / std::sqrt(static_cast<double>(r.q.size(-1))));
   return r;
 }
@@ -54,10 +64,12 @@ std::pair<torch::Tensor, torch::Tensor> chunk_gated_delta_rule(const torch::Tens
   auto chunks = [&](const torch::Tensor& x) {  // [B, H, n*C, D] -> [B, H, n, C, D]
     return x.reshape({x.size(0), x.size(1), n, chunk, x.size(-1)});
   };
-  auto k_beta = chunks(k * beta.unsqueeze(-1));
-  auto v_beta = chunks(v * beta.unsqueeze(-1));
+  auto v_beta = v * beta.unsqueeze(-1);
+  auto k_beta = k * beta.unsqueeze(-1);
   q = chunks(q);
   k = chunks(k);
+  k_beta = chunks(k_beta);
+  v_beta = chunks(v_beta);
   auto cum = g.reshape({g.size(0), g.size(1), n, chunk}).cumsum(-1);  // log decay from the chunk start
   // pair[i, j] = exp(cum_i - cum_j) for j <= i, 0 above the diagonal.
   auto upper = torch::ones({chunk, chunk}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
@@ -69,19 +81,20 @@ std::pair<torch::Tensor, torch::Tensor> chunk_gated_delta_rule(const torch::Tens
   auto new_values = torch::linalg_solve_triangular(ut, v_beta, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
   auto k_cumdecay =
       torch::linalg_solve_triangular(ut, decayed_k_beta, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
+  torch::Tensor s = initial_state.defined() ? initial_state.to(torch::kFloat32) : zero_state(r);
+  auto out = torch::zeros_like(new_values);  // [B, H, n, C, Dv], filled chunk by chunk
   q = q * cum.exp().unsqueeze(-1);
   k = k * (cum.narrow(-1, chunk - 1, 1) - cum).exp().unsqueeze(-1);
   auto chunk_decay = cum.select(-1, chunk - 1).exp().unsqueeze(-1).unsqueeze(-1);  // [B, H, n, 1, 1]
-  torch::Tensor s = initial_state.defined() ? initial_state.to(torch::kFloat32) : zero_state(r);
-  std::vector<torch::Tensor> outs;
-  outs.reserve(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {  // the scan over chunks: read the state, then write it
-    auto sel = [i](const torch::Tensor& x) { return x.select(2, i); };
-    auto v_new = sel(new_values) - torch::matmul(sel(k_cumdecay), s);
-    outs.push_back(torch::matmul(sel(q), s) + torch::matmul(sel(intra), v_new));
-    s = s * sel(chunk_decay) + torch::matmul(sel(k).transpose(-1, -2), v_new);
+    auto v_new = new_values.select(2, i) - torch::matmul(k_cumdecay.select(2, i), s);
+    auto inter = torch::matmul(q.select(2, i), s);
+    auto intra_out = torch::matmul(intra.select(2, i), v_new);
+    out.select(2, i).copy_(inter + intra_out);
+    auto decayed = s * chunk_decay.select(2, i);
+    s = decayed + torch::matmul(k.select(2, i).transpose(-1, -2), v_new);
   }
-  auto o = torch::stack(outs, 2).reshape({r.v.size(0), r.v.size(1), n * chunk, r.v.size(-1)}).narrow(2, 0, length);
+  auto o = out.reshape({r.v.size(0), r.v.size(1), n * chunk, r.v.size(-1)}).narrow(2, 0, length);
   return {o.transpose(1, 2).contiguous().to(out_dtype), s};
 }
 
@@ -105,14 +118,22 @@ std::pair<torch::Tensor, torch::Tensor> recurrent_gated_delta_rule(const torch::
 
 std::pair<torch::Tensor, torch::Tensor> causal_conv1d_silu(const torch::Tensor& x, const torch::Tensor& weight,
                                                            const torch::Tensor& state) {
-  const int64_t c = x.size(1), kk = weight.size(-1);
+  const int64_t c = x.size(1), kk = weight.size(-1), l = x.size(2);
   VLM_CHECK(weight.dim() == 3 && weight.size(0) == c && weight.size(1) == 1, "conv1d: expected weight [", c,
             ", 1, K], got ", weight.sizes());
-  auto prev = state.defined() ? state.to(x.scalar_type()) : torch::zeros({x.size(0), c, kk - 1}, x.options());
-  auto xe = torch::cat({prev, x}, -1);  // [B, C, K-1+L]
-  auto y = torch::conv1d(xe.to(weight.scalar_type()), weight, /*bias=*/std::nullopt, /*stride=*/{1},
-                         /*padding=*/std::vector<int64_t>{0}, /*dilation=*/{1}, /*groups=*/c);
-  return {torch::silu(y).to(x.scalar_type()), xe.narrow(-1, xe.size(-1) - (kk - 1), kk - 1)};
+  auto conv = [&](const torch::Tensor& in, int64_t padding) {
+    return torch::conv1d(in.to(weight.scalar_type()), weight, /*bias=*/std::nullopt, /*stride=*/{1},
+                         /*padding=*/std::vector<int64_t>{padding}, /*dilation=*/{1}, /*groups=*/c);
+  };
+  if (!state.defined()) {  // a sequence start: zero padding in front, as HF's causal_conv1d_fn
+    auto y = torch::silu(conv(x, kk - 1).narrow(-1, 0, l)).to(x.scalar_type());
+    auto next = l >= kk - 1 ? x.narrow(-1, l - (kk - 1), kk - 1)
+                            : torch::cat({torch::zeros({x.size(0), c, kk - 1 - l}, x.options()), x}, -1);
+    return {y, next};
+  }
+  auto xe = torch::cat({state.to(x.scalar_type()), x}, -1);  // [B, C, K-1+L]
+  auto y = torch::silu(conv(xe, 0)).to(x.scalar_type());
+  return {y, xe.narrow(-1, xe.size(-1) - (kk - 1), kk - 1)};
 }
 
 // ---------------------------------------------------------------- layers
@@ -129,8 +150,11 @@ GatedRmsNormImpl::GatedRmsNormImpl(int64_t dim, double e, const torch::TensorOpt
 
 torch::Tensor GatedRmsNormImpl::forward(const torch::Tensor& x, const torch::Tensor& z) {
   auto xf = x.to(torch::kFloat32);
-  auto n = (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps)).to(x.scalar_type());
-  return (weight * n * torch::silu(z.to(torch::kFloat32))).to(x.scalar_type());
+  auto var = xf.pow(2).mean(-1, true);
+  auto n = (xf * torch::rsqrt(var + eps)).to(x.scalar_type());
+  auto h = weight * n;
+  auto gate = torch::silu(z.to(torch::kFloat32));
+  return (h * gate).to(x.scalar_type());
 }
 ParamInit GatedRmsNormImpl::init_rule(const std::string&) const { return ParamInit::ones; }
 void GatedRmsNormImpl::rebind() { weight = parameters_["weight"]; }
@@ -164,15 +188,17 @@ void GatedDeltaNetImpl::rebind() {
   A_log = parameters_["A_log"];
 }
 
-torch::Tensor GatedDeltaNetImpl::mix(const torch::Tensor& qkv, const torch::Tensor& g, const torch::Tensor& beta,
+torch::Tensor GatedDeltaNetImpl::mix(const torch::Tensor& qkv, const torch::Tensor& b, const torch::Tensor& a,
                                      LinearAttentionState* state) {
-  const int64_t b = qkv.size(0), l = qkv.size(1), key_dim = num_k_heads * head_k_dim;
+  const int64_t bs = qkv.size(0), l = qkv.size(1), key_dim = num_k_heads * head_k_dim;
   auto [y, conv_state] = causal_conv1d_silu(qkv.transpose(1, 2), conv1d->weight,
                                             state != nullptr ? state->conv : torch::Tensor());
   y = y.transpose(1, 2);  // [B, l, C]
-  auto q = y.narrow(-1, 0, key_dim).reshape({b, l, num_k_heads, head_k_dim});
-  auto k = y.narrow(-1, key_dim, key_dim).reshape({b, l, num_k_heads, head_k_dim});
-  auto v = y.narrow(-1, 2 * key_dim, num_v_heads * head_v_dim).reshape({b, l, num_v_heads, head_v_dim});
+  auto q = y.narrow(-1, 0, key_dim).reshape({bs, l, num_k_heads, head_k_dim});
+  auto k = y.narrow(-1, key_dim, key_dim).reshape({bs, l, num_k_heads, head_k_dim});
+  auto v = y.narrow(-1, 2 * key_dim, num_v_heads * head_v_dim).reshape({bs, l, num_v_heads, head_v_dim});
+  auto beta = b.sigmoid();                                                                  // [B, l, Hv]
+  auto g = -A_log.to(torch::kFloat32).exp() * torch::softplus(a.to(torch::kFloat32) + dt_bias);  // log decay
   const torch::Tensor init = state != nullptr ? state->recurrent : torch::Tensor();
   auto [o, final_state] = (init.defined() && l == 1) ? recurrent_gated_delta_rule(q, k, v, g, beta, init)
                                                      : chunk_gated_delta_rule(q, k, v, g, beta, init);
@@ -185,21 +211,24 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& x, const torch::Te
   const int64_t b = x.size(0), l = x.size(1);
   VLM_CHECK(cu == nullptr || (b == 1 && state == nullptr),
             "packed linear attention (text cu_seqlens) needs one row [1, L] and no decoding state; got B = ", b);
+  VLM_CHECK(cu == nullptr || (cu->size() >= 2 && cu->front() == 0 && cu->back() == l),
+            "text cu_seqlens must run from 0 to ", l, " (the packed length)");
+  // HF's order of ops (see rule_inputs): projections, then the conv, then the decays.
   const auto h = (mask.defined() && l > 1) ? x * mask.unsqueeze(-1).to(x.scalar_type()) : x;
   auto qkv = in_proj_qkv(h);                                              // [B, L, C]
   auto z = in_proj_z(h).reshape({b, l, num_v_heads, head_v_dim});
-  auto beta = in_proj_b(h).sigmoid();                                     // [B, L, Hv]
-  auto g = -A_log.to(torch::kFloat32).exp() * torch::softplus(in_proj_a(h).to(torch::kFloat32) + dt_bias);
+  auto pb = in_proj_b(h);                                                 // [B, L, Hv]
+  auto pa = in_proj_a(h);                                                 // [B, L, Hv]
   torch::Tensor o;  // [B, L, Hv, Dv]
   if (cu != nullptr) {  // every packed sample starts from a zero conv and recurrent state
     std::vector<torch::Tensor> parts;
     for (size_t i = 0; i + 1 < cu->size(); ++i) {
       const int64_t s = (*cu)[i], n = (*cu)[i + 1] - s;
-      if (n > 0) parts.push_back(mix(qkv.narrow(1, s, n), g.narrow(1, s, n), beta.narrow(1, s, n), nullptr));
+      if (n > 0) parts.push_back(mix(qkv.narrow(1, s, n), pb.narrow(1, s, n), pa.narrow(1, s, n), nullptr));
     }
     o = torch::cat(parts, 1);
   } else {
-    o = mix(qkv, g, beta, state);
+    o = mix(qkv, pb, pa, state);
   }
   o = norm(o.reshape({-1, head_v_dim}), z.reshape({-1, head_v_dim})).reshape({b, l, num_v_heads * head_v_dim});
   return out_proj(o);

@@ -109,9 +109,9 @@ class GatedDeltaNetImpl : public LayerBase {
   void rebind() override;
 
  private:
-  // One sequence span (a whole row, or one packed segment): conv, rule. qkv: [B, l, C];
-  // g, beta: [B, l, Hv] -> core output [B, l, Hv, Dv]
-  torch::Tensor mix(const torch::Tensor& qkv, const torch::Tensor& g, const torch::Tensor& beta,
+  // One sequence span (a whole row, or one packed segment): conv, decays, rule. qkv: [B, l, C];
+  // b, a: in_proj_b / in_proj_a outputs [B, l, Hv] -> core output [B, l, Hv, Dv]
+  torch::Tensor mix(const torch::Tensor& qkv, const torch::Tensor& b, const torch::Tensor& a,
                     LinearAttentionState* state);
 };
 TORCH_MODULE(GatedDeltaNet);

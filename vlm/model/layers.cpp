@@ -56,8 +56,11 @@ torch::Tensor NormImpl::forward(const torch::Tensor& x) {
   }
   auto xf = x.to(torch::kFloat32);
   auto var = xf.pow(2).mean(-1, /*keepdim=*/true);
-  if (kind == NormKind::rms_norm_centered)  // (x * w).to(dtype), not x.to(dtype) * w (as HF)
-    return (xf * torch::rsqrt(var + eps) * (1.0 + weight.to(torch::kFloat32))).to(x.scalar_type());
+  if (kind == NormKind::rms_norm_centered) {  // (x * w).to(dtype), not x.to(dtype) * w (as HF)
+    auto normed = xf * torch::rsqrt(var + eps);
+    auto scale = 1.0 + weight.to(torch::kFloat32);
+    return (normed * scale).to(x.scalar_type());
+  }
   return weight * (xf * torch::rsqrt(var + eps)).to(x.scalar_type());
 }
 
