@@ -41,8 +41,10 @@ struct LeRun {
   std::string error;
 };
 
-// preset: "" = the recipe's (tiny, Qwen2-VL), or e.g. "tiny-qwen3".
-LeRun le_make_run(bool with_merger, const std::string& preset = "") {
+// preset: "" = the recipe's (tiny, Qwen2-VL), or e.g. "tiny-qwen3". targets: the LoRA rule's
+// module globs.
+LeRun le_make_run(bool with_merger, const std::string& preset = "",
+                  const std::string& targets = "model.layers.*.self_attn.*_proj|model.layers.*.mlp.*_proj") {
     LeRun out;
     out.dir = std::make_unique<TempDir>(with_merger ? "lora_export_merger" : "lora_export" + preset);
     const std::string data = *out.dir / "data";
@@ -57,8 +59,7 @@ LeRun le_make_run(bool with_merger, const std::string& preset = "") {
     for (const std::string& s :
          {std::string("sharding.default=freeze"),
           std::string("sharding.module=[") + (with_merger ? "{match = \"visual.merger\", policy = \"ddp\"}, " : "") +
-              "{match = \"model.layers.*.self_attn.*_proj|model.layers.*.mlp.*_proj\", "
-              "policy = \"lora\", strategy = \"full_shard\", r = 4, alpha = 8}]",
+              "{match = \"" + targets + "\", policy = \"lora\", strategy = \"full_shard\", r = 4, alpha = 8}]",
           std::string("data.eval=[\"") + data + "/val.jsonl\"]",
           std::string("model.preset=") + (preset.empty() ? "tiny" : preset)}) {
       argv.push_back("--set");
@@ -87,6 +88,14 @@ LeRun& le_run_with_merger() {
 
 LeRun& le_run_qwen3() {
   static LeRun r = le_make_run(false, "tiny-qwen3");
+  return r;
+}
+
+// Qwen3.5: adapters on the Gated DeltaNet projections too (in_proj_qkv / z / b / a, out_proj).
+LeRun& le_run_qwen3_5() {
+  static LeRun r = le_make_run(false, "tiny-qwen3.5",
+                               "model.layers.*.self_attn.*_proj|model.layers.*.linear_attn.in_proj_*|"
+                               "model.layers.*.linear_attn.out_proj|model.layers.*.mlp.*_proj");
   return r;
 }
 
@@ -201,6 +210,20 @@ TEST(LoraExport, Qwen3AdapterLoadsInPeftToVlmtrainsLogits) {
   vlm::app::CheckpointReader ck(r.ckpt);
   EXPECT_EQ(vlm::app::checkpoint_recipe(ck).model.preset, "tiny-qwen3");
   le_check_peft_logits(r, "qwen3_vl adapters");
+}
+
+// Qwen3.5: PEFT loads the exported adapter (linear-attention projections included) onto
+// transformers' Qwen3_5ForConditionalGeneration.
+TEST(LoraExport, Qwen35AdapterLoadsInPeftToVlmtrainsLogits) {
+  LeRun& r = le_run_qwen3_5();
+  LE_REQUIRE_RUN(r);
+  vlm::app::CheckpointReader ck(r.ckpt);
+  EXPECT_EQ(vlm::app::checkpoint_recipe(ck).model.preset, "tiny-qwen3.5");
+  le_check_peft_logits(r, "qwen3_5 adapters");
+  const vlm::PeftAdapter a = vlm::read_peft_adapter(*r.dir / "adapter_peft");
+  bool linear_attn = false;
+  for (const auto& m : a.target_modules) linear_attn = linear_attn || m.find("in_proj_qkv") != std::string::npos;
+  EXPECT_TRUE(linear_attn) << "the adapter should target the Gated DeltaNet's in_proj_qkv";
 }
 
 // The merger trained in full beside the adapters: exported as modules_to_save, which PEFT loads.
