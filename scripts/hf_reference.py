@@ -22,7 +22,9 @@ image_grid_thw and attention_mask), takes the summed shifted cross-entropy of th
       model.named_parameters() names (model.visual.*, model.language_model.*, lm_head.weight
       unless tied); zeros where HF leaves the gradient None (the vision tower on a
       text-only batch)
-  manifest.json   {"transformers", "torch", "families", "dtypes", "batches"}
+  <family>.generate.<batch>.safetensors   (GENERATE: Qwen3.5) the batch's inputs and
+      generated [B, 12] int64: HF's greedy `generate` (fp32, eager, no eos)
+  manifest.json   {"transformers", "torch", "families", "dtypes", "batches", ...}
 
 Usage: python scripts/hf_reference.py --out DIR   (needs torch, transformers, safetensors)
 """
@@ -297,6 +299,26 @@ def run_batch(model, io, dtype):
     return res, grads
 
 
+# Greedy `generate` references (families whose decoding keeps more than a KV cache: Qwen3.5's
+# conv and recurrent states): GENERATE_TOKENS new tokens per row, no eos (every row runs to
+# the end), pad id PAD; fp32, after the forward passes.
+GENERATE = {"qwen3_5": ["images_left", "mixed_left", "text_left"]}
+GENERATE_TOKENS = 12
+
+
+def run_generate(model, io):
+    kwargs = dict(input_ids=io["input_ids"], attention_mask=io["attention_mask"], max_new_tokens=GENERATE_TOKENS,
+                  do_sample=False, eos_token_id=None, pad_token_id=PAD)
+    if "pixel_values" in io:
+        img = model.config.image_token_id
+        kwargs.update(pixel_values=io["pixel_values"], image_grid_thw=io["image_grid_thw"],
+                      mm_token_type_ids=(io["input_ids"] == img).to(torch.int32))
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        out = model.generate(**kwargs)
+    return out[:, io["input_ids"].shape[1]:].contiguous()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
@@ -327,11 +349,20 @@ def main():
                 print(f"{family}.{dtype_name}.{bname}: loss_sum {res['loss_sum'].item():.6f} over "
                       f"{res['n_tokens'].item()} tokens, logits {tuple(res['logits'].shape)}, "
                       f"max |logit| {res['logits'].abs().max().item():.3f}", file=sys.stderr)
+        if family in GENERATE:
+            model.to(torch.float32).set_attn_implementation("eager")
+            for bname in GENERATE[family]:
+                bi = batches.index(bname)
+                gen = torch.Generator().manual_seed(100 * fi + bi)  # the forward pass's batch
+                io = make_batch(BATCHES[bname], gen, patch_size(cfg_dict))
+                io["generated"] = run_generate(model.eval(), io)
+                save_file(io, os.path.join(args.out, f"{family}.generate.{bname}.safetensors"))
     with open(os.path.join(args.out, "manifest.json"), "w") as f:
         json.dump({"transformers": transformers.__version__, "torch": torch.__version__,
                    "families": list(FAMILIES), "dtypes": list(PASSES), "batches": list(BATCHES),
                    "real_layers": list(REAL), "real_batches": REAL_BATCHES,
-                   "family_batches": FAMILY_BATCHES}, f)
+                   "family_batches": FAMILY_BATCHES, "generate": GENERATE,
+                   "generate_tokens": GENERATE_TOKENS}, f)
     print(json.dumps({"transformers": transformers.__version__, "torch": torch.__version__}))
 
 

@@ -45,6 +45,7 @@
 #include "tests/testing.h"
 #include "vlm/model/config.h"
 #include "vlm/io/hf_checkpoint.h"
+#include "vlm/model/generation.h"
 #include "vlm/model/meta_init.h"
 #include "vlm/model/vision_language_model.h"
 #include "vlm/model/rope_index.h"
@@ -308,6 +309,42 @@ TEST_P(HfParity, LogitsLossAndEveryGradientMatchTransformers) {
             << ", loss " << lr.loss_rel << " (training path " << train_loss_rel << "), worst grad " << worst
             << " (" << worst_name << "), " << seen.size() << " parameters, " << zero_refs
             << " with zero HF grad; reference made in " << ref.seconds << " s\n";
+}
+
+// ---------------------------------------------------------------- HfGenerate
+
+// Greedy decoding of the tiny Qwen3.5 (conv and recurrent states of the Gated DeltaNet layers
+// next to the full layers' KV cache) against transformers' `generate` on the same model and
+// prompts (left padding; images, image + text-only rows, text only), 12 new tokens, no eos:
+// the same tokens, with and without vlmtrain's cache.
+TEST(HfGenerate, Qwen35GreedyTokensEqualTransformers) {
+  const auto& ref = hfp_reference();
+  ASSERT_TRUE(ref.error.empty()) << ref.error;
+  const std::string model_dir = *ref.dir / "qwen3_5";
+  auto m = hfp_load_model(model_dir + "/config.json", model_dir);
+  m->eval();
+  torch::NoGradGuard ng;
+  for (const std::string kind : {"images_left", "mixed_left", "text_left"}) {
+    SCOPED_TRACE(kind);
+    const auto io = vlm::SafetensorsFile::open(*ref.dir / ("qwen3_5.generate." + kind + ".safetensors"));
+    vlm::Batch prompt = hfp_batch(io);
+    prompt.labels = torch::Tensor();
+    const auto want = hfp_get(io, "generated");
+    for (const bool cache : {true, false}) {
+      vlm::GenerationOptions o;
+      o.max_new_tokens = want.size(1);
+      o.suppress_vision_pads = false;  // HF has no such rule
+      o.pad_token_id = 3;
+      o.use_cache = cache;
+      const auto out = vlm::generate(*m, prompt, o);
+      ASSERT_EQ(static_cast<int64_t>(out.tokens.size()), want.size(0));
+      for (int64_t r = 0; r < want.size(0); ++r) {
+        const auto row = want[r];
+        const std::vector<int64_t> theirs(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
+        EXPECT_EQ(out.tokens[static_cast<size_t>(r)], theirs) << "row " << r << (cache ? " (KV cache)" : " (no cache)");
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------- SpecReference
