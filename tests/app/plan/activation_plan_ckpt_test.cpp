@@ -106,6 +106,9 @@ TEST(ActivationPlanCkpt, MatchesTheMeter) {
   }
   check_ckpt("small", torch::kFloat32, "model.layers.", false);
   check_ckpt("small", torch::kFloat32, "model.layers.", true);
+  // Qwen3.5: Gated DeltaNet layers recomputed in backward.
+  check_ckpt("tiny-qwen3.5", torch::kFloat32, "model.layers.", false);
+  check_ckpt("tiny-qwen3.5", torch::kBFloat16, "model.layers.", false);
 }
 
 }  // namespace
