@@ -63,10 +63,12 @@ double hft_rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(
 
 // pad_id: the config's pad_token_id (HF never trains that embedding row) or "" for none.
 // How closely the runs must agree: every step's loss and grad norm within 1e-4, or (chaotic
-// models) the first `strict_steps` so, and every later step's loss within `later_loss`.
+// models) the first `strict_steps` so, and the later steps' losses no further from HF's than
+// `drift_factor` times HF's own drift: the same replay on 2 threads instead of 1 (a different
+// summation order and nothing else), compared with the 1-thread one.
 struct HftBounds {
   int strict_steps = 1 << 30;
-  double later_loss = 1e-4;
+  double drift_factor = 0;
 };
 
 // lr: the recipe's optim.lr (the ViT group takes a tenth of it).
@@ -118,10 +120,23 @@ void hft_check(const std::string& family, int nproc, int samples_per_rank, const
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
   const auto hf = hft_json_lines(ref.output, "loss");
   ASSERT_EQ(hf.size(), static_cast<size_t>(kSteps)) << ref.output;
+  double hf_drift = 0;  // max over the later steps of |loss(2 threads) - loss(1 thread)| / loss
+  if (bounds.strict_steps < kSteps) {
+    auto alt = vlm::test::run({py, script, "train", "--model", dir / "model", "--batches", dir / "batches", "--steps",
+                               std::to_string(kSteps), "--lr", lr, "--weight-decay", "0.01", "--grad-clip", "1.0",
+                               "--warmup", "5", "--decay", "cosine", "--min-lr-ratio", "0.1", "--group",
+                               "visual.patch_embed.*|visual.blocks.*=" + vit_lr, "--threads", "2"},
+                              std::chrono::seconds(300));
+    ASSERT_EQ(alt.exit_code, 0) << alt.output;
+    const auto hf2 = hft_json_lines(alt.output, "loss");
+    ASSERT_EQ(hf2.size(), static_cast<size_t>(kSteps)) << alt.output;
+    for (int s = bounds.strict_steps; s < kSteps; ++s)
+      hf_drift = std::max(hf_drift, hft_rel(hf2[s].at("loss").get<double>(), hf[s].at("loss").get<double>()));
+  }
   EXPECT_EQ(vlm::test::last_json_line(ref.output).at("max_position_id_diff").get<int64_t>(), 0);
 
   int accumulating = 0;
-  double worst_loss = 0, worst_gnorm = 0;
+  double worst_loss = 0, worst_gnorm = 0, worst_later = 0;
   for (int s = 0; s < kSteps; ++s) {
     const auto& v = losses[s];
     const auto& h = hf[s];
@@ -132,14 +147,22 @@ void hft_check(const std::string& family, int nproc, int samples_per_rank, const
     const double dl = hft_rel(v.at("loss").get<double>(), h.at("loss").get<double>());
     const double dg = hft_rel(v.at("grad_norm").get<double>(), h.at("grad_norm").get<double>());
     const bool strict = s < bounds.strict_steps;
-    EXPECT_LE(dl, strict ? 1e-4 : bounds.later_loss)
-        << "step " << s + 1 << ": vlmtrain loss " << v.at("loss") << ", HF " << h.at("loss");
+    if (strict) EXPECT_LE(dl, 1e-4) << "step " << s + 1 << ": vlmtrain loss " << v.at("loss") << ", HF " << h.at("loss");
+    if (!strict) worst_later = std::max(worst_later, dl);
     if (strict)
       EXPECT_LE(dg, 1e-4) << "step " << s + 1 << ": vlmtrain grad norm " << v.at("grad_norm") << ", HF "
                           << h.at("grad_norm");
     worst_loss = std::max(worst_loss, dl);
     if (strict) worst_gnorm = std::max(worst_gnorm, dg);
     if (h.at("micro_batches").get<int>() > nproc) ++accumulating;
+  }
+  if (bounds.strict_steps < kSteps) {
+    EXPECT_GT(hf_drift, 0.0) << "HF's 1- and 2-thread replays agree exactly: the control cannot tell chaos";
+    EXPECT_LE(worst_later, bounds.drift_factor * hf_drift)
+        << "after step " << bounds.strict_steps << ": vlmtrain drifts from HF by " << worst_later
+        << " (loss), HF from itself on 2 threads by " << hf_drift;
+    std::printf("%s world %d: later steps drift %.2e from HF; HF 1 vs 2 threads drifts %.2e\n", family.c_str(), nproc,
+                worst_later, hf_drift);
   }
   EXPECT_GT(accumulating, kSteps / 2) << "most steps must accumulate over several micro-batches per rank";
   // The loss must have moved: a run that does not train would also "agree".
@@ -167,13 +190,12 @@ TEST_F(TrainHfParity, Qwen3VLWorld2Fsdp) { hft_check("qwen3_vl", 2, 4); }
 // each answer (about 20 more tokens with the synthetic tokenizer), hence the larger budget.
 // What holds for Qwen3.5: step 1 (same parameters, same micro-batches, through data,
 // template, collate, sharding and the optimizer's clip) agrees to 1e-4 in loss and grad norm
-// (measured 3.7e-6 world 1, 2.8e-6 world 2). The later steps do not agree to 1e-4: the grad
-// norms drift apart from step 2 and the losses by up to 11% by step 20 (measured at lr 2e-3;
-// 2.2% at lr 2e-4, where the loss hardly moves), in both directions. Believed, not proven:
-// the tiny random Qwen3.5's fp32 gradients are defined to about 1e-4 (HF's own fp32 and fp64
-// gradients differ by up to 3.4e-4, hf_parity_test) and AdamW turns such differences in small
-// entries into whole-lr updates. The later losses are held to 15%, a drift bound, not a proof.
-const HftBounds kQwen35Bounds{1, 0.15};
+// (measured 3.7e-6 world 1, 2.8e-6 world 2). Later steps do not agree to 1e-4, and cannot:
+// the tiny random Qwen3.5 is chaotic in fp32 under AdamW, so HF does not agree with itself
+// either: the same replay on 2 threads instead of 1 drifts from the 1-thread losses by up to
+// 6% (measured, step 11), vlmtrain from the 1-thread HF by up to 11% (step 20), in both
+// directions. The later losses must stay within 3x HF's own drift.
+const HftBounds kQwen35Bounds{1, 3.0};
 const std::vector<std::string> kQwen35Sets{"batch.max_tokens=176",
                                            "optim.group=[{match=\"visual.patch_embed.*|visual.blocks.*\",lr=2e-4}]"};
 TEST_F(TrainHfParity, Qwen35World1) { hft_check("qwen3_5", 1, 4, "", kQwen35Sets, "2e-3", "2e-4", kQwen35Bounds); }
