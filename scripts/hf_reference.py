@@ -29,6 +29,7 @@ image_grid_thw and attention_mask), takes the summed shifted cross-entropy of th
 Usage: python scripts/hf_reference.py --out DIR   (needs torch, transformers, safetensors)
 """
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -195,12 +196,51 @@ BATCHES = {
 }
 
 
+# Qwen3.5's float64 pass computes the gated delta rule in float64 (Float64DeltaRule: HF's own
+# torch path would round it to fp32).
 # Passes: dtype name -> (dtype, HF attention implementation). float32 is the parity the
 # model promises; float64 (the same fp32 weights and pixels, cast) takes rounding out of
 # the comparison so that small systematic differences (an eps, a cast at the wrong place)
 # cannot hide under fp32 noise. transformers 5.23's eager attention gives NaN on every row
 # of a left-padded sequence in float64, hence sdpa there.
 PASSES = {"float32": (torch.float32, "eager"), "float64": (torch.float64, "sdpa")}
+
+
+def gated_delta_rule_float64(query, key, value, g, beta, initial_state=None, output_final_state=False,
+                             use_qk_l2norm_in_kernel=False, **_):
+    """The gated delta rule token by token (its definition) in the inputs' dtype. transformers'
+    torch_chunk_gated_delta_rule computes in fp32 whatever the model's dtype; the float64
+    pass swaps this in for it so that the float64 reference is float64 throughout."""
+    dt = value.dtype
+    hk, hv = key.shape[2], value.shape[2]
+    if hk != hv:
+        query = query.repeat_interleave(hv // hk, dim=2)
+        key = key.repeat_interleave(hv // hk, dim=2)
+    q, k, v, b, d = [x.transpose(1, 2).to(dt) for x in (query, key, value, beta, g)]
+    if use_qk_l2norm_in_kernel:
+        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    q = q * q.shape[-1] ** -0.5
+    B, H, L, Dk = k.shape
+    s = torch.zeros(B, H, Dk, v.shape[-1], dtype=dt) if initial_state is None else initial_state.to(dt)
+    outs = []
+    for t in range(L):
+        s = s * d[:, :, t].exp()[..., None, None]
+        delta = (v[:, :, t] - (s * k[:, :, t, :, None]).sum(-2)) * b[:, :, t, None]
+        s = s + k[:, :, t, :, None] * delta[:, :, None, :]
+        outs.append((s * q[:, :, t, :, None]).sum(-2))
+    return torch.stack(outs, 2).transpose(1, 2).contiguous(), (s if output_final_state else None)
+
+
+class Float64DeltaRule:
+    """Within: Qwen3.5's chunked rule computes in float64 (gated_delta_rule_float64)."""
+    def __enter__(self):
+        import transformers.models.qwen3_5.modeling_qwen3_5 as m
+        self.m, self.saved = m, m.torch_chunk_gated_delta_rule
+        m.torch_chunk_gated_delta_rule = gated_delta_rule_float64
+
+    def __exit__(self, *exc):
+        self.m.torch_chunk_gated_delta_rule = self.saved
 
 
 def patch_size(cfg_dict):
@@ -342,7 +382,9 @@ def main():
             for bi, bname in enumerate(batches):
                 spec = BATCHES[bname]
                 gen = torch.Generator().manual_seed(100 * fi + bi)
-                res, grads = run_batch(model, make_batch(spec, gen, patch_size(cfg_dict)), dtype)
+                exact = family.startswith("qwen3_5") and dtype == torch.float64
+                with Float64DeltaRule() if exact else contextlib.nullcontext():
+                    res, grads = run_batch(model, make_batch(spec, gen, patch_size(cfg_dict)), dtype)
                 base = os.path.join(args.out, f"{family}.{dtype_name}.{bname}")
                 save_file(res, base + ".io.safetensors")
                 save_file(grads, base + ".grads.safetensors")

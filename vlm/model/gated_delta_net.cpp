@@ -9,6 +9,12 @@ namespace vlm {
 
 namespace {
 
+// The rule's arithmetic: fp32 for fp32 / bf16 / fp16 inputs (as HF's torch path and the FLA
+// kernels), float64 for float64 ones (the parity tests' exact pass).
+torch::ScalarType compute_dtype(const torch::Tensor& v) {
+  return v.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+}
+
 // x * rsqrt(sum(x^2) + 1e-6) over the last dim (FLA's l2norm, as HF).
 torch::Tensor l2norm(const torch::Tensor& x) { return x * torch::rsqrt((x * x).sum(-1, true) + 1e-6); }
 
@@ -29,7 +35,8 @@ RuleInputs rule_inputs(torch::Tensor q, torch::Tensor k, const torch::Tensor& v,
   // The same ops in the same order as HF's torch_chunk_gated_delta_rule: autograd then
   // accumulates gradients in the same order, so fp32 results agree to the last bit where the
   // kernels do (the rule's backward amplifies any rounding difference).
-  auto f32 = [](const torch::Tensor& x) { return x.transpose(1, 2).to(torch::kFloat32).contiguous(); };
+  const auto ct = compute_dtype(v);
+  auto f32 = [ct](const torch::Tensor& x) { return x.transpose(1, 2).to(ct).contiguous(); };
   RuleInputs r;
   r.q = f32(q);
   r.k = f32(k);
@@ -81,7 +88,7 @@ std::pair<torch::Tensor, torch::Tensor> chunk_gated_delta_rule(const torch::Tens
   auto new_values = torch::linalg_solve_triangular(ut, v_beta, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
   auto k_cumdecay =
       torch::linalg_solve_triangular(ut, decayed_k_beta, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
-  torch::Tensor s = initial_state.defined() ? initial_state.to(torch::kFloat32) : zero_state(r);
+  torch::Tensor s = initial_state.defined() ? initial_state.to(r.v.scalar_type()) : zero_state(r);
   auto out = torch::zeros_like(new_values);  // [B, H, n, C, Dv], filled chunk by chunk
   q = q * cum.exp().unsqueeze(-1);
   k = k * (cum.narrow(-1, chunk - 1, 1) - cum).exp().unsqueeze(-1);
@@ -103,7 +110,7 @@ std::pair<torch::Tensor, torch::Tensor> recurrent_gated_delta_rule(const torch::
                                                                    const torch::Tensor& beta_in,
                                                                    const torch::Tensor& initial_state) {
   RuleInputs r = rule_inputs(q_in, k_in, v_in, g_in, beta_in);
-  torch::Tensor s = initial_state.defined() ? initial_state.to(torch::kFloat32) : zero_state(r);
+  torch::Tensor s = initial_state.defined() ? initial_state.to(r.v.scalar_type()) : zero_state(r);
   std::vector<torch::Tensor> outs;
   for (int64_t t = 0; t < r.q.size(2); ++t) {
     auto q = r.q.select(2, t), k = r.k.select(2, t), v = r.v.select(2, t);   // [B, H, D]

@@ -9,8 +9,9 @@
 // linear_num_key_heads consecutive value heads each. Training runs the chunked form (chunks
 // of 64 tokens: a UT transform inside each chunk, the state carried across chunks), written
 // with ATen ops so that it runs on CPU and CUDA and autograd differentiates it; decoding
-// one token runs the recurrence directly. Both compute in fp32 (as HF's torch path and the
-// FLA kernels do) and return the input dtype.
+// one token runs the recurrence directly. Both compute in fp32 for fp32 / bf16 / fp16
+// inputs (as HF's torch path and the FLA kernels do), in float64 for float64 inputs, and
+// return the input dtype.
 //
 // GPU: the chunked rule below is where a fused kernel goes (FLA's chunk_gated_delta_rule:
 // one launch per layer, the chunk loop on-chip, varlen cu_seqlens native); the causal
@@ -32,7 +33,8 @@ namespace vlm {
 // The chunked gated delta rule (HF torch_chunk_gated_delta_rule with
 // use_qk_l2norm_in_kernel). q, k: [B, L, Hk, Dk]; v: [B, L, Hv, Dv]; g, beta: [B, L, Hv];
 // initial_state: [B, Hv, Dk, Dv] or undefined (zeros).
-// Returns {o [B, L, Hv, Dv] in v's dtype, final state [B, Hv, Dk, Dv] fp32}.
+// Returns {o [B, L, Hv, Dv] in v's dtype, final state [B, Hv, Dk, Dv] fp32 (float64 for
+// float64 inputs)}.
 std::pair<torch::Tensor, torch::Tensor> chunk_gated_delta_rule(const torch::Tensor& q, const torch::Tensor& k,
                                                                const torch::Tensor& v, const torch::Tensor& g,
                                                                const torch::Tensor& beta,
@@ -82,7 +84,7 @@ TORCH_MODULE(GatedRmsNorm);
 // Recurrent state of one linear-attention layer for cached decoding.
 struct LinearAttentionState {
   torch::Tensor conv;       // [B, C, K-1]: the last conv inputs
-  torch::Tensor recurrent;  // [B, Hv, Dk, Dv] fp32
+  torch::Tensor recurrent;  // [B, Hv, Dk, Dv] fp32 (float64 for a float64 model)
 };
 
 // `model.layers.N.linear_attn`: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, conv1d,

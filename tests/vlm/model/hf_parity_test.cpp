@@ -35,8 +35,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -66,15 +68,15 @@ struct HfpTolerance {
 };
 constexpr HfpTolerance kHfpTolF32{1e-5, 1e-5, 1e-5, 1e-5};
 constexpr HfpTolerance kHfpTolF64{1e-6, 1e-6, 1e-12, 1e-6};
-// Qwen3.5. Its Gated DeltaNet computes in fp32 whatever the model's dtype (HF casts there, as
-// the FLA kernels do, and vlmtrain follows), and the rule's backward (UT transform, decays
-// over 64-token chunks) amplifies rounding: in fp32, HF's own gradients differ from its
-// float64 ones by up to 3.4e-4 on these batches (logits up to 2e-5). Measured here: fp32
-// logits 2.4e-5, loss 4.4e-7, gradients 2.1e-4 (within HF's own fp32 spread); float64 logits
-// and loss 0 to 2e-7, gradients <= 3.2e-15 on one-chunk batches and up to 1.4e-5 (A_log) on
-// the 2-3-chunk ones, where both sides' fp32 cores round differently.
+// Qwen3.5 in fp32: its Gated DeltaNet's backward (UT transform, decays over 64-token chunks)
+// amplifies rounding, so two fp32 implementations differ by more than the other families'
+// do: measured logits 2.5e-5, loss 4.4e-7, gradients 2.1e-4 (HF's own fp32 gradients are up
+// to 3.4e-4 from its float64 ones). That the spread is the model's and not vlmtrain's is
+// checked per parameter against the float64 reference (below). Its float64 pass computes the
+// rule in float64 on both sides (hf_reference.py swaps transformers' fp32 rule for the
+// float64 recurrence) and takes the other families' float64 tolerances: measured logits 0 to
+// 2.3e-7, gradients <= 1.0e-13 (4.6e-7 on left-padded text-only rows, offset positions).
 constexpr HfpTolerance kHfpTolQ35F32{1e-4, 1e-5, 5e-4, 5e-4};
-constexpr HfpTolerance kHfpTolQ35F64{1e-6, 1e-6, 1e-4, 1e-4};
 
 // ---------------------------------------------------------------- shared helpers
 
@@ -221,7 +223,7 @@ TEST_P(HfParity, LogitsLossAndEveryGradientMatchTransformers) {
   const auto& [family, dtype_name, kind] = GetParam();
   const bool f64 = dtype_name == "float64";
   const bool q35 = family.rfind("qwen3_5", 0) == 0;
-  const HfpTolerance& tol = q35 ? (f64 ? kHfpTolQ35F64 : kHfpTolQ35F32) : (f64 ? kHfpTolF64 : kHfpTolF32);
+  const HfpTolerance& tol = f64 ? kHfpTolF64 : (q35 ? kHfpTolQ35F32 : kHfpTolF32);
   const std::string model_dir = *ref.dir / family;
   const std::string base = *ref.dir / (family + "." + dtype_name + "." + kind);
   auto m = hfp_load_model(model_dir + "/config.json", model_dir, f64 ? torch::kFloat64 : torch::kFloat32);
@@ -271,6 +273,16 @@ TEST_P(HfParity, LogitsLossAndEveryGradientMatchTransformers) {
 
   const auto grads = vlm::HfCheckpoint::open(base + ".grads.safetensors");
   const double grad_tol = offset_positions ? tol.grad_offset_positions : tol.grad;
+  // Qwen3.5 in fp32, where HF has a float64 pass of the same batch (the rule in float64 too):
+  // the worst parameter's distance of vlmtrain's gradients from HF's float64 ones (relative
+  // to the parameter's largest gradient) must be within 3x of the worst of HF's own fp32
+  // gradients, or within 2e-4 (HF's fp32 reaches 3.4e-4 on these batches), so the fp32 spread
+  // allowed above is the model's, not vlmtrain's. Measured: vlmtrain 1.0e-5 to 1.7e-4, HF
+  // 1.7e-5 to 3.4e-4; per batch, vlmtrain is the closer of the two on 7 of 14.
+  std::optional<vlm::HfCheckpoint> grads64;
+  const std::string base64 = *ref.dir / (family + ".float64." + kind + ".grads.safetensors");
+  if (q35 && !f64 && std::filesystem::exists(base64)) grads64.emplace(vlm::HfCheckpoint::open(base64));
+  double ours_vs64 = 0, theirs_vs64 = 0;  // max over parameters of |x - HF64| / max |HF64|
   std::set<std::string> seen;
   double worst = 0;
   std::string worst_name;
@@ -293,11 +305,22 @@ TEST_P(HfParity, LogitsLossAndEveryGradientMatchTransformers) {
     }
     const double rel = diff / scale;
     EXPECT_LE(rel, grad_tol) << name << ": max |grad diff| " << diff << ", max |HF grad| " << scale;
+    if (grads64) {
+      const auto exact = grads64->get(name).to(torch::kFloat64);
+      const double s64 = exact.abs().max().item<double>();
+      if (s64 > 0) {
+        ours_vs64 = std::max(ours_vs64, (got.to(torch::kFloat64) - exact).abs().max().item<double>() / s64);
+        theirs_vs64 = std::max(theirs_vs64, (want.to(torch::kFloat64) - exact).abs().max().item<double>() / s64);
+      }
+    }
     if (rel > worst) {
       worst = rel;
       worst_name = name;
     }
   }
+  if (grads64)
+    EXPECT_LE(ours_vs64, std::max(3 * theirs_vs64, 2e-4))
+        << "vlmtrain's fp32 gradients are " << ours_vs64 << " from HF's float64 ones, HF's fp32 " << theirs_vs64;
   for (const auto& n : grads.names()) {
     EXPECT_TRUE(seen.count(n)) << "HF has a parameter vlmtrain lacks: " << n;
   }
@@ -308,7 +331,11 @@ TEST_P(HfParity, LogitsLossAndEveryGradientMatchTransformers) {
   std::cout << "[hf_parity] " << family << "." << dtype_name << "." << kind << ": logits " << lr.logit_rel
             << ", loss " << lr.loss_rel << " (training path " << train_loss_rel << "), worst grad " << worst
             << " (" << worst_name << "), " << seen.size() << " parameters, " << zero_refs
-            << " with zero HF grad; reference made in " << ref.seconds << " s\n";
+            << " with zero HF grad"
+            << (grads64 ? "; from HF float64: vlmtrain fp32 " + std::to_string(ours_vs64) + ", HF fp32 " +
+                              std::to_string(theirs_vs64)
+                        : "")
+            << "; reference made in " << ref.seconds << " s\n";
 }
 
 // ---------------------------------------------------------------- HfGenerate
