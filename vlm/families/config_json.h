@@ -147,6 +147,15 @@ void parse_text_steps(const json& tj, TextConfig& t, const std::string& src);
 void parse_top_steps(const json& top, const json& tj, const std::string& tw, bool text_tie_counts, VlmConfig& c,
                      const std::string& src);
 
+// The Qwen3-VL-style tower's learned position table: num_position_embeddings must be a square
+// (side x side, resampled to each image's grid); throws vlm::Error naming `src` and the key.
+inline void check_position_table(const VisionConfig& v, const std::string& src) {
+  const int64_t n = v.num_position_embeddings;
+  const int64_t side = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(n))));
+  VLM_CHECK(n >= 1 && n <= kMaxConfigSize && side * side == n, src, ": vision_config.num_position_embeddings is ", n,
+            ", expected a square (a side x side table; released models: 2304 = 48^2)");
+}
+
 // Placeholder special ids of a from-scratch preset at the top of its vocabulary V:
 // bos V-7, eos V-5, vision start / end V-4 / V-3, image / video pad V-2 / V-1 (the trainer
 // overwrites them from the tokenizer it trains: use_tokenizer_special_ids).

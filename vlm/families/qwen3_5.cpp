@@ -179,11 +179,7 @@ json q35_to_json(const VlmConfig& c) {
 
 void q35_validate(const VlmConfig& c, const std::string& src) {
   const auto& v = c.vision;
-  const int64_t side = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(v.num_position_embeddings))));
-  VLM_CHECK(v.num_position_embeddings >= 1 && v.num_position_embeddings <= kMaxConfigSize &&
-                side * side == v.num_position_embeddings,
-            src, ": vision_config.num_position_embeddings is ", v.num_position_embeddings,
-            ", expected a square (a side x side table; released models: 2304 = 48^2)");
+  check_position_table(v, src);
   VLM_CHECK(v.deepstack_visual_indexes.empty(), src, ": qwen3_5 has no DeepStack mergers");
   const auto& t = c.text;
   VLM_CHECK(t.qk_norm && !t.attention_bias && t.mrope_interleaved && t.attn_output_gate &&

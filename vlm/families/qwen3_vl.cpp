@@ -125,11 +125,7 @@ json q3_to_json(const VlmConfig& c) {
 
 void q3_validate(const VlmConfig& c, const std::string& src) {
   const auto& v = c.vision;
-  const int64_t side = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(v.num_position_embeddings))));
-  VLM_CHECK(v.num_position_embeddings >= 1 && v.num_position_embeddings <= kMaxConfigSize &&
-                side * side == v.num_position_embeddings,
-            src, ": vision_config.num_position_embeddings is ", v.num_position_embeddings,
-            ", expected a square (a side x side table; released models: 2304 = 48^2)");
+  check_position_table(v, src);
   for (size_t i = 0; i < v.deepstack_visual_indexes.size(); ++i) {
     const int64_t b = v.deepstack_visual_indexes[i];
     // Entries >= depth name no block (a model cut to fewer blocks): never run, as in HF.
