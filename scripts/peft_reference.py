@@ -41,6 +41,8 @@ import torch
 import hf_reference as H
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "attn.qkv"]
+# Qwen3.5 (base_qwen3_5, variant qwen3_5_plain): the Gated DeltaNet projections too.
+Q35_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "in_proj_a", "out_proj", "attn.qkv"]
 # Variant -> LoraConfig arguments. rslora: one module with its own rank and alpha (a suffix
 # key), the vision tower's first block with its own alpha (a regex key), dropout (identity
 # in eval mode, but read from the config).
@@ -115,6 +117,27 @@ def cmd_make(args):
             save_file(grads, stem + ".grads.safetensors")
             print(f"{variant}.{bname}: loss_sum {res['loss_sum'].item():.6f}, {len(grads)} adapter gradients",
                   file=sys.stderr)
+    # Qwen3.5: a second base (its own directory), an adapter on the full layers' attention and
+    # the Gated DeltaNet projections, 16-px patches.
+    torch.manual_seed(2025)
+    q35 = H.build("qwen3_5", H.FAMILIES["qwen3_5"])
+    q35.save_pretrained(os.path.join(args.out, "base_qwen3_5"))
+    torch.manual_seed(3100)
+    pm = get_peft_model(copy.deepcopy(q35), LoraConfig(target_modules=Q35_TARGETS, init_lora_weights=False,
+                                                      r=4, lora_alpha=8))
+    pm.eval()
+    pm.save_pretrained(os.path.join(args.out, "qwen3_5_plain"))
+    manifest["variants"].append("qwen3_5_plain")
+    manifest["modules"]["qwen3_5_plain"] = lora_modules(pm)
+    for bi, bname in enumerate(BATCHES):
+        gen = torch.Generator().manual_seed(600 + bi)
+        io = H.make_batch(H.BATCHES[bname], gen, patch=16)
+        res, grads = run(pm, io)
+        stem = os.path.join(args.out, f"qwen3_5_plain.{bname}")
+        save_file({**io, **res}, stem + ".io.safetensors")
+        save_file(grads, stem + ".grads.safetensors")
+        print(f"qwen3_5_plain.{bname}: loss_sum {res['loss_sum'].item():.6f}, {len(grads)} adapter gradients",
+              file=sys.stderr)
     # The rslora adapter as transformers 4 named its modules.
     legacy = os.path.join(args.out, "rslora_legacy")
     os.makedirs(legacy, exist_ok=True)

@@ -52,6 +52,13 @@
 namespace {
 
 constexpr double kLpTol = 1e-5;  // relative, fp32 (see the file comment)
+// Qwen3.5 in fp32: its Gated DeltaNet's backward amplifies rounding; the bounds of its HF
+// parity (hf_parity_test.cpp kHfpTolQ35F32: logits 1e-4, gradients 5e-4). Measured here:
+// logits 1.9e-5, adapter gradients 1.2e-4.
+struct LpTol {
+  double logits = kLpTol, loss = kLpTol, grad = kLpTol;
+};
+constexpr LpTol kLpTolQ35{1e-4, 1e-5, 5e-4};
 
 // ---------------------------------------------------------------- reference
 
@@ -90,8 +97,9 @@ LpReference& lp_reference() {
 
 // The base model of the reference, loaded as vlmtrain loads a checkpoint; eval mode (LoRA
 // dropout off, as PEFT's model in eval()).
-vlm::VisionLanguageModel lp_base(const LpReference& ref) {
-  const std::string base = *ref.dir / "base";
+// variant: the adapter's; Qwen3.5's (qwen3_5_*) sit on their own base.
+vlm::VisionLanguageModel lp_base(const LpReference& ref, const std::string& variant = "") {
+  const std::string base = *ref.dir / (variant.rfind("qwen3_5", 0) == 0 ? "base_qwen3_5" : "base");
   vlm::VisionLanguageModel m(vlm::load_hf_config(base + "/config.json"), torch::TensorOptions().device(torch::kMeta));
   vlm::materialize(*m, {torch::kCPU, torch::kFloat32, 0, 0.02, /*init=*/false});
   vlm::load_module_weights(*m, base);
@@ -155,16 +163,16 @@ struct LpWorst {
   std::string grad_name;
 };
 
-LpWorst lp_compare(const LpResult& got, const LpResult& want, const torch::Tensor& mask) {
+LpWorst lp_compare(const LpResult& got, const LpResult& want, const torch::Tensor& mask, const LpTol& tol = {}) {
   LpWorst w;
   EXPECT_EQ(got.logits.sizes(), want.logits.sizes());
   if (got.logits.sizes() != want.logits.sizes()) return w;
   const auto real = mask.to(torch::kBool).unsqueeze(-1).expand_as(want.logits);
   const double scale = want.logits.masked_select(real).abs().max().item<double>();
   w.logits = (got.logits - want.logits).masked_select(real).abs().max().item<double>() / scale;
-  EXPECT_LE(w.logits, kLpTol) << "max |logit diff| / max |logit| (max |logit| " << scale << ")";
+  EXPECT_LE(w.logits, tol.logits) << "max |logit diff| / max |logit| (max |logit| " << scale << ")";
   w.loss = std::abs(got.loss_sum - want.loss_sum) / std::abs(want.loss_sum);
-  EXPECT_LE(w.loss, kLpTol) << "loss_sum " << got.loss_sum << " vs PEFT " << want.loss_sum;
+  EXPECT_LE(w.loss, tol.loss) << "loss_sum " << got.loss_sum << " vs PEFT " << want.loss_sum;
   std::set<std::string> got_names, want_names;
   for (const auto& [n, _] : got.grads) got_names.insert(n);
   for (const auto& [n, _] : want.grads) want_names.insert(n);
@@ -180,7 +188,7 @@ LpWorst lp_compare(const LpResult& got, const LpResult& want, const torch::Tenso
       continue;
     }
     const double rel = (it->second - g).abs().max().item<double>() / gs;
-    EXPECT_LE(rel, kLpTol) << n << ": max |grad diff| / max |PEFT grad| (" << gs << ")";
+    EXPECT_LE(rel, tol.grad) << n << ": max |grad diff| / max |PEFT grad| (" << gs << ")";
     if (rel > w.grad) {
       w.grad = rel;
       w.grad_name = n;
@@ -237,6 +245,15 @@ INSTANTIATE_TEST_SUITE_P(
       return std::get<0>(info.param) + "_" + std::get<1>(info.param);
     });
 
+// Qwen3.5: PEFT's adapter on the full layers' attention and the Gated DeltaNet projections
+// (in_proj_qkv, in_proj_z, in_proj_a, out_proj) read into vlmtrain.
+INSTANTIATE_TEST_SUITE_P(
+    PeftQwen35, LoraPeftRead,
+    ::testing::Combine(::testing::Values("qwen3_5_plain"), ::testing::Values("images_left", "multi_image_right")),
+    [](const ::testing::TestParamInfo<LpCase>& info) {
+      return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+    });
+
 TEST_P(LoraPeftRead, LogitsLossAndAdapterGradientsMatchPeft) {
   const auto& ref = lp_reference();
   ASSERT_TRUE(ref.error.empty()) << ref.error;
@@ -257,7 +274,7 @@ TEST_P(LoraPeftRead, LogitsLossAndAdapterGradientsMatchPeft) {
     EXPECT_EQ(a.peft_module, legacy ? vlm::styled_hf_name(a.module, vlm::HfNameStyle::kLegacy) : nested);
   }
 
-  auto m = lp_base(ref);
+  auto m = lp_base(ref, variant);
   vlm::apply_peft_adapter(*m, adapter);
   EXPECT_EQ(vlm::lora_modules(*m).size(), adapter.modules.size());
   lp_freeze_base(*m);
@@ -265,7 +282,7 @@ TEST_P(LoraPeftRead, LogitsLossAndAdapterGradientsMatchPeft) {
   const auto io = vlm::SafetensorsFile::open(stem + ".io.safetensors");
   const auto b = lp_batch(io);
   const auto w = lp_compare(lp_run(m, b), lp_reference_result(io, vlm::SafetensorsFile::open(stem + ".grads.safetensors"), ""),
-                            b.attention_mask);
+                            b.attention_mask, variant.rfind("qwen3_5", 0) == 0 ? kLpTolQ35 : LpTol{});
   std::cout << "[lora_peft] read " << variant << "." << batch << ": logits " << w.logits << ", loss " << w.loss
             << ", worst adapter grad " << w.grad << " (" << w.grad_name << "), " << adapter.modules.size()
             << " modules\n";
