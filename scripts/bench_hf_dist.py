@@ -16,11 +16,12 @@ activation checkpointing (vlmtrain `activation_checkpointing.match =
         ZeRO-3) vs torch FSDP2 `fully_shard` (reshard_after_forward) on each vision block,
         the merger, each decoder layer, then the root, on a Gloo CPU mesh
 
-vlmtrain runs as `vlmtrain launch --nproc-per-node 2` (its shared-memory channel between the
-ranks is on, as by default); torch runs two processes on Gloo TCP (torch has no other CPU
-backend). Loss: each rank's summed token cross-entropy x world / global supervised tokens
-(DDP and FSDP2 average gradients over ranks), so the update is vlmtrain's. Before timing, the
-first --check-steps logged losses (global mean over supervised tokens) must agree within --tol.
+vlmtrain runs as `vlmtrain launch --nproc-per-node 2` (Gloo's TCP between the ranks, the
+default; VLMTRAIN_SHM_COMM=1 would opt into its shared-memory channel); torch runs two
+processes on Gloo TCP (torch has no other CPU backend). Loss: each rank's summed token
+cross-entropy x world / global supervised tokens (DDP and FSDP2 average gradients over
+ranks), so the update is vlmtrain's. Before timing, the first --check-steps logged losses
+(global mean over supervised tokens) must agree within --tol.
 
 Timing: --rounds rounds, each alternating one vlmtrain and one HF run of --steps steps per
 (sharding, ckpt); vlmtrain's step time is rank 0's metrics.jsonl `step_s`, HF's is rank 0's

@@ -183,9 +183,9 @@ def comm_section(md, rows):
               "embedding is gathered for both its calls, so it measures 3(N-1)/N x M + (N-1)/N x M_embed. "
               "Measured: the Comm layer's counters (sharding/dist/comm.h) over the measured steps, divided by the "
               "steps: logical = what the op moves natively with a ring, wire = what the transport really moved "
-              "(these runs: the shared-memory channel, which reads the ring volume; Gloo's TCP fallbacks issue "
-              "the same volume since the reduce-scatter became an all-to-all and the all-gather one broadcast "
-              "per rank). Both include the step's few scalar all-reduces (token count, grad norm).\n")
+              "(these runs: Gloo's TCP, the default, whose reduce-scatter is an all-to-all and all-gather one "
+              "broadcast per rank, both the ring volume; the opt-in shared-memory channel, VLMTRAIN_SHM_COMM=1, "
+              "reads the same volume). Both include the step's few scalar all-reduces (token count, grad norm).\n")
     md.append("| preset | policy mix | world | M MB | measured logical MB | wire MB | ring DDP MB | ring full_shard MB | "
               "logical / ring DDP |")
     md.append("|---|---|---|---|---|---|---|---|---|")

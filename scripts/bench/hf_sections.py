@@ -168,8 +168,8 @@ def hf_dist(ctx, md):
     md.append("- **FSDP**: vlmtrain `sharding.default = \"fsdp\"`, `default_strategy = \"full_shard\"` (every unit "
               "ZeRO-3) vs torch FSDP2 `fully_shard` on each vision block, the merger, each decoder layer and the root "
               "(reshard after forward), fp32, on a Gloo CPU mesh.\n")
-    md.append("vlmtrain runs as `vlmtrain launch --nproc-per-node 2` and its ranks exchange through its shared-memory "
-              "channel (the default on one host); torch's ranks use Gloo over TCP loopback, its only CPU backend. "
+    md.append("vlmtrain runs as `vlmtrain launch --nproc-per-node 2` and its ranks exchange over Gloo's TCP loopback "
+              "(the default; its shared-memory channel is opt-in), as torch's ranks do (Gloo is its only CPU backend). "
               "HF's loss per rank is the summed token cross-entropy x 2 / the step's global supervised tokens (DDP "
               "and FSDP2 average gradients over ranks), so both apply the same update; the first 3 logged losses "
               f"must agree within 1e-4 relative before timing. Timing: {rounds} rounds of one vlmtrain and one HF "

@@ -28,9 +28,9 @@
 // where NCCL refuses to run) are staged through host copies, synchronously, and copied back
 // when the op is waited.
 // When every rank is on one host and VLMTRAIN_SHM_COMM=1 opts in, ParallelDims gives Gloo
-// jobs a shared-memory channel
-// (sharding/dist/shm_channel.h) and every op goes there instead: flat ops and 2-byte float
-// reductions (in fp32) natively, a plain copy instead of TCP over loopback.
+// jobs a shared-memory channel (sharding/dist/shm_channel.h) and every op goes there
+// instead: flat ops and 2-byte float reductions (in fp32) natively, a plain copy instead of
+// TCP over loopback.
 //
 // Byte counters, per op kind, per rank (M = bytes of the full flat tensor in the op's
 // dtype: the all-reduced tensor, all-gather's `out`, reduce-scatter's `in`):

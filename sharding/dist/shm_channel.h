@@ -2,8 +2,7 @@
 // tensors, opt-in (VLMTRAIN_SHM_COMM=1). Comm routes every op here when the channel is up
 // (Gloo backend, every rank on this host); Gloo's TCP over loopback spent ~15% of each
 // rank's CPU time in the kernel in the small FSDP bench (copies, softirqs, wake-ups:
-// docs/notes/cpu_comm.md), where this path
-// does plain memcpy and a local reduce.
+// docs/notes/cpu_comm.md), where this path does plain memcpy and a local reduce.
 //
 // Layout: each rank owns one segment in /dev/shm (unlinked as soon as every rank mapped
 // it, so nothing is left behind): a control block (round counters, a descriptor of what
