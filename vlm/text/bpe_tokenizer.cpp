@@ -145,6 +145,14 @@ struct BpeTokenizer::Impl {
   void add_token(const AddedToken& t);
   void index_added_tokens();
   void add_split(const std::string& hf_pattern);
+
+  // tokenizer.json, one section each (BpeTokenizer::from_json_text's steps); errors name
+  // `source`. model: vocab (ids checked against the added tokens too) and merges.
+  void read_model(const json& model, const json& added_tokens);
+  void read_added_tokens(const json& added_tokens);
+  void read_normalizer(const json& normalizer);
+  // Split and ByteLevel pre-tokenizers (ByteLevel last); throws unless a ByteLevel was seen.
+  void read_pre_tokenizer(const json& pre_tokenizer);
 };
 
 // ---------------------------------------------------------------- BPE core
@@ -365,6 +373,120 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& path) {
   return from_json_text(ss.str(), path);
 }
 
+void BpeTokenizer::Impl::read_model(const json& model, const json& added_tokens) {
+  std::string type = model.value("type", std::string("BPE"));
+  VLM_CHECK(type == "BPE", source, ": expected model.type \"BPE\", got \"", type,
+            "\" (hint: sentencepiece models should be loaded from their .model file)");
+  VLM_CHECK(!model.value("byte_fallback", false), source,
+            ": model.byte_fallback = true is not supported (byte-level BPE only)");
+  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    bool set = model.contains(k) && model[k].is_string() && !model[k].get<std::string>().empty();
+    VLM_CHECK(!set, source, ": model.", k, " is not supported (byte-level BPE only)");
+  }
+  ignore_merges = model.value("ignore_merges", false);
+  const json& voc = model.at("vocab");
+  VLM_CHECK(voc.is_object(), source, ": expected model.vocab to be an object");
+  // Ids index dense per-id tables, so each must be a non-negative integer below
+  // kMaxVocabSize (a bound on what one file may make us allocate).
+  auto checked_id = [&](const json& v, const std::string& token) -> int64_t {
+    VLM_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < kMaxVocabSize,
+              source, ": token \"", token, "\" has id ", v.dump(), ", expected an integer in [0, ",
+              kMaxVocabSize, ") (hint: corrupt tokenizer.json)");
+    return v.get<int64_t>();
+  };
+  int64_t max_id = -1;
+  for (auto it = voc.begin(); it != voc.end(); ++it)
+    max_id = std::max<int64_t>(max_id, checked_id(it.value(), it.key()));
+  for (const auto& a : added_tokens)
+    max_id = std::max<int64_t>(max_id, checked_id(a.at("id"), a.value("content", std::string("?"))));
+  VLM_CHECK(max_id >= 0, source, ": the vocabulary is empty");
+  init_tables(static_cast<size_t>(max_id + 1));
+  for (auto it = voc.begin(); it != voc.end(); ++it) set_token(it.value().get<int32_t>(), it.key());
+  set_byte_ids();
+  const json& ms = model.at("merges");
+  merges.reserve(ms.size() * 2);
+  int32_t rank = 0;
+  for (const auto& mg : ms) {
+    std::string a, b;
+    if (mg.is_array() && mg.size() == 2) {
+      a = mg[0].get<std::string>();
+      b = mg[1].get<std::string>();
+    } else if (mg.is_string()) {
+      const std::string str_ = mg.get<std::string>();
+      size_t sp = str_.find(' ', 1);
+      VLM_CHECK(sp != std::string::npos, source, ": merge #", rank, " \"", str_, "\" is not \"left right\"");
+      a = str_.substr(0, sp);
+      b = str_.substr(sp + 1);
+    } else {
+      throw Error(str(source, ": merge #", rank, " has an unknown format: ", mg.dump()));
+    }
+    auto ia = vocab.find(a), ib = vocab.find(b), iab = vocab.find(a + b);
+    VLM_CHECK(ia != vocab.end() && ib != vocab.end() && iab != vocab.end(), source, ": merge #", rank, " (\"", a,
+              "\", \"", b, "\") uses a token missing from the vocab");
+    merges.emplace(pair_key(ia->second, ib->second), MergeTarget{rank, iab->second});
+    ++rank;
+  }
+}
+
+void BpeTokenizer::Impl::read_added_tokens(const json& added_tokens) {
+  for (const auto& a : added_tokens) {
+    AddedToken t;
+    t.content = a.at("content").get<std::string>();
+    t.id = a.at("id").get<int64_t>();
+    t.special = a.value("special", false);
+    for (const char* k : {"lstrip", "rstrip", "single_word"})
+      VLM_CHECK(!a.value(k, false), source, ": added token \"", t.content, "\" sets ", k,
+                " = true, which is not supported");
+    add_token(t);
+  }
+  index_added_tokens();
+}
+
+void BpeTokenizer::Impl::read_normalizer(const json& nm) {
+  if (nm.is_null()) return;
+  std::string t = nm.value("type", std::string());
+  if (t == "NFC") {
+    nfc = true;
+  } else if (t == "Sequence") {
+    for (const auto& x : nm.at("normalizers")) read_normalizer(x);
+  } else {
+    throw Error(str(source, ": normalizer \"", t, "\" is not supported (NFC or none)"));
+  }
+}
+
+void BpeTokenizer::Impl::read_pre_tokenizer(const json& pre_tokenizer) {
+  bool byte_level = false;
+  auto parse = [&](const json& pt, auto& self) -> void {
+    if (pt.is_null()) return;
+    std::string t = pt.value("type", std::string());
+    VLM_CHECK(!byte_level, source, ": pre-tokenizer \"", t,
+              "\" after ByteLevel is not supported (ByteLevel must come last)");
+    if (t == "Sequence") {
+      for (const auto& x : pt.at("pretokenizers")) self(x, self);
+    } else if (t == "Split") {
+      std::string behavior = pt.value("behavior", std::string());
+      VLM_CHECK(behavior == "Isolated" && !pt.value("invert", false), source, ": Split pre-tokenizer with behavior \"",
+                behavior, "\" / invert is not supported (Isolated only)");
+      const json& pat = pt.at("pattern");
+      if (pat.contains("Regex")) {
+        add_split(pat["Regex"].get<std::string>());
+      } else {  // literal string pattern: quote it
+        Split split;
+        split.plain = std::make_unique<Regex>("\\Q" + pat.at("String").get<std::string>() + "\\E", source);
+        splits.push_back(std::move(split));
+      }
+    } else if (t == "ByteLevel") {
+      VLM_CHECK(!pt.value("add_prefix_space", false), source, ": ByteLevel add_prefix_space = true is not supported");
+      if (pt.value("use_regex", true)) add_split(kGpt2Pattern);
+      byte_level = true;
+    } else {
+      throw Error(str(source, ": pre-tokenizer \"", t, "\" is not supported (Split, ByteLevel)"));
+    }
+  };
+  parse(pre_tokenizer, parse);
+  VLM_CHECK(byte_level, source, ": expected a ByteLevel pre-tokenizer (byte-level BPE only)");
+}
+
 std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json_text(std::string_view text,
                                                            const std::string& source) {
   json j;
@@ -373,136 +495,20 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json_text(std::string_view text
   } catch (const json::exception& e) {
     throw Error(str(source, ": not valid JSON: ", e.what()));
   }
-  // Everything below reads the JSON structure with at() / get<T>(); a field of the wrong
-  // type or a missing one throws a json::exception, reported as a vlm::Error naming the file.
+  // The steps read the JSON structure with at() / get<T>(); a field of the wrong type or a
+  // missing one throws a json::exception, reported as a vlm::Error naming the file.
   try {
     std::unique_ptr<BpeTokenizer> tok(new BpeTokenizer());
     Impl& m = *tok->impl_;
     tok->source_ = source;
     m.source = source;
-
-    // --- model
     VLM_CHECK(j.contains("model") && j["model"].is_object(), source,
               ": expected a \"model\" object (is this an HF tokenizer.json?)");
-    const json& model = j["model"];
-    std::string type = model.value("type", std::string("BPE"));
-    VLM_CHECK(type == "BPE", source, ": expected model.type \"BPE\", got \"", type,
-              "\" (hint: sentencepiece models should be loaded from their .model file)");
-    VLM_CHECK(!model.value("byte_fallback", false), source,
-              ": model.byte_fallback = true is not supported (byte-level BPE only)");
-    for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-      bool set = model.contains(k) && model[k].is_string() && !model[k].get<std::string>().empty();
-      VLM_CHECK(!set, source, ": model.", k, " is not supported (byte-level BPE only)");
-    }
-    m.ignore_merges = model.value("ignore_merges", false);
-    const json& vocab = model.at("vocab");
-    VLM_CHECK(vocab.is_object(), source, ": expected model.vocab to be an object");
-    // Ids index dense per-id tables, so each must be a non-negative integer below
-    // kMaxVocabSize (a bound on what one file may make us allocate).
-    auto checked_id = [&](const json& v, const std::string& token) -> int64_t {
-      VLM_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < kMaxVocabSize,
-                source, ": token \"", token, "\" has id ", v.dump(), ", expected an integer in [0, ",
-                kMaxVocabSize, ") (hint: corrupt tokenizer.json)");
-      return v.get<int64_t>();
-    };
-    int64_t max_id = -1;
-    for (auto it = vocab.begin(); it != vocab.end(); ++it)
-      max_id = std::max<int64_t>(max_id, checked_id(it.value(), it.key()));
     const json& added = j.contains("added_tokens") && j["added_tokens"].is_array() ? j["added_tokens"] : json::array();
-    for (const auto& a : added)
-      max_id = std::max<int64_t>(max_id, checked_id(a.at("id"), a.value("content", std::string("?"))));
-    VLM_CHECK(max_id >= 0, source, ": the vocabulary is empty");
-    m.init_tables(static_cast<size_t>(max_id + 1));
-    for (auto it = vocab.begin(); it != vocab.end(); ++it) m.set_token(it.value().get<int32_t>(), it.key());
-    m.set_byte_ids();
-    const json& merges = model.at("merges");
-    m.merges.reserve(merges.size() * 2);
-    int32_t rank = 0;
-    for (const auto& mg : merges) {
-      std::string a, b;
-      if (mg.is_array() && mg.size() == 2) {
-        a = mg[0].get<std::string>();
-        b = mg[1].get<std::string>();
-      } else if (mg.is_string()) {
-        const std::string s = mg.get<std::string>();
-        size_t sp = s.find(' ', 1);
-        VLM_CHECK(sp != std::string::npos, source, ": merge #", rank, " \"", s,
-                  "\" is not \"left right\"");
-        a = s.substr(0, sp);
-        b = s.substr(sp + 1);
-      } else {
-        throw Error(str(source, ": merge #", rank, " has an unknown format: ", mg.dump()));
-      }
-      auto ia = m.vocab.find(a), ib = m.vocab.find(b), iab = m.vocab.find(a + b);
-      VLM_CHECK(ia != m.vocab.end() && ib != m.vocab.end() && iab != m.vocab.end(), source,
-                ": merge #", rank, " (\"", a, "\", \"", b, "\") uses a token missing from the vocab");
-      m.merges.emplace(pair_key(ia->second, ib->second), MergeTarget{rank, iab->second});
-      ++rank;
-    }
-
-    // --- added tokens
-    for (const auto& a : added) {
-      AddedToken t;
-      t.content = a.at("content").get<std::string>();
-      t.id = a.at("id").get<int64_t>();
-      t.special = a.value("special", false);
-      for (const char* k : {"lstrip", "rstrip", "single_word"})
-        VLM_CHECK(!a.value(k, false), source, ": added token \"", t.content, "\" sets ", k,
-                  " = true, which is not supported");
-      m.add_token(t);
-    }
-    m.index_added_tokens();
-
-    // --- normalizer
-    auto parse_norm = [&](const json& nm, auto& self) -> void {
-      if (nm.is_null()) return;
-      std::string t = nm.value("type", std::string());
-      if (t == "NFC") {
-        m.nfc = true;
-      } else if (t == "Sequence") {
-        for (const auto& x : nm.at("normalizers")) self(x, self);
-      } else {
-        throw Error(str(source, ": normalizer \"", t, "\" is not supported (NFC or none)"));
-      }
-    };
-    if (j.contains("normalizer")) parse_norm(j["normalizer"], parse_norm);
-
-    // --- pre-tokenizer
-    bool byte_level = false;
-    auto parse_pre = [&](const json& pt, auto& self) -> void {
-      if (pt.is_null()) return;
-      std::string t = pt.value("type", std::string());
-      VLM_CHECK(!byte_level, source, ": pre-tokenizer \"", t,
-                "\" after ByteLevel is not supported (ByteLevel must come last)");
-      if (t == "Sequence") {
-        for (const auto& x : pt.at("pretokenizers")) self(x, self);
-      } else if (t == "Split") {
-        std::string behavior = pt.value("behavior", std::string());
-        VLM_CHECK(behavior == "Isolated" && !pt.value("invert", false), source,
-                  ": Split pre-tokenizer with behavior \"", behavior,
-                  "\" / invert is not supported (Isolated only)");
-        const json& pat = pt.at("pattern");
-        if (pat.contains("Regex")) {
-          m.add_split(pat["Regex"].get<std::string>());
-        } else {  // literal string pattern: quote it
-          Split split;
-          split.plain = std::make_unique<Regex>("\\Q" + pat.at("String").get<std::string>() + "\\E",
-                                                source);
-          m.splits.push_back(std::move(split));
-        }
-      } else if (t == "ByteLevel") {
-        VLM_CHECK(!pt.value("add_prefix_space", false), source,
-                  ": ByteLevel add_prefix_space = true is not supported");
-        if (pt.value("use_regex", true)) m.add_split(kGpt2Pattern);
-        byte_level = true;
-      } else {
-        throw Error(str(source, ": pre-tokenizer \"", t, "\" is not supported (Split, ByteLevel)"));
-      }
-    };
-    if (j.contains("pre_tokenizer")) parse_pre(j["pre_tokenizer"], parse_pre);
-    VLM_CHECK(byte_level, source, ": expected a ByteLevel pre-tokenizer (byte-level BPE only)");
-
-    // --- decoder
+    m.read_model(j["model"], added);
+    m.read_added_tokens(added);
+    if (j.contains("normalizer")) m.read_normalizer(j["normalizer"]);
+    m.read_pre_tokenizer(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json());
     if (j.contains("decoder") && !j["decoder"].is_null()) {
       std::string t = j["decoder"].value("type", std::string());
       VLM_CHECK(t == "ByteLevel", source, ": decoder \"", t, "\" is not supported (ByteLevel)");
