@@ -290,6 +290,8 @@ nlohmann::json plan_json(const RecipePlan& p) {
   j["reduce_scatter_peak_bytes"] = mem.reduce_scatter_peak_bytes;
   j["unsharded_accum_bytes"] = mem.unsharded_accum_bytes;
   j["peak_bytes"] = mem.peak_bytes();
+  j["startup_peak_bytes"] = mem.startup_peak_bytes();
+  j["whole_load_peak_bytes"] = mem.whole_load_peak_bytes();
   const PlannedBatch& pb = p.pb;
   j["activations"] = {{"tokens", pb.shape.tokens()}, {"image_tokens", pb.image_tokens},
                       {"patches", pb.shape.patches}, {"packed", pb.shape.packed}, {"device", pb.device},
@@ -352,6 +354,13 @@ void print_memory(const RecipePlan& p) {
                 "fsdp units, reduce dtype); peak per rank %s before activations (below)\n",
                 human_bytes(mem.gathered_peak_bytes).c_str(), human_bytes(mem.reduce_scatter_peak_bytes).c_str(),
                 human_bytes(mem.peak_bytes()).c_str());
+  const bool sharded_load = p.recipe.model.sharded_load;
+  std::printf("\nstart-up peak per rank: %s with model.sharded_load = true%s (each rank allocates only what it "
+              "keeps; gather buffers get memory only while gathered), %s with false%s (the whole model in %s on "
+              "every rank first)\n",
+              human_bytes(mem.startup_peak_bytes()).c_str(), sharded_load ? " (this recipe)" : "",
+              human_bytes(mem.whole_load_peak_bytes()).c_str(), sharded_load ? "" : " (this recipe)",
+              c10::toString(p.opts.param_dtype));
   const PlannedBatch& pb = p.pb;
   std::printf("\nactivations for one micro-batch of %lld tokens (%lld image tokens = %lld patches%s; %s kernels; "
               "--tokens / --image-tokens to change): %s kept at the end of the forward (column above), peak %s "
@@ -437,7 +446,8 @@ policy and bytes per rank, plus totals.
            "world_size, param_dtype, units [{path, aliases, policy, strategy, sharding,\n"
            "rule, params, trainable, param_bytes, grad_bytes, optim_bytes, total_bytes,\n"
            "host_optim_bytes, activation_checkpointing, activation_bytes}], totals {...}, gathered_peak_bytes,\n"
-           "reduce_scatter_peak_bytes, unsharded_accum_bytes, peak_bytes, optimizer_offload,\n"
+           "reduce_scatter_peak_bytes, unsharded_accum_bytes, peak_bytes, startup_peak_bytes,\n"
+           "whole_load_peak_bytes, optimizer_offload,\n"
            "offload_saved_bytes, mesh {nproc_per_node, dp_shard, dp_replicate}, traffic {ops [{unit,\n"
            "op, group, inter_node, bytes, per_micro_batch, per_step}], step_1mb,\n"
            "per_extra_micro_batch}, activations {tokens, image_tokens, patches, packed, device,\n"

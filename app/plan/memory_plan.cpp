@@ -74,6 +74,8 @@ MemoryPlan plan_memory(const std::vector<UnitPlan>& units, int world_size, torch
     const bool sharded_params = u.sharding == Sharding::kFullShard || u.sharding == Sharding::kHybridShard ||
                                 u.sharding == Sharding::kFrozenSharded || u.sharding == Sharding::kFrozenHybrid;
     const bool fsdp = sharded_params || u.sharding == Sharding::kShardGradOp;
+    plan.whole_params_bytes += bytes;
+    if (fsdp) plan.largest_flat_bytes = std::max(plan.largest_flat_bytes, p * flat);
     const bool sharded_any = fsdp || u.sharding == Sharding::kShardOptimizer;
     if (sharded_params) regathered.push_back(p * flat);
     if (u.sharding == Sharding::kShardGradOp) plan.gathered_peak_bytes += p * flat;  // all held at once

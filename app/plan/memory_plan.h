@@ -31,6 +31,16 @@
 //                              "unsharded", fsdp.h): every trainable FSDP unit's unsharded
 //                              gradient sum [N*S] x r, all alive from the end of the first
 //                              micro-batch's backward until the last one's reduce-scatters
+// Start-up (apply_policies, before step 1), reported apart:
+//   startup_peak_bytes         with model.sharded_load (sharded_load.h): what the rank keeps,
+//                              allocated unit by unit: the persistent bytes above; FSDP's
+//                              gather buffers are laid out without memory, so nothing is
+//                              transient
+//   whole_load_peak_bytes      with model.sharded_load = false: every parameter whole in
+//                              param dtype on every rank (loaded, then broadcast from rank 0)
+//                              + the largest unit's [N*S] flat buffer built from it + the
+//                              persistent bytes (an upper bound: the whole parameters of an
+//                              FSDP unit are freed once its flat buffer holds them)
 // Not counted: activations, the autograd .grad of an FSDP unit's parameters between its
 // backward and its reduce-scatter (param dtype, one unit at a time), that of a DDP
 // parameter between autograd's accumulation and the hook that folds it into the bucket
@@ -72,6 +82,11 @@ struct MemoryPlan {
   double reduce_scatter_peak_bytes = 0;  // see the header comment
   double unsharded_accum_bytes = 0;      // see the header comment
   double offload_saved_bytes = 0;  // device optimizer bytes moved to the host (plan_offload)
+  double whole_params_bytes = 0;   // every parameter whole in param dtype (the unsharded model)
+  double largest_flat_bytes = 0;   // the largest FSDP unit's [N*S] x p buffer
+  // See the header comment (start-up); plan_offload keeps them consistent.
+  double startup_peak_bytes() const { return total.total(); }
+  double whole_load_peak_bytes() const { return whole_params_bytes + largest_flat_bytes + total.total(); }
   // The part of total.grad_bytes that exists only from a unit's backward until the
   // optimizer's zero_grad: a DDP parameter's .grad (param dtype) when gradients accumulate
   // in .grad (reduce dtype no wider than param dtype, ddp.h). app/plan/step_memory.h places it

@@ -40,7 +40,8 @@ void announce_run(const Recipe& recipe, const vlm::sharding::DistEnv& env, vlm::
 }
 
 void log_sharded_load(const vlm::sharding::ShardedLoadStats& st, const vlm::sharding::MemoryReport& m,
-                      int64_t rss_before_model, vlm::sharding::ParallelDims& dims, bool random_init, bool sharded) {
+                      const MemoryPlan& plan, int64_t rss_before_model, int64_t device_before,
+                      vlm::sharding::ParallelDims& dims, bool random_init, bool sharded) {
   if (!dims.is_main()) return;
   const vlm::sharding::DeviceMemory dev = dims.device_context().memory();
   const std::string how =
@@ -48,13 +49,13 @@ void log_sharded_load(const vlm::sharding::ShardedLoadStats& st, const vlm::shar
                          st.whole_units, " whole, ", st.elements_filled, " elements filled, ",
                          short_bytes(static_cast<double>(st.bytes_read)), " read")
               : std::string("whole model on every rank, rank 0's broadcast (model.sharded_load = false)");
-  spdlog::info("weights: {} | persistent share {} | host RSS {} before the model, {} now, peak {}{}", how,
-               short_bytes(m.persistent()),
+  spdlog::info("weights: {} | persistent share {} | start-up peak of {} tensor bytes {} (plan {}) | host RSS {} "
+               "before the model, {} now, peak {}",
+               how, short_bytes(m.persistent()), dims.device().is_cuda() ? "device" : "CPU",
+               short_bytes(static_cast<double>(dev.peak_allocated - device_before)),
+               short_bytes(sharded ? plan.startup_peak_bytes() : plan.whole_load_peak_bytes()),
                short_bytes(static_cast<double>(rss_before_model)), short_bytes(static_cast<double>(current_rss_bytes())),
-               short_bytes(static_cast<double>(std::max(peak_rss_bytes(), current_rss_bytes()))),  // maxrss lags
-               dims.device().is_cuda() ? vlm::str(" | device allocated ", short_bytes(static_cast<double>(dev.allocated)),
-                                                  ", peak ", short_bytes(static_cast<double>(dev.peak_allocated)))
-                                       : std::string());
+               short_bytes(static_cast<double>(std::max(peak_rss_bytes(), current_rss_bytes()))));  // maxrss lags
 }
 
 void log_unit_table(const vlm::sharding::ShardedModel& sm, const MemoryPlan& plan, bool main) {

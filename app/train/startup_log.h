@@ -24,10 +24,14 @@ void announce_run(const Recipe& recipe, const vlm::sharding::DistEnv& env, vlm::
 
 // Rank 0: one line on how the weights arrived on this rank (sharded loading,
 // sharding/parallel/sharded_load.h) and what start-up cost in host and device memory, next to
-// the rank's persistent share it must stay close to. `rss_before_model`: host RSS before
-// load_model; `random_init`: a preset (nothing read); `sharded`: model.sharded_load.
+// the rank's persistent share it must stay close to, and the start-up peak of device tensor
+// bytes (the CUDA caching allocator's peak; on the CPU the tensor memory meter's) against
+// the plan's (memory_plan.h startup_peak_bytes / whole_load_peak_bytes). `rss_before_model`:
+// host RSS before load_model; `device_before`: device tensor bytes then (the peak was reset
+// there); `random_init`: a preset (nothing read); `sharded`: model.sharded_load.
 void log_sharded_load(const vlm::sharding::ShardedLoadStats& st, const vlm::sharding::MemoryReport& m,
-                      int64_t rss_before_model, vlm::sharding::ParallelDims& dims, bool random_init, bool sharded);
+                      const MemoryPlan& plan, int64_t rss_before_model, int64_t device_before,
+                      vlm::sharding::ParallelDims& dims, bool random_init, bool sharded);
 
 // Rank 0 (`main`): the unit table, parameter counts, the memory per rank and its plan
 // (persistent + transient before activations), then the sharding notes as warnings.

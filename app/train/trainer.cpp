@@ -103,6 +103,8 @@ TrainModel build_model(const Recipe& recipe, vlm::sharding::ParallelDims& dims) 
   const bool main = dims.is_main();
   const torch::Dtype param_dtype = recipe_dtype(recipe.precision.param_dtype);
   const int64_t rss_before_model = current_rss_bytes();
+  dims.device_context().reset_peak();
+  const int64_t device_before = dims.device_context().memory().allocated;
   LoadModelOptions load_opts{static_cast<uint64_t>(recipe.run.seed), dims.device(), param_dtype};
   load_opts.deferred = recipe.model.sharded_load;  // built on meta; apply_policies materialises this rank's share
   LoadedModel lm = load_model(recipe.model, load_opts, recipe.source);
@@ -116,12 +118,12 @@ TrainModel build_model(const Recipe& recipe, vlm::sharding::ParallelDims& dims) 
 
   m.sm = vlm::sharding::apply_policies(*m.model, sharding_options(recipe), dims, lm.source.get());
   lm.source.reset();  // unmaps the checkpoint
-  log_sharded_load(m.sm->load_stats(), m.sm->memory(), rss_before_model, dims, lm.random_init,
-                   recipe.model.sharded_load);
   const vlm::sharding::ShardingOptions so = sharding_options(recipe);
   MemoryPlan plan = plan_memory(m.sm->unit_table(), dims.world_size(), so.param_dtype, so.reduce_dtype,
                                 so.fsdp_accumulate_unsharded, dims.has_mesh() ? dims.dp_shard() : 0);
   if (so.optimizer_offload) plan_offload(plan, m.sm->unit_table());  // optimizer bytes -> host
+  log_sharded_load(m.sm->load_stats(), m.sm->memory(), plan, rss_before_model, device_before, dims, lm.random_init,
+                   recipe.model.sharded_load);
   m.step_memory = std::make_unique<StepMemoryModel>(
       *m.model, plan, m.sm->unit_table(), so.param_dtype,
       dims.device().is_cuda() ? AttentionPath::cuda : AttentionPath::cpu,

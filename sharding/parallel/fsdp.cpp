@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "sharding/parallel/flat_buffer.h"
 #include "sharding/parallel/ready_hook.h"
 #include "sharding/parallel/sharded_load.h"
 #include "vlm/runtime/check.h"
@@ -45,37 +46,6 @@ struct UnitBackwardHook : public torch::autograd::Function<UnitBackwardHook> {
 bool frees_after_forward(Sharding s) {
   return s == Sharding::kFullShard || s == Sharding::kHybridShard || s == Sharding::kFrozenSharded ||
          s == Sharding::kFrozenHybrid;
-}
-
-// A released flat buffer's StorageImpl is told to throw on any data access with the unit's
-// message (release_data_and_set_meta_custom_data_ptr_error_msg_, LibTorch's own mechanism
-// for storages without data, as torch.export's fake tensors use). LibTorch has no call
-// that lifts it again, so the re-gather clears the flag through an explicit template
-// instantiation, where C++ does not check access ([temp.spec.general]/6). A LibTorch that
-// renames the member fails to compile here instead of misbehaving; fsdp_dist_test covers
-// release -> read error -> re-gather -> read.
-template <typename Tag, typename Tag::type Member>
-struct ExposeMember {
-  friend typename Tag::type member_of(Tag) { return Member; }
-};
-struct ThrowOnReadFlag {
-  using type = bool c10::StorageImpl::*;
-  friend type member_of(ThrowOnReadFlag);
-};
-template struct ExposeMember<ThrowOnReadFlag, &c10::StorageImpl::throw_on_immutable_data_ptr_>;
-
-// Frees the storage's memory and makes every later data access throw `msg`.
-void poison_storage(c10::StorageImpl* impl, c10::Device device, const std::string& msg) {
-  impl->set_data_ptr_noswap(c10::DataPtr(nullptr, device));
-  impl->set_nbytes(0);
-  impl->release_data_and_set_meta_custom_data_ptr_error_msg_(msg);
-}
-
-// Lifts poison_storage's error and gives the storage `nbytes` of fresh memory.
-void refill_storage(c10::StorageImpl* impl, size_t nbytes) {
-  impl->*member_of(ThrowOnReadFlag{}) = false;
-  impl->set_data_ptr_noswap(impl->allocator()->allocate(nbytes));  // also recomputes the data-ptr checks
-  impl->set_nbytes(nbytes);
 }
 
 std::string released_message(const std::string& unit, const std::vector<UnitParam>& params) {
@@ -153,8 +123,7 @@ FsdpEngine::FsdpEngine(Comm& comm, Comm& reduce, const std::vector<UnitPlan>& un
                     s.device() == p0.device(),
                 "fsdp: unit ", plan.path, ": the loaded shard is ", s.sizes(), " ", s.scalar_type(), " on ",
                 s.device(), ", expected [", u->shard_, "] ", p0.scalar_type(), " on ", p0.device());
-      u->full_ = torch::empty({0}, p0.options().requires_grad(false));
-      u->full_.set_(p0.storage(), 0, {n * u->shard_}, {1});
+      u->full_ = whole_of(p0, n * u->shard_);  // released: it never had memory
       u->local_ = s;
     } else {
       // Flat buffer [N*S]; the parameters become views of it.
@@ -168,7 +137,7 @@ FsdpEngine::FsdpEngine(Comm& comm, Comm& reduce, const std::vector<UnitPlan>& un
     }
     if (!u->local_.defined()) u->local_ = u->full_.narrow(0, r * u->shard_, u->shard_).clone();  // [S]
     if (u->trainable_) u->grad_ = torch::zeros({u->shard_}, p0.options().dtype(torch::kFloat32));
-    u->full_nbytes_ = u->full_.storage().nbytes();
+    u->full_nbytes_ = static_cast<size_t>(n * u->shard_) * p0.element_size();
     u->released_msg_ = released_message(u->path_, u->params_);
     u->state_ = FsdpUnit::State::kGathered;  // release() below frees the initial buffer
     gstats_.bytes += u->gathered_bytes();
@@ -255,7 +224,7 @@ void FsdpEngine::release(FsdpUnit& u) {
   if (u.state_ == FsdpUnit::State::kFree || pinned_) return;
   wait_gathered(u);
   // Keep the tensors (parameters and autograd's saved views), drop the memory.
-  poison_storage(u.full_.storage().unsafeGetStorageImpl(), u.full_.device(), u.released_msg_);
+  release_storage(u.full_.storage().unsafeGetStorageImpl(), u.full_.device(), u.released_msg_);
   u.state_ = FsdpUnit::State::kFree;
   gstats_.bytes -= u.gathered_bytes();
   gstats_.units -= 1;

@@ -3,20 +3,15 @@
 
 #include <algorithm>
 
+#include "sharding/parallel/flat_buffer.h"
 #include "vlm/runtime/check.h"
 
 namespace vlm::sharding {
 namespace {
 
-// A tensor of `sizes` (contiguous) over `storage` from element `offset`: shares the memory
-// without being an autograd view of the flat buffer (what Tensor::set_data gives FSDP's
-// parameters; an autograd view would make in-place optimizer updates of a leaf an error).
-torch::Tensor slice_of(const torch::Tensor& flat, int64_t offset, torch::IntArrayRef sizes) {
-  std::vector<int64_t> strides(sizes.size(), 1);
-  for (int64_t d = static_cast<int64_t>(sizes.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * sizes[d + 1];
-  torch::Tensor t = torch::empty({0}, flat.options());
-  t.set_(flat.storage(), flat.storage_offset() + offset, sizes, strides);
-  return t;
+std::string not_adopted_message(const std::string& unit) {
+  return str("sharded load: unit ", unit, "'s parameters are slices of a gather buffer that has no memory until "
+             "the FSDP engine gathers it (hint: read the rank's local shard, or run the unit through its runner)");
 }
 
 }  // namespace
@@ -57,7 +52,8 @@ ShardedLoad materialize_units(torch::nn::Module& model, const std::vector<UnitPl
     for (const auto& p : u.params) numel += p.param.numel();
     const int64_t shard = (numel + world - 1) / world;
     const int64_t lo = std::min(rank * shard, numel), hi = std::min((rank + 1) * shard, numel);
-    torch::Tensor flat = torch::empty({world * shard}, topts);  // [N*S]: the gather buffer, not written here
+    // [N*S]: the gather buffer, laid out but given no memory (the FSDP engine fills it per gather)
+    torch::Tensor flat = unallocated_flat(world * shard, topts, not_adopted_message(u.path));
     torch::Tensor local = torch::empty({shard}, topts);         // [S]: elements [lo, hi) + zero padding
     int64_t off = 0;
     for (const auto& p : u.params) {
@@ -83,7 +79,8 @@ bool params_are_flat_slices(const std::vector<UnitParam>& params, int64_t flat_n
   if (params.empty() || params.front().param.is_meta()) return false;
   const torch::Tensor& p0 = params.front().param;
   const c10::StorageImpl* storage = p0.storage().unsafeGetStorageImpl();
-  if (p0.storage().nbytes() != static_cast<size_t>(flat_numel) * p0.element_size()) return false;
+  if (!is_released(storage) && p0.storage().nbytes() != static_cast<size_t>(flat_numel) * p0.element_size())
+    return false;
   int64_t off = 0;
   for (const auto& p : params) {
     const torch::Tensor& t = p.param;

@@ -9,13 +9,15 @@
 //   units = resolve_units(model, opts);               // handles of the real parameters
 //   FsdpEngine(...)                                   // adopts the flat buffers below
 //
-// A sharded unit (full_shard, shard_grad_op, hybrid_shard, frozen_sharded) gets one flat buffer of
-// [N*S] elements (S = ceil(numel / N), the FSDP engine's layout, fsdp.h) whose parameters
-// are its consecutive slices, never written here (on the CPU it takes no memory; the
-// engine adopts it as the gather buffer and releases it at once), and this rank's [S]
-// shard, elements [r*S, (r+1)*S) filled from the source (padding past numel zeroed), which
-// the engine keeps as its local shard. Any other unit gets each parameter whole (every
-// rank keeps all of it).
+// A sharded unit (full_shard, shard_grad_op, hybrid_shard, frozen_sharded) gets a flat
+// buffer of [N*S] elements (S = ceil(numel / N), the FSDP engine's layout, fsdp.h) whose
+// parameters are its consecutive slices. That buffer is laid out without memory
+// (flat_buffer.h: released from the start, reads throw) and the FSDP engine adopts it as the
+// gather buffer, so it takes memory only while the unit is gathered. The rank's [S] shard,
+// elements [r*S, (r+1)*S) filled from the source (padding past numel zeroed), is the only
+// device memory a sharded unit gets here, and the engine keeps it as its local shard. Any
+// other unit gets each parameter whole (every rank keeps all of it). Start-up peak on the
+// device: the shards plus the whole units (app/plan/memory_plan.h startup_peak_bytes).
 #pragma once
 #include <torch/torch.h>
 
