@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """Two runs of one recipe (metrics.jsonl of each: CUDA, CPU), side by side, as markdown.
 
-    python3 scripts/gpu/compare_curves.py CUDA_METRICS CPU_METRICS [--names CUDA,CPU]
+    python3 scripts/gpu/compare_curves.py CUDA_METRICS CPU_METRICS [--names=CUDA,CPU]
+                                          [--max-rel=TOL] [--expect-steps=N]
 
 Losses at the steps both runs reached (every step up to 10, then a log-spaced pick, and the
 last common step), with |cuda - cpu| / cpu; the largest relative difference over the first
 10 steps and over all common steps; each run's median tokens/s, step time, MFU and memory
 (tensor peak vs plan); and the evals of the first run (the CUDA run's CER curve).
+
+--max-rel=TOL: a last line "verdict: ..." and exit 1 when the largest relative difference over
+the common steps exceeds TOL; --expect-steps=N: exit 1 unless both runs logged steps 1..N
+(scripts/gpu/nccl_check.sh uses both).
 """
 import json
 import statistics
@@ -30,9 +35,14 @@ def med(rows, key):
     return statistics.median(v) if v else float("nan")
 
 
+def option(name, default=None):
+    return next((x.split("=", 1)[1] for x in sys.argv[1:] if x.startswith(name + "=")), default)
+
+
 def main():
-    args = [x for x in sys.argv[1:] if not x.startswith("--names")]
-    names = next((x.split("=", 1)[1].split(",") for x in sys.argv[1:] if x.startswith("--names=")), ["CUDA", "CPU"])
+    args = [x for x in sys.argv[1:] if not x.startswith("--")]
+    names = option("--names", "CUDA,CPU").split(",")
+    max_rel, expect = option("--max-rel"), option("--expect-steps")
     (a, a_evals), (b, _) = read(args[0]), read(args[1])
     common = sorted(set(a) & set(b))
     print(f"# Loss curves: {names[0]} ({len(a)} steps logged) vs {names[1]} ({len(b)} steps logged)\n")
@@ -60,7 +70,20 @@ def main():
         for e in a_evals:
             print(f"| {e['step']} | {e.get('eval_full', False)} | " +
                   " | ".join(f"{e[k]:.4f}" if isinstance(e.get(k), (int, float)) else "-" for k in keys) + " |")
-    return 0
+    ok = True
+    if expect is not None:
+        want = set(range(1, int(expect) + 1))
+        for name, run in ((names[0], a), (names[1], b)):
+            if not want <= set(run):
+                print(f"\nverdict: FAILED: {name} logged {len(set(run) & want)} of steps 1-{expect}")
+                ok = False
+    if max_rel is not None:
+        worst = max(rel.values())
+        verdict = "ok" if worst <= float(max_rel) else "FAILED"
+        print(f"\nverdict: {verdict}: max rel diff {worst:.2e} over {len(common)} common steps "
+              f"{'<=' if worst <= float(max_rel) else '>'} {float(max_rel):.2e}")
+        ok = ok and worst <= float(max_rel)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

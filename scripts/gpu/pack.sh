@@ -5,7 +5,8 @@
 # device's own version) and the shared libraries they need that the device lacks.
 #
 #   scripts/gpu/pack.sh                # builds the targets below, writes build-gpu/pack/
-#   run(command="scripts/gpu/device_run.sh env tests tiny", carry=["build-gpu/pack"])
+#   BUILD_DIR=build-q35 SKIP_BUILD=1 scripts/gpu/pack.sh   # packs an existing build as it is
+#   run(command="scripts/gpu/device_run.sh all", carry=["build-gpu/pack"], timeout_s=560)
 #
 # build-gpu/pack/ (ignored by git; a `carry` path of the device run tool, 64 MiB at most
 # with the source tree):
@@ -56,6 +57,7 @@ for so in "${STUBBED[@]}"; do
   [[ -f "$real" ]] || { echo "pack: $(basename "$codecs") no longer links $so: update STUBBED" >&2; exit 1; }
   {
     echo '#include <stdio.h>'
+    # shellcheck disable=SC2028  # the \\n is C source, printed as is
     echo "static void called(const char* f) { static int once; if (!once++) fprintf(stderr, \"vlmtrain pack: $so is a stub (%s called): this format is not readable in the packed build\\n\", f); }"
     nm -D --defined-only "$real" | awk '$2 == "T" {print $3}' | sort -u | comm -12 - "$stage/undefined.txt" |
       while read -r f; do
@@ -101,4 +103,4 @@ mkdir -p "$PACK"
 rm -f "$PACK/vlmtrain-gpu.tar.xz"
 tar -C "$stage" -cf - MANIFEST bin lib stdcxx | xz -T0 -6 > "$PACK/vlmtrain-gpu.tar.xz"
 echo "pack: $PACK/vlmtrain-gpu.tar.xz $(du -h "$PACK/vlmtrain-gpu.tar.xz" | cut -f1)" \
-     "($(du -sh "$stage" | cut -f1) unpacked: $(ls "$stage/lib" | wc -l) libraries)"
+     "($(du -sh "$stage" | cut -f1) unpacked: $(find "$stage/lib" -mindepth 1 -maxdepth 1 | wc -l) libraries)"
