@@ -7,6 +7,10 @@
 #include <cstdlib>
 #include <fstream>
 
+#include <ATen/cuda/CUDAContext.h>
+
+#include <algorithm>
+
 #include "vlm/runtime/check.h"
 
 namespace vlm::app {
@@ -57,7 +61,33 @@ double FlopModel::flops(int64_t llm_tokens, int64_t patches) const {
          per_merged_patch_ * static_cast<double>(patches) / static_cast<double>(merge_unit_);
 }
 
-double peak_flops_per_rank(torch::Device device, std::string* how) {
+double gpu_peak_tflops(const std::string& name, torch::Dtype dtype) {
+  struct Row {
+    const char* match;  // substrings of the device name, all present ("|"-separated)
+    double half;        // bf16 / fp16 dense tensor-core TFLOP/s
+    double fp32;        // fp32 CUDA-core TFLOP/s
+  };
+  // NVIDIA data sheets; rows tried in order (the more specific first).
+  static const Row rows[] = {
+      {"H100|PCIe", 756.5, 51.2}, {"H100|NVL", 835.5, 60.0}, {"H100", 989.4, 66.9},  // SXM5
+      {"H200|NVL", 835.5, 60.0},  {"H200", 989.4, 66.9},
+      {"A100", 312.0, 19.5},      {"B200", 2250.0, 75.0},    {"L40S", 362.05, 91.6},
+  };
+  const bool half = dtype == torch::kBFloat16 || dtype == torch::kHalf;
+  for (const Row& r : rows) {
+    bool all = true;
+    std::string m = r.match;
+    for (size_t a = 0; a <= m.size();) {
+      const size_t b = std::min(m.find('|', a), m.size());
+      if (name.find(m.substr(a, b - a)) == std::string::npos) all = false;
+      a = b + 1;
+    }
+    if (all) return half ? r.half : (dtype == torch::kFloat32 ? r.fp32 : 0.0);
+  }
+  return 0;
+}
+
+double peak_flops_per_rank(torch::Device device, torch::Dtype dtype, std::string* how) {
   if (const char* env = std::getenv("VLMTRAIN_PEAK_TFLOPS"); env != nullptr && *env != '\0') {
     const double v = std::atof(env);
     VLM_CHECK(v > 0, "VLMTRAIN_PEAK_TFLOPS: expected a positive number of TFLOP/s, got '", env, "'");
@@ -65,8 +95,13 @@ double peak_flops_per_rank(torch::Device device, std::string* how) {
     return v * 1e12;
   }
   if (device.is_cuda()) {
-    if (how) *how = "unknown CUDA device peak (set VLMTRAIN_PEAK_TFLOPS)";
-    return 0;
+    const std::string name = at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index())->name;
+    const double t = gpu_peak_tflops(name, dtype);
+    if (how)
+      *how = t > 0 ? vlm::str(name, " data-sheet dense ", c10::toString(dtype), " peak ", t,
+                              " TFLOP/s (set VLMTRAIN_PEAK_TFLOPS to override)")
+                   : vlm::str(name, ": peak not in vlmtrain's table (set VLMTRAIN_PEAK_TFLOPS; MFU not reported)");
+    return t * 1e12;
   }
   // CPU: the theoretical fp32 peak of the cores this rank computes on (its intra-op
   // threads): cores x clock x FLOPs per cycle (AVX-512: 2 FMA x 16 lanes x 2 = 64;

@@ -34,10 +34,18 @@ class FlopModel {
   double per_token_ = 0;        // decoder layers, norm, head
 };
 
-// Peak dense FLOP/s of one rank's device: VLMTRAIN_PEAK_TFLOPS when set; on CUDA 0
-// (unknown: set the variable, e.g. 989 for H100 bf16 dense); on CPU the theoretical fp32
-// peak of the rank's intra-op threads (cores x clock x FLOPs/cycle from /proc/cpuinfo).
-// `how` describes the source.
-double peak_flops_per_rank(torch::Device device, std::string* how);
+// Peak dense FLOP/s of one rank's device for matmuls in `dtype` (the parameters'):
+// VLMTRAIN_PEAK_TFLOPS when set; on CUDA the data-sheet peak of the GPU by its name
+// (gpu_peak_tflops; 0 = unknown GPU: MFU is then not reported, set the variable); on CPU
+// the theoretical fp32 peak of the rank's intra-op threads (cores x clock x FLOPs/cycle
+// from /proc/cpuinfo). `how` describes the source.
+double peak_flops_per_rank(torch::Device device, torch::Dtype dtype, std::string* how);
+
+// Dense (no structured sparsity) data-sheet peak TFLOP/s of an NVIDIA GPU named `name` (as
+// cudaGetDeviceProperties reports it, e.g. "NVIDIA H100 80GB HBM3") for matmuls in `dtype`:
+// bf16 / fp16 on the tensor cores; fp32 on the CUDA cores (LibTorch leaves TF32 off for
+// matmuls). 0 when the GPU is not in the table. Table: H100 SXM, H100 PCIe, H100 NVL, H200
+// (SXM and NVL), A100 (SXM and PCIe), B200, L40S.
+double gpu_peak_tflops(const std::string& name, torch::Dtype dtype);
 
 }  // namespace vlm::app

@@ -2,8 +2,31 @@
 #include "app/plan/step_memory.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <vector>
 
 namespace vlm::app {
+
+double cublas_workspace_bytes(int sm_major) {
+  if (const char* cfg = std::getenv("CUBLAS_WORKSPACE_CONFIG"); cfg != nullptr && *cfg != '\0') {
+    // ":4096:8" or ":4096:2:16:8": pairs of (KiB, count).
+    std::vector<double> nums;
+    for (const char* p = cfg; *p != '\0';) {
+      if (*p == ':') {
+        ++p;
+        continue;
+      }
+      char* end = nullptr;
+      nums.push_back(std::strtod(p, &end));
+      if (end == p) break;
+      p = end;
+    }
+    double bytes = 0;
+    for (size_t i = 0; i + 1 < nums.size(); i += 2) bytes += nums[i] * 1024 * nums[i + 1];
+    return bytes;
+  }
+  return sm_major >= 9 ? 4096.0 * 1024 * 8 : 4096.0 * 1024 * 2 + 16.0 * 1024 * 8;
+}
 
 StepMemoryModel::StepMemoryModel(vlm::VisionLanguageModelImpl& model, const vlm::app::MemoryPlan& plan,
                                  const std::vector<vlm::sharding::UnitPlan>& units, torch::Dtype param_dtype,
@@ -18,6 +41,8 @@ StepMemoryModel::StepMemoryModel(vlm::VisionLanguageModelImpl& model, const vlm:
   if (path == vlm::app::AttentionPath::cpu) {
     persistent_ += plan.total.host_optim_bytes;
     prefetch_samples_ = prefetch_samples;
+  } else {
+    workspace_ = cublas_workspace_bytes();
   }
   const double p = static_cast<double>(c10::elementSize(param_dtype));
   for (const auto& u : units) {
@@ -41,7 +66,8 @@ vlm::app::MicroBatchShape StepMemoryModel::shape_of(const vlm::collate::MicroBat
 double StepMemoryModel::input_bytes(const vlm::app::MicroBatchShape& s) const {
   const auto& v = model_->cfg.vision;
   const double tokens = static_cast<double>(s.tokens());
-  return tokens * (3 + 3) * 8 + static_cast<double>(s.loss_rows) * 8 +
+  const double image_rows = static_cast<double>(s.patches / std::max<int64_t>(1, v.merge_unit()));
+  return tokens * (3 + 3) * 8 + static_cast<double>(s.loss_rows) * 8 + image_rows * 8 +
          static_cast<double>(s.patches) * static_cast<double>(v.patch_dim()) *
              static_cast<double>(c10::elementSize(dtype_));
 }
@@ -63,6 +89,7 @@ StepMemory StepMemoryModel::base(int64_t micro_batches) const {
   m.grads = grads_;
   m.step_grads = step_grads_;
   m.micro_batches = micro_batches;
+  m.workspace = workspace_;
   return m;
 }
 

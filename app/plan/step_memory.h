@@ -17,6 +17,8 @@
 //            several micro-batches, the gradients accumulating across them
 //          the end of backward: the reduce-scatter buffers and the step's gradients (DDP
 //            .grad in param dtype, FSDP unsharded sums), activations gone
+//        + on CUDA the cuBLAS workspace of the compute stream (allocated through the caching
+//          allocator at the first matmul and kept: cublas_workspace_bytes)
 //
 // Peaks of parts that need not coincide are added, so the plan leans high; the bench row
 // (scripts/bench/memory_plan.py) measures how close it comes for each policy mix.
@@ -40,14 +42,22 @@ struct StepMemory {
   double act_units = 0;    // ... and through the largest unit backward
   double grads = 0;        // the largest unit's parameter gradient in param_dtype
   double step_grads = 0;   // gradients alive until the optimizer: DDP .grad, FSDP unsharded sums
+  double workspace = 0;     // CUDA: the cuBLAS workspace (cublas_workspace_bytes)
   int64_t micro_batches = 1;
   double activations() const { return std::max(act_head, act_units); }
   double total() const {
     const double accumulating = micro_batches > 1 ? step_grads : 0.0;
     const double head = gathered + act_head, units = gathered + reduce + act_units;
-    return persistent + inputs + std::max(std::max(head, units) + grads + accumulating, reduce + step_grads);
+    return persistent + inputs + workspace +
+           std::max(std::max(head, units) + grads + accumulating, reduce + step_grads);
   }
 };
+
+// Bytes of the cuBLAS workspace PyTorch gives a stream's handle on a GPU of compute
+// capability `sm_major`: CUBLAS_WORKSPACE_CONFIG when set (":SIZE_KiB:COUNT" pairs, summed),
+// else PyTorch's default: 4096 KiB x 8 = 32 MiB from Hopper (9.x) on, 4096 x 2 + 16 x 8 KiB
+// = 8.125 MiB before. cuBLASLt shares it.
+double cublas_workspace_bytes(int sm_major = 9);
 
 class StepMemoryModel {
  public:
@@ -57,6 +67,10 @@ class StepMemoryModel {
   StepMemoryModel(vlm::VisionLanguageModelImpl& model, const vlm::app::MemoryPlan& plan,
                   const std::vector<vlm::sharding::UnitPlan>& units, torch::Dtype param_dtype,
                   vlm::app::AttentionPath path, int64_t prefetch_samples);
+
+  // The CUDA workspace term (default: cublas_workspace_bytes() with path cuda, 0 on the CPU);
+  // the trainer sets its GPU's.
+  void set_workspace(double bytes) { workspace_ = bytes; }
 
   // A step of these micro-batches.
   StepMemory step(const std::vector<vlm::collate::MicroBatch>& micro_batches) const;
@@ -79,6 +93,7 @@ class StepMemoryModel {
 
   vlm::VisionLanguageModelImpl* model_;
   torch::Dtype dtype_;
+  double workspace_ = 0;
   vlm::app::AttentionPath path_;
   std::vector<std::string> checkpointed_;
   double persistent_ = 0, gathered_ = 0, reduce_ = 0, grads_ = 0, step_grads_ = 0;

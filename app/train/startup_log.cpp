@@ -31,6 +31,16 @@ void announce_run(const Recipe& recipe, const vlm::sharding::DistEnv& env, vlm::
   if (dims.distributed())
     spdlog::info("comm: data plane {}, one group per lane (main, fsdp-gather, fsdp-reduce, ddp) | control plane {}",
                  dims.comm().transport(), dims.control().transport());
+  if (!dims.comm_warm_ups().empty()) {
+    std::string made;
+    double total = 0;
+    for (const auto& w : dims.comm_warm_ups()) {
+      made += fmt::format("{}{} ({} ranks) {:.3f} s", made.empty() ? "" : ", ", w.plane, w.size, w.seconds);
+      total += w.seconds;
+    }
+    spdlog::info("comm: {} communicators created at start-up, in this order: {} ({:.2f} s in all)",
+                 dims.comm_warm_ups().size(), made, total);
+  }
   if (dims.has_mesh())
     spdlog::info("mesh: dp_replicate {} x dp_shard {}: hybrid_shard units are sharded within groups of {} "
                  "consecutive ranks and their gradients all-reduced across {} replicas",

@@ -19,6 +19,7 @@
 // dims.comm() inside sharding/. Every rank makes the same collectives in the same order.
 #include "app/train/trainer.h"
 
+#include <ATen/cuda/CUDAContext.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -128,6 +129,8 @@ TrainModel build_model(const Recipe& recipe, vlm::sharding::ParallelDims& dims) 
       *m.model, plan, m.sm->unit_table(), so.param_dtype,
       dims.device().is_cuda() ? AttentionPath::cuda : AttentionPath::cpu,
       recipe.data.prefetch * recipe.batch.samples_per_rank);
+  if (dims.device().is_cuda())
+    m.step_memory->set_workspace(cublas_workspace_bytes(at::cuda::getDeviceProperties(dims.device().index())->major));
   log_unit_table(*m.sm, plan, main);
   return m;
 }
@@ -287,7 +290,7 @@ Trainer::Trainer(const Recipe& recipe_, vlm::sharding::ParallelDims& dims_, Trai
       st(resume(recipe_, *m_.sm, dims_)),
       sched{steps_total_, recipe_.schedule.warmup_steps, recipe_.schedule.decay, recipe_.schedule.min_lr_ratio},
       flop_model(m_.sm->unit_table(), m_.cfg),
-      peak(peak_flops_per_rank(dims_.device(), &peak_how)),
+      peak(peak_flops_per_rank(dims_.device(), recipe_dtype(recipe_.precision.param_dtype), &peak_how)),
       bar({"train", "steps", steps_total_, main && tty, /*plain_lines=*/false}),
       window({recipe_.log.every, steps_total_, dims_.world_size(), peak}),
       dump_dir(batch_dump_dir()),

@@ -48,6 +48,10 @@ void DeviceContext::reset_peak() const {
     TensorMemoryMeter::reset_peak();
 }
 
+void DeviceContext::synchronize() const {
+  if (device_.is_cuda()) c10::cuda::device_synchronize();
+}
+
 torch::Tensor DeviceContext::to_device(const torch::Tensor& host) {
   if (!host.defined() || !cuda_ || host.device() == device_) return host;
   VLM_CHECK(host.is_cpu(), "device context: to_device expects a host tensor, got one on ", host.device().str());
@@ -76,6 +80,7 @@ vlm::Batch DeviceContext::to_device(const vlm::Batch& host) {
   b.position_ids = to_device(host.position_ids);
   b.pixel_values = to_device(host.pixel_values);
   b.loss_rows = to_device(host.loss_rows);
+  b.image_rows = to_device(host.image_rows);
   return b;  // image_grid_thw and text_cu_seqlens stay on the host: attention is planned from them
 }
 

@@ -54,6 +54,9 @@ class DeviceContext {
   DeviceMemory memory() const;
   // Starts a new peak of DeviceMemory::peak_allocated (e.g. once per training step).
   void reset_peak() const;
+  // Waits until all work queued on this device is done (a no-op on the CPU). Start-up only:
+  // the training step never calls it.
+  void synchronize() const;
 
   // Bytes copied host -> device so far, and how many copies.
   int64_t copied_bytes() const { return copied_bytes_; }

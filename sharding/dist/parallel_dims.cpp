@@ -117,10 +117,26 @@ c10::intrusive_ptr<c10d::Backend> make_gloo_group(const DistEnv& env, const Para
 }
 
 // An NCCL group of every rank through `store` (its own communicator and stream).
+}  // namespace
+
+std::vector<std::string> apply_nccl_env_defaults() {
+  std::vector<std::string> set;
+  for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
+           {"TORCH_NCCL_AVOID_RECORD_STREAMS", "1"}}) {
+    if (std::getenv(name) != nullptr) continue;  // the user's choice stands
+    ::setenv(name, value, /*overwrite=*/0);
+    set.push_back(str(name, "=", value));
+  }
+  return set;
+}
+
+namespace {
+
 c10::intrusive_ptr<c10d::Backend> make_nccl_group(const DistEnv& env, const ParallelOptions& opts,
                                                   const c10::intrusive_ptr<c10d::Store>& store,
                                                   const std::string& who, int rank, int size) {
 #ifdef USE_C10D_NCCL
+  apply_nccl_env_defaults();  // read by ProcessGroupNCCL's constructor
   auto o = c10d::ProcessGroupNCCL::Options::create();
   // Our watchdog (ParallelDims::start_watchdog) reports a stuck op at opts.timeout with the
   // comm layer's report; NCCL's own watchdog, a minute later, is the backstop.
@@ -350,6 +366,31 @@ struct ParallelDims::Init {
                              dp_replicate, &g);
     if (g) p.mesh_groups_.push_back(g);
   }
+
+  // Every communicator created now, not at its first use: NCCL makes a group's communicator
+  // lazily at its first collective, several of which would otherwise come inside backward on
+  // the autograd thread, where a rank that reaches them differently waits for the watchdog.
+  // Here every rank runs one all-reduce of a 1-element device tensor on each data-plane comm
+  // (then the control plane), in data_comms()' fixed order (lanes, shard lanes, replicate),
+  // waits for it and synchronises the device; the sum is checked and the time recorded.
+  void warm_up_comms() {
+    std::vector<Comm*> comms = p.data_comms();
+    comms.push_back(p.control_.get());
+    for (Comm* c : comms) {
+      if (c->world_size() == 1) continue;
+      const auto t0 = std::chrono::steady_clock::now();
+      const torch::Device dev = c == p.control_.get() ? torch::Device(torch::kCPU) : p.device_;
+      torch::Tensor one = torch::ones({1}, torch::TensorOptions().device(dev).dtype(torch::kFloat32));
+      c->all_reduce(one, ReduceOp::kSum, str("start-up: create the ", c->plane(), " communicator"));
+      p.device_context_->synchronize();
+      const double got = one.cpu().item<double>();
+      VLM_CHECK(got == c->world_size(), who, ": the start-up all-reduce on ", c->plane(), " gave ", got, ", expected ",
+                c->world_size(), " (hint: a rank joined the wrong group; check MASTER_ADDR / MASTER_PORT)");
+      p.warm_ups_.push_back({c->plane(), c->world_size(),
+                             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
+    }
+    for (Comm* c : comms) c->reset_stats();  // the counters start with the training's traffic
+  }
 };
 
 ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts) {
@@ -368,6 +409,7 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
   in.control_plane();
   in.lanes();
   in.mesh_groups();
+  in.warm_up_comms();
   if (p.backend_ == Backend::kNccl) p.start_watchdog();
   return p;
 }

@@ -80,6 +80,15 @@ struct ParallelOptions {
   int dp_shard = 0;
 };
 
+// The NCCL environment vlmtrain runs with, set before the first NCCL process group unless
+// the user set the variable already (their value stands). Returns "NAME=value" of those set.
+//   TORCH_NCCL_AVOID_RECORD_STREAMS=1: ProcessGroupNCCL keeps the tensors of an op alive until
+//     its Work is waited, instead of recordStream() on the caching allocator (which holds
+//     their blocks until a later event query and inflates memory). Safe here because Comm
+//     waits every Work on the stream that next uses its tensors before they are reused or
+//     freed (fsdp.h, ddp.h: gathers before compute, reduce-scatters before the optimizer).
+std::vector<std::string> apply_nccl_env_defaults();
+
 // Copies share the store, the group and the comm. Without the agent store, rank 0's
 // process hosts the TCPStore: end a job with comm().barrier() so rank 0 does not leave (and
 // take the store with it) while other ranks still use it.
@@ -139,6 +148,16 @@ class ParallelDims {
   // The control plane's process group; null for world 1.
   const c10::intrusive_ptr<c10d::Backend>& control_group() const { return control_group_; }
 
+  // The communicators init() created eagerly (warm_up_comms), in the order it created them:
+  // each comm's plane name and the seconds its first collective took (group creation
+  // included: NCCL makes a communicator at a group's first collective).
+  struct CommWarmUp {
+    std::string plane;
+    int size = 0;
+    double seconds = 0;
+  };
+  const std::vector<CommWarmUp>& comm_warm_ups() const { return warm_ups_; }
+
   // Writes torchrun's error file ({"message": ..., "timestamp": ...}) when
   // TORCHELASTIC_ERROR_FILE is set; returns whether a file was written.
   bool write_error_file(const std::string& message) const;
@@ -168,6 +187,7 @@ class ParallelDims {
   std::array<std::shared_ptr<Comm>, 2> shard_lanes_;  // kGather, kReduce
   std::shared_ptr<Comm> replicate_;
   std::vector<c10::intrusive_ptr<c10d::Backend>> mesh_groups_;
+  std::vector<CommWarmUp> warm_ups_;
 };
 
 }  // namespace vlm::sharding

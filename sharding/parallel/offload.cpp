@@ -5,9 +5,29 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <c10/cuda/CUDAException.h>
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <mutex>
+
 #include "vlm/runtime/check.h"
 
 namespace vlm::sharding {
+
+c10::cuda::CUDAStream offload_stream(c10::DeviceIndex index) {
+  static std::mutex mu;
+  static std::map<c10::DeviceIndex, cudaStream_t> streams;  // process lifetime: never destroyed
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = streams.find(index);
+  if (it == streams.end()) {
+    c10::cuda::CUDAGuard guard(index);
+    cudaStream_t s = nullptr;
+    C10_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    it = streams.emplace(index, s).first;
+  }
+  return c10::cuda::getStreamFromExternal(it->second, index);
+}
 
 torch::Tensor host_zeros(int64_t n, torch::Device device) {
   auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(torch::kCPU);
@@ -37,7 +57,7 @@ void copy_back(const std::vector<torch::Tensor>& dst, const std::vector<torch::T
     return;
   }
   c10::cuda::CUDAGuard guard(device);
-  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+  c10::cuda::CUDAStream side = offload_stream(device.index());
   c10::cuda::CUDAStreamGuard on_side(side);
   std::vector<torch::Tensor> staged;  // alive until the copies are done
   for (size_t i = 0; i < dst.size(); ++i) {

@@ -24,6 +24,7 @@
 // Memory per owned state element: host fp32 master + m + v + grad staging (16 B); device:
 // none (the on-device optimizer holds (4* + 8) B: memory_plan.h).
 #pragma once
+#include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>
 
 #include <atomic>
@@ -59,9 +60,15 @@ class CopyFence {
 // dst[i] = src[i] (host fp32 masters -> device parameters in their dtype), done when this
 // returns: CPU one foreach copy (the on-device optimizer's write-back, same rounding); CUDA
 // non-blocking copies from pinned memory (low-precision targets rounded on the host into a
-// pinned staging tensor first) on a side stream of dst's device, then that stream is
+// pinned staging tensor first) on offload_stream(dst's device), then that stream is
 // synchronised.
 void copy_back(const std::vector<torch::Tensor>& dst, const std::vector<torch::Tensor>& src);
+
+// The one stream every offload copy-back of CUDA device `index` runs on, created on first use
+// and kept for the process: not one of PyTorch's pool streams, which are handed out
+// round-robin (32 per device), so a task per unit would after 32 tasks land on streams the
+// NCCL lanes or other code also use, and serialise behind their work.
+c10::cuda::CUDAStream offload_stream(c10::DeviceIndex index);
 
 // One background thread that runs the host updates in submission order.
 class HostUpdateQueue {

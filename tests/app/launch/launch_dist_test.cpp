@@ -268,9 +268,10 @@ TEST(LaunchDist, SigkilledRankEndsEverySurvivor) {
     EXPECT_LT(std::stod(m[1]), timeout_s + 30.0);
     EXPECT_TRUE(has(r.output, "rank " + std::to_string(rank) + ": exit code 1")) << r.output;
     const std::string err = vlm::test::read_file(logs / ("rank" + std::to_string(rank) + ".error.json"));
-    EXPECT_TRUE(has(err, "all_reduce #20 [1000] Float (context: step 20, unit loop.block)")) << err;
+    // Op #0 is ParallelDims::init's start-up all-reduce (communicators created eagerly).
+    EXPECT_TRUE(has(err, "all_reduce #21 [1000] Float (context: step 20, unit loop.block)")) << err;
     EXPECT_TRUE(has(err, "last ops on this rank (data plane), oldest first")) << err;
-    EXPECT_TRUE(has(err, "#19 all_reduce [1000] Float [step 19, unit loop.block] done")) << err;
+    EXPECT_TRUE(has(err, "#20 all_reduce [1000] Float [step 19, unit loop.block] done")) << err;
     EXPECT_TRUE(has(err, "[step 20, unit loop.block] FAILED")) << err;
     // The cross-rank report: the killed rank never answers.
     EXPECT_TRUE(has(err, "last op each rank entered")) << err;

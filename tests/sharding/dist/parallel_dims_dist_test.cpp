@@ -28,6 +28,30 @@ namespace {
 std::string to_string(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 std::vector<uint8_t> to_bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
+// init() created every communicator at start-up (eager, not at a first use inside
+// backward): one all-reduce on each data-plane comm in data_comms()' order, then on the
+// control plane, each in its comm's flight recorder; the counters start at zero after it.
+void check_warm_ups(const ParallelDims& dims) {
+  std::vector<std::string> want;
+  for (const Comm* c : dims.data_comms())
+    if (c->world_size() > 1) want.push_back(c->plane());
+  want.push_back("control");
+  std::vector<std::string> got;
+  for (const auto& w : dims.comm_warm_ups()) {
+    got.push_back(w.plane);
+    EXPECT_GE(w.seconds, 0.0);
+    EXPECT_GT(w.size, 1);
+  }
+  EXPECT_EQ(got, want);
+  for (const Comm* c : dims.data_comms()) {
+    if (c->world_size() > 1) {
+      EXPECT_NE(c->flight_record().find("start-up: create the " + c->plane() + " communicator"), std::string::npos)
+          << c->plane() << ":\n" << c->flight_record();
+    }
+    for (const auto& o : c->stats().ops) EXPECT_EQ(o.calls, 0) << c->plane();
+  }
+}
+
 // What every worker checks: its place in the job matches the launcher's variables (read
 // back independently with getenv), the store is shared, and an all-reduce of the ranks
 // gives N(N-1)/2.
@@ -40,6 +64,7 @@ void check_job(const ParallelDims& dims, const char* rank_var, const char* world
   EXPECT_TRUE(dims.device().is_cpu());
   ASSERT_TRUE(dims.store());
   ASSERT_TRUE(dims.group());
+  check_warm_ups(dims);
   const int n = dims.world_size(), r = dims.rank();
   dims.store()->set("hello/" + std::to_string(r), to_bytes("from " + std::to_string(r)));
   const int peer = (r + 1) % n;
@@ -100,6 +125,37 @@ struct Listener {
 }  // namespace
 
 // ---------------------------------------------------------------- workers
+
+// A 2 x 2 mesh (dp_replicate 2 x dp_shard 2): the lanes, the shard group's two lanes and the
+// replicate group, then the control plane, all created at start-up in that order.
+TEST(ParallelDimsDist, DISABLED_MeshWarmUpWorker) {
+  VLM_DIST_WORKER_ONLY();
+  ParallelOptions o;
+  o.timeout = std::chrono::seconds(60);
+  o.device = "cpu";
+  o.mesh = true;
+  o.dp_shard = 2;
+  ParallelDims dims = ParallelDims::init(detect_dist_env(process_env()), o);
+  ASSERT_TRUE(dims.has_mesh());
+  check_warm_ups(dims);
+  const int replica = dims.replica(), shard = dims.shard_rank();
+  const std::vector<std::string> want = {"data", "data/fsdp-gather", "data/fsdp-reduce", "data/ddp",
+                                         vlm::str("data/shard", replica, "/fsdp-gather"),
+                                         vlm::str("data/shard", replica, "/fsdp-reduce"),
+                                         vlm::str("data/replicate", shard), "control"};
+  std::vector<std::string> got;
+  for (const auto& w : dims.comm_warm_ups()) got.push_back(w.plane);
+  EXPECT_EQ(got, want);
+  dims.control().barrier("end (control)");
+}
+
+TEST(ParallelDimsDist, MeshCommunicatorsCreatedAtStartUp4) {
+  vlm::test::DistRun run;
+  run.world_size = 4;
+  run.worker_test = "ParallelDimsDist.DISABLED_MeshWarmUpWorker";
+  run.timeout = std::chrono::seconds(120);
+  EXPECT_TRUE(vlm::test::all_ok(vlm::test::run_workers(run)));
+}
 
 TEST(ParallelDimsDist, DISABLED_TorchrunWorker) {
   VLM_DIST_WORKER_ONLY();

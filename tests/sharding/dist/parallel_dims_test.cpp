@@ -202,3 +202,19 @@ TEST(Fingerprint, StandardFieldsAndDuplicates) {
   EXPECT_EQ(fp.fields[4].second, vlm::torch_version());
   EXPECT_THROW(fp.add("recipe hash", "x"), vlm::Error);
 }
+
+// The NCCL environment: TORCH_NCCL_AVOID_RECORD_STREAMS=1 is set when absent, a user's value
+// is kept (and then not reported as set).
+TEST(ParallelDims, NcclEnvironmentDefaultsKeepTheUsersChoice) {
+  const char* name = "TORCH_NCCL_AVOID_RECORD_STREAMS";
+  const char* before = std::getenv(name);
+  const std::string saved = before ? before : "";
+  ::unsetenv(name);
+  EXPECT_EQ(apply_nccl_env_defaults(), std::vector<std::string>{"TORCH_NCCL_AVOID_RECORD_STREAMS=1"});
+  ASSERT_NE(std::getenv(name), nullptr);
+  EXPECT_STREQ(std::getenv(name), "1");
+  ::setenv(name, "0", 1);
+  EXPECT_TRUE(apply_nccl_env_defaults().empty());
+  EXPECT_STREQ(std::getenv(name), "0");
+  if (before) ::setenv(name, saved.c_str(), 1); else ::unsetenv(name);
+}

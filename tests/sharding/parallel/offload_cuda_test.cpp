@@ -92,3 +92,22 @@ TEST(OffloadCuda, EqualsOnDeviceOptimizer) {
 }
 
 }  // namespace
+
+// Every copy-back of a device runs on one dedicated stream: the same stream each time, and
+// none of the 32 pool streams PyTorch hands out round-robin (the NCCL lanes' streams come
+// from that pool).
+TEST(OffloadCuda, CopyBackHasItsOwnStream) {
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA device visible to LibTorch (torch::cuda::is_available() is false); "
+                    "the GPU run (scripts/gpu/device_run.sh) runs the cuda label on a lent GPU";
+  const auto a = vlm::sharding::offload_stream(0), b = vlm::sharding::offload_stream(0);
+  EXPECT_EQ(a.id(), b.id());
+  for (int k = 0; k < 64; ++k) {
+    EXPECT_NE(c10::cuda::getStreamFromPool(false, 0).id(), a.id());
+    EXPECT_NE(c10::cuda::getStreamFromPool(true, 0).id(), a.id());
+  }
+  auto dst = torch::zeros({1000}, torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16));
+  auto src = vlm::sharding::host_zeros(1000, dst.device()).fill_(1.5);
+  vlm::sharding::copy_back({dst}, {src});
+  EXPECT_EQ(dst.to(torch::kFloat32).sum().item<double>(), 1500.0);
+}
