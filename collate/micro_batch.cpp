@@ -81,6 +81,7 @@ MicroBatch build_micro_batch(const std::vector<TokenizedSample>& samples, const 
   mb.batch.position_ids =
       get_rope_index(ids, mb.batch.image_grid_thw, mask, cfg).position_ids;
   mb.batch.loss_rows = vlm::supervised_rows(labels);  // host-side, so the device never counts
+  mb.batch.image_rows = vlm::image_token_rows(ids, cfg.image_token_id);  // likewise: placed by index
   mb.batch.right_padded = true;
   return mb;
 }
@@ -114,6 +115,7 @@ MicroBatch build_packed_micro_batch(const std::vector<TokenizedSample>& samples,
   mb.batch.text_cu_seqlens = torch::tensor(cu, torch::kLong);
   mb.batch.position_ids = packed_position_ids(mb.batch.input_ids, mb.batch.image_grid_thw, cu, cfg);
   mb.batch.loss_rows = vlm::supervised_rows(mb.batch.labels);
+  mb.batch.image_rows = vlm::image_token_rows(mb.batch.input_ids, cfg.image_token_id);
   mb.batch.right_padded = true;  // nothing is padded
   return mb;
 }
@@ -133,6 +135,7 @@ MicroBatch filler_micro_batch(int64_t pad_token_id) {
   mb.batch.attention_mask = torch::ones({1, 1}, torch::kLong);
   mb.batch.position_ids = torch::zeros({3, 1, 1}, torch::kLong);
   mb.batch.loss_rows = torch::zeros({0}, torch::kLong);
+  mb.batch.image_rows = torch::zeros({0}, torch::kLong);
   mb.batch.right_padded = true;
   return mb;
 }

@@ -4,7 +4,11 @@
 #      vlm/ and themselves; sharding/ includes vlm/ and itself (docs/design.md, "Layers");
 #   2. the model-family registry is sealed: no family identifier (a model_type) in code
 #      outside vlm/families/ (adding a family touches no shared file but the registry);
-#   3. the repository stands alone: nothing reads or cites a ../shared folder beside it.
+#   3. the repository stands alone: nothing reads or cites a ../shared folder beside it;
+#   4. the model's forward moves host tensors to its device only through
+#      vlm::stage_to_device (vlm/runtime/device_staging.h: pinned, non-blocking), never with a
+#      plain .to(device), which makes the host wait on a GPU (generation and the rope index,
+#      host-side by design, are exempt).
 # Prints every offending line and exits 1 when a rule is broken.
 set -uo pipefail
 cd "${1:-$(dirname "$0")/..}"
@@ -40,6 +44,13 @@ fi
 if [ -n "$refs" ]; then
   echo "stand-alone: these lines read or cite ../shared, which a clone of the repository does not have:"
   echo "$refs"
+  fail=1
+fi
+copies=$(grep -nE '\.to\(([a-z_]+\.)?device(\(\))?[,)]|\.to\([a-z_.]+\.device\(\)' vlm/model/*.cpp vlm/families/*.cpp |
+         grep -vE '^vlm/model/(generation|rope_index)\.cpp:' || true)
+if [ -n "$copies" ]; then
+  echo "host syncs: a plain .to(device) in the forward (use vlm::stage_to_device, vlm/runtime/device_staging.h):"
+  echo "$copies"
   fail=1
 fi
 [ $fail -eq 0 ] && echo "layout: ok"

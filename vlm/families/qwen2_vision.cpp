@@ -5,6 +5,7 @@
 #include "vlm/runtime/check.h"
 #include "vlm/model/rotary.h"
 #include "vlm/model/recompute_tail.h"
+#include "vlm/runtime/device_staging.h"
 
 namespace vlm {
 
@@ -116,7 +117,7 @@ torch::Tensor Qwen2VisionEncoderImpl::forward(const torch::Tensor& pixel_values,
   const auto& v = cfg.vision;
   const int64_t unit = v.merge_unit();
   auto g = grid_thw.to(torch::kCPU, torch::kInt64);
-  const int64_t expect = g.numel() == 0 ? 0 : g.prod(1).sum().item<int64_t>();
+  const int64_t expect = image_cu_seqlens(g).back();  // patches, summed on the host (no ATen op)
   VLM_CHECK(pixel_values.dim() == 2 && pixel_values.size(0) == expect, "pixel_values has ",
             pixel_values.size(0), " rows but image_grid_thw ", g.sizes(), " sums to ", expect,
             " patches (hint: rows = sum of t*gh*gw over images)");
@@ -129,7 +130,7 @@ torch::Tensor Qwen2VisionEncoderImpl::forward(const torch::Tensor& pixel_values,
   const int64_t s = x.size(0);
   if (v.window_attention()) {
     auto wi = get_window_index(g, v);
-    window = wi.index.to(x.device());
+    window = stage_to_device(wi.index, x.device());
     cu_window = wi.cu_seqlens;
     auto permute = [&](const torch::Tensor& t) {
       return t.reshape({s / unit, unit, -1}).index_select(0, window).reshape({s, -1});

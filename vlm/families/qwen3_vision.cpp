@@ -7,6 +7,7 @@
 #include "vlm/model/rotary.h"
 #include "vlm/families/qwen2_vision.h"
 #include "vlm/model/recompute_tail.h"
+#include "vlm/runtime/device_staging.h"
 
 namespace vlm {
 
@@ -168,7 +169,7 @@ VisionOutput Qwen3VisionEncoderImpl::encode(const torch::Tensor& pixel_values, c
                                             UnitRunner& runner, const std::string& prefix) {
   const auto& v = cfg;
   auto g = grid_thw.to(torch::kCPU, torch::kInt64);
-  const int64_t expect = g.numel() == 0 ? 0 : g.prod(1).sum().item<int64_t>();
+  const int64_t expect = image_cu_seqlens(g).back();  // patches, summed on the host (no ATen op)
   VLM_CHECK(pixel_values.dim() == 2 && pixel_values.size(0) == expect, "pixel_values has ",
             pixel_values.size(0), " rows but image_grid_thw ", g.sizes(), " sums to ", expect,
             " patches (hint: rows = sum of t*gh*gw over images)");
@@ -176,7 +177,7 @@ VisionOutput Qwen3VisionEncoderImpl::encode(const torch::Tensor& pixel_values, c
                       [pe = patch_embed](const torch::Tensor& p) mutable { return pe(p); });  // [S, E]
   // Learned positions: sum over the 4 bilinear taps (weights fp32, as HF), cast to x's dtype.
   auto taps = qwen3_position_taps(g, side, v.spatial_merge_size);
-  auto tap_index = taps.index.to(x.device()), tap_weight = taps.weight.to(x.device()).unsqueeze(-1);
+  auto tap_index = stage_to_device(taps.index, x.device()), tap_weight = stage_to_device(taps.weight, x.device()).unsqueeze(-1);
   x = runner.run(prefix + ".pos_embed", *pos_embed, x,
                  [pe = pos_embed, tap_index, tap_weight](const torch::Tensor& h) mutable {
                    return h + (pe(tap_index) * tap_weight).sum(1).to(h.scalar_type());

@@ -5,6 +5,7 @@
 
 #include "vlm/runtime/check.h"
 #include "vlm/model/rotary.h"
+#include "vlm/runtime/device_staging.h"
 
 namespace vlm {
 
@@ -32,7 +33,7 @@ torch::Tensor flash_varlen(const torch::Tensor& q, const torch::Tensor& k, const
   int64_t max_len = 0;
   for (size_t i = 0; i + 1 < cu.size(); ++i) max_len = std::max(max_len, cu[i + 1] - cu[i]);
   std::vector<int32_t> cu32(cu.begin(), cu.end());
-  auto cu_dev = torch::tensor(cu32, torch::kInt32).to(q.device(), /*non_blocking=*/true);
+  auto cu_dev = stage_to_device(torch::tensor(cu32, torch::kInt32), q.device());
   auto out = at::_flash_attention_forward(q.contiguous(), k.contiguous(), v.contiguous(), cu_dev, cu_dev,
                                           max_len, max_len, /*dropout_p=*/0.0, causal,
                                           /*return_debug_mask=*/false, scale);

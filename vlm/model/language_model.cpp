@@ -4,6 +4,8 @@
 
 #include "vlm/runtime/check.h"
 #include "vlm/model/rotary.h"
+#include "vlm/model/row_scatter.h"
+#include "vlm/runtime/device_staging.h"
 
 namespace vlm {
 
@@ -54,13 +56,13 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torc
             "attention_mask: expected [", b, ", ", past + l, "] (cached + new tokens), got ",
             attention_mask.defined() ? attention_mask.sizes() : torch::IntArrayRef{});
   if (cache && cache->layers.empty()) cache->layers.resize(layers.size());
-  auto cs = mrope_cos_sin(position_ids.to(embeds.device()), cfg.rotary_dim(), cfg.rope_theta,
+  auto cs = mrope_cos_sin(stage_to_device(position_ids, embeds.device()), cfg.rotary_dim(), cfg.rope_theta,
                           cfg.mrope_section, embeds.scalar_type(), cfg.mrope_interleaved);  // [B, L, R]
   // Undefined: causal attention without a mask tensor (flash attention on CUDA).
-  auto mask = attention_mask.defined() ? causal_padding_mask(attention_mask.to(embeds.device()), l) : torch::Tensor();
+  auto mask = attention_mask.defined() ? causal_padding_mask(stage_to_device(attention_mask, embeds.device()), l) : torch::Tensor();
   // The new tokens' padding, for linear-attention layers (zeroed before the mixer).
   auto padding = attention_mask.defined() && cfg.count_layers(MixerKind::linear_attention) > 0
-                     ? attention_mask.narrow(1, past, l).to(embeds.device())
+                     ? stage_to_device(attention_mask.narrow(1, past, l), embeds.device())
                      : torch::Tensor();
   // Owned copy: activation checkpointing reruns the layer in backward, after the caller's
   // vector is gone.
@@ -75,9 +77,15 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torc
                      return layer(x, cos, sin, mask, padding, kv, cu.get());
                    });
     if (deepstack != nullptr && i < deepstack->embeds.size()) {
-      // h[mask] += embeds[i], as HF's _deepstack_process (adding exact zeros elsewhere).
-      auto m = deepstack->mask.to(h.device()).unsqueeze(-1).expand_as(h);
-      h = h + torch::zeros_like(h).masked_scatter(m, deepstack->embeds[i].to(h.scalar_type()));
+      // h[mask] += embeds[i], as HF's _deepstack_process. By index when the rows are known:
+      // masked_scatter's backward (masked_select) has a data-dependent shape, a host sync.
+      const auto e = deepstack->embeds[i].to(h.scalar_type());
+      if (deepstack->rows.defined()) {
+        h = add_rows(h.reshape({-1, h.size(-1)}), deepstack->rows, e).view_as(h);
+      } else {
+        auto m = stage_to_device(deepstack->mask, h.device()).unsqueeze(-1).expand_as(h);
+        h = h + torch::zeros_like(h).masked_scatter(m, e);
+      }
     }
   }
   if (cache) cache->tokens = past + l;

@@ -32,8 +32,9 @@ torch::Tensor causal_padding_mask(const torch::Tensor& attention_mask, int64_t n
 // DeepStack (Qwen3-VL): after decoder layer k < embeds.size(), embeds[k] is added to the
 // hidden states at the image positions (mask true, in order).
 struct DeepStackInputs {
-  torch::Tensor mask;                 // [B, L] bool: image-token positions
-  std::vector<torch::Tensor> embeds;  // each [count(mask), d]
+  torch::Tensor mask;                 // [B, L] bool: image-token positions (when rows is undefined)
+  torch::Tensor rows;                 // [M] int64 on the device: their flat positions b*L+t
+  std::vector<torch::Tensor> embeds;  // each [M, d]
 };
 
 class LanguageModelImpl : public torch::nn::Module {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "vlm/runtime/check.h"
+#include "vlm/runtime/device_staging.h"
 
 namespace vlm {
 
@@ -21,8 +22,10 @@ torch::Tensor apply_partial_rotary(const torch::Tensor& x, const torch::Tensor& 
   return torch::cat({apply_rotary(x.narrow(-1, 0, r), cos, sin), x.narrow(-1, r, d - r)}, -1);
 }
 
-torch::Tensor rotary_inv_freq(int64_t dim, double theta) {
-  auto exponent = torch::arange(0, dim, 2, torch::kInt64).to(torch::kFloat32) / static_cast<double>(dim);
+torch::Tensor rotary_inv_freq(int64_t dim, double theta, torch::Device device) {
+  auto exponent = torch::arange(0, dim, 2, torch::TensorOptions().dtype(torch::kInt64).device(device))
+                      .to(torch::kFloat32) /
+                  static_cast<double>(dim);
   return 1.0 / torch::pow(theta, exponent);
 }
 
@@ -51,11 +54,12 @@ torch::Tensor vision_rotary_pos_ids(const torch::Tensor& grid_thw, int64_t merge
 
 CosSin vision_rotary(const torch::Tensor& grid_thw, int64_t head_dim, int64_t merge,
                      torch::Device device, double theta) {
-  auto pos = vision_rotary_pos_ids(grid_thw, merge).to(torch::kFloat32);   // [S, 2]
-  auto inv = rotary_inv_freq(head_dim / 2, theta);                         // [head_dim/4]
+  // The integer positions travel (pinned, non-blocking); the angles are computed on the device.
+  auto pos = stage_to_device(vision_rotary_pos_ids(grid_thw, merge), device, torch::kFloat32);  // [S, 2]
+  auto inv = rotary_inv_freq(head_dim / 2, theta, device);                 // [head_dim/4]
   auto angles = torch::cat({pos.select(1, 0).unsqueeze(1) * inv, pos.select(1, 1).unsqueeze(1) * inv},
                            1);                                             // [S, head_dim/2]
-  auto emb = torch::cat({angles, angles}, 1).to(device);                   // [S, head_dim]
+  auto emb = torch::cat({angles, angles}, 1);                              // [S, head_dim]
   return {emb.cos(), emb.sin()};
 }
 
@@ -64,16 +68,15 @@ CosSin mrope_cos_sin(const torch::Tensor& position_ids, int64_t head_dim, double
   VLM_CHECK(position_ids.dim() == 3 && position_ids.size(0) == 3,
             "position_ids: expected [3, B, L], got ", position_ids.sizes());
   const int64_t half = head_dim / 2;
-  auto inv = rotary_inv_freq(head_dim, theta).to(position_ids.device());  // [half]
+  auto inv = rotary_inv_freq(head_dim, theta, position_ids.device());     // [half]
   auto freqs = position_ids.to(torch::kFloat32).unsqueeze(-1) * inv;       // [3, B, L, half]
   if (interleaved) {
     VLM_CHECK(mrope_section.size() == 3, "mrope_section: expected 3 entries, got ", mrope_section.size());
     auto sel = freqs[0].clone();  // [B, L, half]: T everywhere, then H and W at their slots
     for (int64_t s = 1; s <= 2; ++s) {
-      std::vector<int64_t> slots;
-      for (int64_t k = s; k < std::min(3 * mrope_section[size_t(s)], half); k += 3) slots.push_back(k);
-      if (slots.empty()) continue;
-      auto idx = torch::tensor(slots, torch::kInt64).to(freqs.device());
+      const int64_t end = std::min(3 * mrope_section[size_t(s)], half);  // slots s, s+3, ... < end
+      if (end <= s) continue;
+      auto idx = torch::arange(s, end, 3, torch::TensorOptions().dtype(torch::kInt64).device(freqs.device()));
       sel.index_copy_(-1, idx, freqs[s].index_select(-1, idx));
     }
     auto emb = torch::cat({sel, sel}, -1);  // [B, L, head_dim]

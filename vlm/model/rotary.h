@@ -21,8 +21,9 @@ torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos, con
 // Qwen3.5: a quarter of each head).
 torch::Tensor apply_partial_rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
-// inv_freq_k = theta^(-2k/dim), k = 0..dim/2-1, fp32 (computed as HF does).
-torch::Tensor rotary_inv_freq(int64_t dim, double theta);
+// inv_freq_k = theta^(-2k/dim), k = 0..dim/2-1, fp32 (computed as HF does), built on
+// `device` (no host -> device copy).
+torch::Tensor rotary_inv_freq(int64_t dim, double theta, torch::Device device = torch::kCPU);
 
 // Vision rotary ids: for each image (t, gh, gw) of grid_thw [N,3] the (row, col) of every
 // patch in merge-block order (2x2 blocks in raster order, each TL, TR, BL, BR), repeated t

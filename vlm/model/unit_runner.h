@@ -36,6 +36,10 @@ struct Unit {
   // Non-empty when the unit computes with another unit's parameters instead of owning any:
   // a tied "lm_head" uses "model.embed_tokens" (its module is that Embedding).
   std::string shares_params_with;
+  // Whether this call's backward reads the parameters. An embedding's backward only
+  // scatters its gradient by the ids (never reads the table), so FSDP need not gather
+  // model.embed_tokens for it (sharding/parallel/fsdp.h skip_backward_gather).
+  bool backward_reads_params = true;
 };
 
 }  // namespace vlm

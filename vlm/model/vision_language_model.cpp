@@ -4,6 +4,8 @@
 #include "vlm/model/chunked_cross_entropy.h"
 #include "vlm/families/registry.h"
 #include "vlm/model/rope_index.h"
+#include "vlm/model/row_scatter.h"
+#include "vlm/runtime/device_staging.h"
 
 namespace vlm {
 
@@ -25,7 +27,7 @@ void VisionLanguageModelImpl::set_runner(std::shared_ptr<UnitRunner> runner) {
 std::vector<Unit> VisionLanguageModelImpl::units() {
   std::vector<Unit> u;
   visual->append_units(u, "visual");
-  u.push_back({"model.embed_tokens", model->embed_tokens.get(), ""});
+  u.push_back({"model.embed_tokens", model->embed_tokens.get(), "", /*backward_reads_params=*/false});
   for (size_t i = 0; i < model->layers.size(); ++i)
     u.push_back({"model.layers." + std::to_string(i), model->layers[i].get(), ""});
   u.push_back({"model.norm", model->norm.get(), ""});
@@ -87,18 +89,33 @@ torch::Tensor VisionLanguageModelImpl::embed_inputs(const Batch& batch, bool dum
   }
   auto embeds = model->embed(ids, *runner_, "model");  // [B, L, d]
   const int64_t n_feat = features.defined() ? features.size(0) : 0;
-  if (ids.is_cpu()) {  // on a device the count would cost a sync: collate checked it on the host
-    const int64_t n_pad = (ids == cfg.image_token_id).sum().item<int64_t>();
-    VLM_CHECK(n_pad == n_feat, "the batch has ", n_pad, " image tokens (id ", cfg.image_token_id,
+  // The image pad positions: collate's image_rows (host-built, staged), else found here from
+  // host ids. On a device without image_rows the count check and the placement fall back to
+  // a mask (a host sync in backward: evaluation and generation only).
+  torch::Tensor rows = batch.image_rows;
+  if (!rows.defined() && ids.is_cpu()) rows = image_token_rows(ids, cfg.image_token_id);
+  if (rows.defined()) {
+    VLM_CHECK(rows.size(0) == n_feat, "the batch has ", rows.size(0), " image tokens (id ", cfg.image_token_id,
               ") but the images give ", n_feat, " features (hint: each image needs t*gh*gw/",
               cfg.vision.merge_unit(), " <|image_pad|> tokens)");
+    rows = stage_to_device(rows, embeds.device());
   }
   if (n_feat == 0) return embeds;
   // Image features replace the pad embeddings in order (HF's masked_scatter: the pad rows of
-  // embed_tokens get no gradient); no host sync.
+  // embed_tokens get no gradient). By index (row_scatter.h): fixed shapes, no sync.
+  const auto f = features.to(embeds.scalar_type());
+  if (rows.defined()) {
+    if (deepstack != nullptr && !deep.empty()) *deepstack = {torch::Tensor(), rows, std::move(deep)};
+    return replace_rows(embeds.reshape({-1, embeds.size(-1)}), rows, f).view_as(embeds);
+  }
   auto image_pos = ids == cfg.image_token_id;  // [B, L]
-  if (deepstack != nullptr && !deep.empty()) *deepstack = {image_pos, std::move(deep)};
-  return embeds.masked_scatter(image_pos.unsqueeze(-1).expand_as(embeds), features.to(embeds.scalar_type()));
+  if (deepstack != nullptr && !deep.empty()) *deepstack = {image_pos, torch::Tensor(), std::move(deep)};
+  return embeds.masked_scatter(image_pos.unsqueeze(-1).expand_as(embeds), f);
+}
+
+torch::Tensor image_token_rows(const torch::Tensor& input_ids, int64_t image_token_id) {
+  VLM_CHECK(input_ids.dim() == 2, "input_ids: expected [B, L], got ", input_ids.sizes());
+  return (input_ids.reshape({-1}) == image_token_id).nonzero().reshape({-1});
 }
 
 torch::Tensor supervised_rows(const torch::Tensor& labels) {
@@ -141,7 +158,7 @@ ForwardOutput VisionLanguageModelImpl::forward(const Batch& batch, bool return_l
     auto logits = head(hidden).to(torch::kFloat32);  // [B, L, V]
     if (want_loss) {
       auto lg = logits.narrow(1, 0, l - 1).reshape({-1, logits.size(2)});
-      auto lb = batch.labels.narrow(1, 1, l - 1).reshape({-1}).to(lg.device(), torch::kInt64);
+      auto lb = stage_to_device(batch.labels.narrow(1, 1, l - 1).reshape({-1}), lg.device(), torch::kInt64);
       out.n_tokens = (lb != -100).sum().item<int64_t>();
       out.loss_sum = torch::nn::functional::cross_entropy(
           lg, lb, torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
@@ -150,9 +167,10 @@ ForwardOutput VisionLanguageModelImpl::forward(const Batch& batch, bool return_l
   } else {
     // Head only on supervised positions, over row chunks (chunked_cross_entropy.h): neither
     // the [B, L, V] nor the [n, V] logits exist whole. loss_rows from the host: no sync.
-    auto keep = (batch.loss_rows.defined() ? batch.loss_rows : supervised_rows(batch.labels)).to(hidden.device());
+    auto keep = stage_to_device(batch.loss_rows.defined() ? batch.loss_rows : supervised_rows(batch.labels), hidden.device());
     out.n_tokens = keep.size(0);
-    auto lb = batch.labels.narrow(1, 1, l - 1).reshape({-1}).to(hidden.device(), torch::kInt64).index_select(0, keep);
+    auto lb = batch.labels.narrow(1, 1, l - 1).reshape({-1});
+    lb = stage_to_device(lb, hidden.device(), torch::kInt64).index_select(0, keep);
     auto h = hidden.narrow(1, 0, l - 1).reshape({-1, d}).index_select(0, keep);  // [n, d]
     out.loss_sum = head_loss(h, lb);
   }

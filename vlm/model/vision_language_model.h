@@ -32,6 +32,9 @@ struct Batch {
   // a count inside the forward:
   torch::Tensor loss_rows;       // [n] int64: flat positions b*(L-1)+t whose next-token label
                                  // labels[b, t+1] is supervised; undefined = derived from labels
+  torch::Tensor image_rows;      // [M] int64: flat positions b*L+t of the image pad tokens, in
+                                 // order (image features go there by index: no data-dependent
+                                 // shape in forward or backward); undefined = found from input_ids
   bool right_padded = false;     // padding (if any) only at row ends: the LLM attends causally
                                  // without a mask tensor (flash attention on CUDA)
   // Padding-free packing (collate's batch.packing): B == 1 and the row holds S whole samples
@@ -43,6 +46,8 @@ struct Batch {
 
 // loss_rows of labels [B, L] (host): the flat indices of labels[:, 1:] != -100.
 torch::Tensor supervised_rows(const torch::Tensor& labels);
+// image_rows of input_ids [B, L] (host): the flat indices of input_ids == image_token_id.
+torch::Tensor image_token_rows(const torch::Tensor& input_ids, int64_t image_token_id);
 
 struct ForwardOutput {
   torch::Tensor loss_sum;  // fp32 scalar: sum of token cross-entropies over supervised tokens
