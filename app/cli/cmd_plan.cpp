@@ -243,7 +243,7 @@ RecipePlan make_recipe_plan(const PlanArgs& a) {
   for (const auto& u : p.model->units())
     call_order.emplace_back(u.path, u.shares_params_with.empty() ? u.path : u.shares_params_with);
   p.traffic = plan_traffic(p.units, call_order, p.mesh, p.opts.param_dtype, p.opts.reduce_dtype,
-                           p.opts.fsdp_accumulate_unsharded);
+                           p.opts.fsdp_accumulate_unsharded, sh::calls_without_backward_gather(*p.model, p.units));
   sh::apply_freeze(p.units);  // requires_grad as the policies set it: what autograd keeps follows
   p.pb = planned_batch(a, p.recipe, p.cfg);
   const AttentionPath apath = p.pb.device == "cuda" ? AttentionPath::cuda : AttentionPath::cpu;
@@ -301,7 +301,8 @@ nlohmann::json plan_json(const RecipePlan& p) {
                     {"gathered_bytes", step.gathered}, {"reduce_scatter_bytes", step.reduce},
                     {"loss_backward_activation_bytes", step.act_head},
                     {"unit_backward_activation_bytes", step.act_units}, {"unit_grad_bytes", step.grads},
-                    {"step_grad_bytes", step.step_grads}, {"total_bytes", step.total()}};
+                    {"step_grad_bytes", step.step_grads}, {"cublas_workspace_bytes", step.workspace},
+                    {"total_bytes", step.total()}};
   auto& ops = j["traffic"]["ops"] = nlohmann::json::array();
   for (const auto& o : p.traffic.ops)
     ops.push_back({{"unit", o.unit}, {"op", o.op}, {"group", comm_group_name(o.group)},
@@ -369,10 +370,12 @@ void print_memory(const RecipePlan& p) {
               static_cast<long long>(pb.shape.patches), pb.shape.packed ? ", packed" : "", pb.device.c_str(),
               human_bytes(p.act.forward_bytes(checkpointed)).c_str(), human_bytes(p.act.peak_bytes(checkpointed)).c_str());
   const StepMemory& step = p.step;
-  std::printf("step peak per rank (app/plan/step_memory.h): persistent %s + inputs %s + max(gathered units %s + "
+  std::printf("step peak per rank (app/plan/step_memory.h): persistent %s + inputs %s%s + max(gathered units %s + "
               "max(loss backward %s, reduce-scatter buffers %s + unit backward %s) + a unit's parameter gradient %s, "
               "gradients until the optimizer %s) = %s\n",
-              human_bytes(step.persistent).c_str(), human_bytes(step.inputs).c_str(), human_bytes(step.gathered).c_str(),
+              human_bytes(step.persistent).c_str(), human_bytes(step.inputs).c_str(),
+              step.workspace > 0 ? (" + cuBLAS workspace " + human_bytes(step.workspace)).c_str() : "",
+              human_bytes(step.gathered).c_str(),
               human_bytes(step.act_head).c_str(), human_bytes(step.reduce).c_str(), human_bytes(step.act_units).c_str(),
               human_bytes(step.grads).c_str(), human_bytes(step.step_grads).c_str(), human_bytes(step.total()).c_str());
   if (mem.unsharded_accum_bytes > 0)

@@ -54,7 +54,8 @@ double TrafficPlan::group_bytes(CommGroup g, int micro_batches) const {
 
 TrafficPlan plan_traffic(const std::vector<UnitPlan>& units,
                          const std::vector<std::pair<std::string, std::string>>& call_order, const MeshShape& mesh,
-                         torch::Dtype param_dtype, torch::Dtype reduce_dtype, bool accumulate_unsharded) {
+                         torch::Dtype param_dtype, torch::Dtype reduce_dtype, bool accumulate_unsharded,
+                         const std::set<std::string>& no_backward_gather) {
   VLM_CHECK(mesh.world >= 1 && mesh.local_world >= 1 && mesh.shard() <= mesh.world && mesh.world % mesh.shard() == 0,
             "traffic plan: dp_shard ", mesh.shard(), " does not divide the world size ", mesh.world);
   TrafficPlan plan;
@@ -82,7 +83,8 @@ TrafficPlan plan_traffic(const std::vector<UnitPlan>& units,
       for (size_t i = 0; i < call_order.size(); ++i) {
         if (call_order[i].second != u.path) continue;
         gathers += 1;  // forward
-        if (u.trainable() && u.sharding != Sharding::kShardGradOp && static_cast<int64_t>(i) != last_pos)
+        if (u.trainable() && u.sharding != Sharding::kShardGradOp && static_cast<int64_t>(i) != last_pos &&
+            !no_backward_gather.count(call_order[i].first))
           gathers += 1;  // re-gathered for backward
       }
       if (u.sharding == Sharding::kShardGradOp) gathers = std::min(gathers, 1);

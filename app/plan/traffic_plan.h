@@ -26,6 +26,7 @@
 // the pace of the slowest link. Not counted: the control plane (a few scalars per step),
 // the start-up broadcast, checkpoint and eval traffic.
 #pragma once
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -71,9 +72,11 @@ struct TrafficPlan {
 };
 
 // call_order: the model's unit calls in forward order (path, owning unit path), as
-// FsdpEngine takes them (VisionLanguageModelImpl::units()).
+// FsdpEngine takes them (VisionLanguageModelImpl::units()). no_backward_gather: the calls
+// FSDP does not re-gather for backward (sharding::calls_without_backward_gather).
 TrafficPlan plan_traffic(const std::vector<sharding::UnitPlan>& units,
                          const std::vector<std::pair<std::string, std::string>>& call_order, const MeshShape& mesh,
-                         torch::Dtype param_dtype, torch::Dtype reduce_dtype, bool accumulate_unsharded);
+                         torch::Dtype param_dtype, torch::Dtype reduce_dtype, bool accumulate_unsharded,
+                         const std::set<std::string>& no_backward_gather = {});
 
 }  // namespace vlm::app

@@ -153,6 +153,7 @@ FsdpEngine::FsdpEngine(Comm& comm, Comm& reduce, const std::vector<UnitPlan>& un
     call_units_.push_back(it == by_unit_.end() ? nullptr : it->second);
   }
   pos_needs_bwd_.assign(call_units_.size(), 0);
+  pos_reads_bwd_.assign(call_units_.size(), 1);
   pos_input_signal_.assign(call_units_.size(), 0);
   pos_bwd_done_.assign(call_units_.size(), 0);
   for (int64_t p = 0; p < static_cast<int64_t>(call_units_.size()); ++p)
@@ -184,6 +185,14 @@ FsdpEngine::~FsdpEngine() {
       u->ar_.wait();
     } catch (...) {
     }
+  }
+}
+
+void FsdpEngine::skip_backward_gather(const std::set<std::string>& call_paths) {
+  for (const auto& path : call_paths) {
+    const int64_t pos = position(path);
+    VLM_CHECK(pos >= 0, "fsdp: skip_backward_gather: no call ", path, " in the call order");
+    pos_reads_bwd_[pos] = 0;
   }
 }
 
@@ -243,7 +252,7 @@ std::vector<FsdpUnit*> FsdpEngine::ahead(int64_t pos, int step, const FsdpUnit* 
   std::vector<FsdpUnit*> next;
   for (int64_t p = pos + step; p >= 0 && p < static_cast<int64_t>(call_units_.size()) && next.size() < 2; p += step) {
     FsdpUnit* v = call_units_[p];
-    if (v == nullptr || v == u || (step < 0 && !pos_needs_bwd_[p])) continue;
+    if (v == nullptr || v == u || (step < 0 && (!pos_needs_bwd_[p] || !pos_reads_bwd_[p]))) continue;
     if (std::find(next.begin(), next.end(), v) == next.end()) next.push_back(v);
   }
   return next;
@@ -274,8 +283,10 @@ void FsdpEngine::pre_backward(int64_t pos) {
   // Backward's next two units: the previous FSDP units in call order whose outputs need a
   // gradient. Units are freed by their own post-backward signal (post_backward), not here.
   const std::vector<FsdpUnit*> next = ahead(pos, -1, u);
-  gather_async(*u, "backward");
-  wait_gathered(*u);
+  if (pos_reads_bwd_[pos]) {  // an embedding's backward never reads its table: not gathered
+    gather_async(*u, "backward");
+    wait_gathered(*u);
+  }
   for (FsdpUnit* v : next) gather_async(*v, "backward prefetch");
 }
 

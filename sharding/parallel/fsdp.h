@@ -68,7 +68,10 @@
 // last call (kept from its forward into its backward): 1 + 1; shard_grad_op 1 + 1 =
 // 2(N-1)/N M; frozen sharded 1 all-gather (2 when its backward is needed). A unit called
 // twice (tied lm_head = model.embed_tokens) under full_shard is gathered for each call:
-// forward embed, forward lm_head (kept), backward embed: 3 all-gathers + 1 reduce-scatter.
+// forward embed, forward lm_head (kept): 2 all-gathers + 1 reduce-scatter, as every other
+// unit. An embedding's backward never reads its table, so model.embed_tokens is not gathered
+// for it (skip_backward_gather; unless it is checkpointed: the recompute reads it): untied,
+// it costs 1 all-gather + 1 reduce-scatter.
 // Peak: under full_shard at most three units are gathered at once (the running unit and the
 // two prefetched ones; tested), at most the three largest units' bytes (memory_plan.h). The
 // second look-ahead hides a gather behind more than one unit's compute, which matters when
@@ -107,6 +110,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -230,6 +234,10 @@ class FsdpEngine {
   FsdpEngine(const FsdpEngine&) = delete;
   FsdpEngine& operator=(const FsdpEngine&) = delete;
 
+  // Calls whose backward does not read their unit's parameters (an embedding's): backward
+  // neither gathers their unit nor prefetches it for them (calls_without_backward_gather).
+  void skip_backward_gather(const std::set<std::string>& call_paths);
+
   // The FSDP unit a call path runs on (alias-aware), or null.
   FsdpUnit* find(const std::string& call_path);
   FsdpUnit* find_unit(const std::string& unit_path);  // by owning unit path
@@ -304,6 +312,7 @@ class FsdpEngine {
   std::vector<FsdpUnit*> call_units_;    // per call position: its FSDP unit or null
   std::map<std::string, int64_t> call_pos_;
   std::vector<char> pos_needs_bwd_;      // per call position: its output needs a gradient
+  std::vector<char> pos_reads_bwd_;      // per call position: its backward reads the parameters
   std::vector<char> pos_input_signal_;   // per call position: its input carries a post-backward hook
   std::vector<char> pos_bwd_done_;       // per call position: its post-backward signal fired
   int64_t last_pos_ = -1;                // the last call position with an FSDP unit

@@ -227,6 +227,7 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model
   auto fsdp = std::make_unique<FsdpEngine>(dims.comm(Lane::kGather), dims.comm(Lane::kReduce), sm->units_, call_order,
                                            opts.reduce_dtype, std::move(loaded.shards), hybrid);
   fsdp->set_accumulate_unsharded(opts.fsdp_accumulate_unsharded);
+  fsdp->skip_backward_gather(calls_without_backward_gather(model, sm->units_));
   if (!fsdp->units().empty()) sm->fsdp_ = std::move(fsdp);
   // 5. DDP buckets over the trainable replicated / ZeRO-1 units (forward registration order).
   std::vector<torch::Tensor> params;
@@ -254,6 +255,18 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model
     if (sm->fsdp_) sm->fsdp_->set_before_gather([opt](FsdpUnit& u) { opt->wait_unit(u); });
   }
   return sm;
+}
+
+std::set<std::string> calls_without_backward_gather(vlm::VisionLanguageModelImpl& model,
+                                                    const std::vector<UnitPlan>& units) {
+  std::set<std::string> out;
+  for (const auto& call : model.units()) {
+    if (call.backward_reads_params) continue;
+    const std::string& owner = call.shares_params_with.empty() ? call.path : call.shares_params_with;
+    const auto it = std::find_if(units.begin(), units.end(), [&](const UnitPlan& u) { return u.path == owner; });
+    if (it != units.end() && !it->checkpointed) out.insert(call.path);
+  }
+  return out;
 }
 
 }  // namespace vlm::sharding

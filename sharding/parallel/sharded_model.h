@@ -48,6 +48,7 @@
 // only while its ShardedModel lives.
 #pragma once
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,13 @@ namespace vlm::sharding {
 
 // Step 2: requires_grad = false on every parameter of the frozen units.
 void apply_freeze(const std::vector<UnitPlan>& units);
+
+// The model's calls whose backward does not read their unit's parameters
+// (Unit::backward_reads_params false: model.embed_tokens), unless their unit is checkpointed
+// (the recompute reads them): FSDP does not gather them for backward (fsdp.h), and the
+// traffic plan counts no backward all-gather for them (app/plan/traffic_plan.h).
+std::set<std::string> calls_without_backward_gather(vlm::VisionLanguageModelImpl& model,
+                                                    const std::vector<UnitPlan>& units);
 
 class FsdpEngine;
 

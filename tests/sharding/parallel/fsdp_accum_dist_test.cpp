@@ -62,7 +62,8 @@ void check_unsharded_accumulation(ParallelDims& dims) {
       call_order.emplace_back(u.path, u.shares_params_with.empty() ? u.path : u.shares_params_with);
     for (const RunResult* r : {&got, &base}) {
       const bool unsharded = r == &got;
-      const TrafficPlan tp = plan_traffic(units, call_order, MeshShape{n, 0, n}, c.dtype, c.reduce, unsharded);
+      const TrafficPlan tp = plan_traffic(units, call_order, MeshShape{n, 0, n}, c.dtype, c.reduce, unsharded,
+                                          calls_without_backward_gather(*model, units));
       double measured = 0;
       for (const auto& [plane, st] : r->step1_comms)
         if (plane != "data") measured += st.logical_bytes();

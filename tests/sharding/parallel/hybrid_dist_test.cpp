@@ -83,7 +83,8 @@ void check_hybrid(ParallelDims& dims, bool frozen_vision, bool frozen_hybrid = f
   for (const auto& u : model->units())
     call_order.emplace_back(u.path, u.shares_params_with.empty() ? u.path : u.shares_params_with);
   const MeshShape mesh{4, 2, 2};  // planned as 2 nodes x 2 ranks
-  const TrafficPlan plan = plan_traffic(units, call_order, mesh, c.dtype, c.reduce, c.unsharded_accum);
+  const auto no_bwd_gather = calls_without_backward_gather(*model, units);
+  const TrafficPlan plan = plan_traffic(units, call_order, mesh, c.dtype, c.reduce, c.unsharded_accum, no_bwd_gather);
   double main_lane = 0;
   auto measured = measured_by_group(got, &main_lane);
   // All-hybrid: nothing on the world's lanes; frozen-vision: the vision gathers and the merger's DDP.
@@ -97,7 +98,8 @@ void check_hybrid(ParallelDims& dims, bool frozen_vision, bool frozen_hybrid = f
   EXPECT_TRUE(TrafficPlan::spans_nodes(mesh, CommGroup::kReplicate));
   EXPECT_TRUE(TrafficPlan::spans_nodes(mesh, CommGroup::kWorld));
   EXPECT_DOUBLE_EQ(plan.intra_node_bytes(c.accum), plan.group_bytes(CommGroup::kShard, c.accum));
-  const TrafficPlan flat = plan_traffic(units, call_order, MeshShape{4, 4, 2}, c.dtype, c.reduce, c.unsharded_accum);
+  const TrafficPlan flat =
+      plan_traffic(units, call_order, MeshShape{4, 4, 2}, c.dtype, c.reduce, c.unsharded_accum, no_bwd_gather);
   std::printf("%s: step 1 bytes per rank: world %.0f, shard %.0f, replicate %.0f (= plan); planned on 2 nodes x 2: "
               "across nodes %.0f B, within %.0f B; full_shard over all 4 would cross nodes with %.0f B\n",
               tag.c_str(), measured[CommGroup::kWorld], measured[CommGroup::kShard], measured[CommGroup::kReplicate],

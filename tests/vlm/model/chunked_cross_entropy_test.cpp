@@ -86,6 +86,34 @@ TEST(ChunkedCrossEntropy, FrozenWeightGetsNoGradientNorAccumulator) {
   }
 }
 
+// A trained head accumulates its gradient in one [V, d] fp32 buffer: no chunk materialises a
+// second [V, d] (its own gradient) beside it. The backward's peak of tensor bytes, counted by
+// the meter, is the accumulator (returned as the gradient) plus one chunk's working set (its
+// [m, V] logits, log-probabilities and their gradients: at most 6 such tensors) and the
+// [N, d] hidden gradient; a per-chunk [V, d] copy would add 4 V d bytes more than that.
+TEST(ChunkedCrossEntropy, WeightGradientAccumulatesWithoutAPerChunkCopy) {
+  const int64_t n = 37, d = 1024, v = 4096;
+  const CeCase c = ce_case(n, d, v, torch::kFloat32, 5);
+  const CeResult ref = ce_reference(c);
+  const double wbytes = 4.0 * v * d;
+  for (int64_t chunk : {5, 37}) {
+    SCOPED_TRACE("chunk " + std::to_string(chunk));
+    auto h = c.h.clone().requires_grad_(true), w = c.w.clone().requires_grad_(true);
+    auto loss = vlm::chunked_linear_cross_entropy(h, w, c.labels, chunk);
+    vlm::TensorMemoryMeter::install();
+    vlm::TensorMemoryMeter::reset_peak();
+    const int64_t before = vlm::TensorMemoryMeter::live_bytes();
+    (loss * 1.7).backward();
+    const double peak = static_cast<double>(vlm::TensorMemoryMeter::peak_bytes() - before);
+    const double working_set = 6 * 4.0 * chunk * v + 4.0 * n * d;
+    EXPECT_LE(ce_rel(w.grad(), ref.gw), 1e-5);  // fp32 sums of d = 1024 products, chunked: another order
+    EXPECT_GE(peak, wbytes) << "the accumulator";
+    EXPECT_LE(peak, wbytes + working_set) << "a second [V, d] tensor alive during backward";
+    std::printf("chunk %lld: backward peak %.2f MB = [V, d] fp32 %.2f MB + %.2f MB (bound %.2f MB)\n",
+                static_cast<long long>(chunk), peak / 1e6, wbytes / 1e6, (peak - wbytes) / 1e6, working_set / 1e6);
+  }
+}
+
 TEST(ChunkedCrossEntropy, Bf16WithinRounding) {
   const CeCase c = ce_case(64, 32, 97, torch::kBFloat16, 2);
   const CeResult ref = ce_reference(c);
