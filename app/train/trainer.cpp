@@ -45,6 +45,7 @@
 #include "app/train/checkpoint.h"
 #include "app/train/fault_injection.h"
 #include "app/train/log_window.h"
+#include "app/train/output_dir_probe.h"
 #include "app/train/lr_schedule.h"
 #include "app/train/startup_log.h"
 #include "app/train/step_stats.h"
@@ -470,6 +471,7 @@ TrainSummary run_training(const Recipe& recipe) {
     vlm::sharding::Comm& comm = dims.control();
     const bool main = dims.is_main();
     announce_run(recipe, env, dims);
+    check_output_dir_shared(recipe.run.output_dir, comm);  // every rank sees it, or every rank stops here
     torch::manual_seed(static_cast<uint64_t>(recipe.run.seed) * 7919 + static_cast<uint64_t>(dims.rank()));
     ensure_synth_data(recipe, comm, main);
 
