@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -43,16 +44,23 @@ std::optional<CommittedCheckpoint> Checkpointer::save(const TrainerState& state,
     return c;
   }
   CheckpointWrite* raw = w.get();
+  const double mib = static_cast<double>(raw->snapshot_bytes()) / (1 << 20);  // before the writer shares it
   pending_ = std::move(w);
-  writing_ = std::async(std::launch::async, [raw] {
-    vlm::data::use_one_intra_op_thread();  // no second OpenMP team next to the step's
-    raw->write();                          // never throws; commit() reports a failure
-  });
+  try {
+    writing_ = std::async(std::launch::async, [raw] {
+      vlm::data::use_one_intra_op_thread();  // no second OpenMP team next to the step's
+      raw->write();                          // never throws; commit() reports a failure
+    });
+  } catch (const std::system_error&) {  // no thread to be had: write here, commit as usual
+    raw->write();
+    std::promise<void> done;
+    done.set_value();
+    writing_ = done.get_future();
+  }
   last_blocking_s_ = ckpt_seconds_since(t0);
   if (o_.log)
     spdlog::info("checkpoint ({}) {}: {:.1f} MiB copied to host in {:.2f} s{}, being written in the background", why,
-                 raw->final_dir(), static_cast<double>(raw->snapshot_bytes()) / (1 << 20),
-                 ckpt_seconds_since(started_),
+                 raw->final_dir(), mib, ckpt_seconds_since(started_),
                  waited >= 0.01 ? fmt::format(" (after {:.2f} s waiting for the previous write)", waited) : "");
   return std::nullopt;
 }
