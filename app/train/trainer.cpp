@@ -1,7 +1,8 @@
 // The trainer: `vlmtrain train RECIPE` on one rank. A run, in order (run_training):
 //   1. processes   the launcher's environment -> CPU threads -> ParallelDims (the data and
 //                  control planes, the mesh) -> logging
-//   2. announce    version, planes, the resolved recipe (saved; startup_log.h); the seed
+//   2. announce    version, planes, the resolved recipe (saved; startup_log.h); every rank
+//                  sees run.output_dir (output_dir_probe.h); the seed
 //   3. synth data  data.synth renders the training set when it is missing (synth_data.h)
 //   4. model       tokenizer + model (on meta with model.sharded_load) -> policies (shard,
 //                  materialise this rank's share) -> memory plan (build_model)
@@ -12,8 +13,11 @@
 //   8. each step   fault hook -> this rank's micro-batches (prefetched on CUDA) ->
 //                  train_step (forward + backward per micro-batch, the one all-reduce of
 //                  StepStats, clip, non-finite guard, update) -> log window -> periodic
-//                  eval -> checkpoint (periodic, or on SIGINT / SIGTERM, then stop)
-//   9. the end     final checkpoint, full eval, barrier, the summary line
+//                  eval -> checkpoint (checkpointer.h: an asynchronous one in flight is
+//                  committed once every rank wrote it; then periodic, or on SIGINT /
+//                  SIGTERM, then stop)
+//   9. the end     final checkpoint, the wait for one in flight, full eval, barrier, the
+//                  summary line
 // Every collective of this file is host-side agreement on the control plane
 // (dims.control(): Gloo on CPU tensors, whatever the device); parameters and gradients use
 // dims.comm() inside sharding/. Every rank makes the same collectives in the same order.
