@@ -323,12 +323,16 @@ struct CheckpointSection {
   int64_t keep_last = 2;
   std::string resume = "auto";
   bool save_final = true;
+  bool async = false;
 
   template <class V> void fields(V& v) {
     v("every", every, Range{0, 1e9}, "steps between checkpoints; 0 = only at the end");
     v("keep_last", keep_last, Range{1, 1e6}, "older complete checkpoints are pruned");
     v("resume", resume, "`auto` (the newest complete checkpoint in run.output_dir), `none`, or a checkpoint path");
     v("save_final", save_final, "write a checkpoint after the last step");
+    v("async", async, "write checkpoints on a background thread while training goes on (the state is copied to "
+                      "host memory at the step; COMPLETE once every rank's files are written); false = the step "
+                      "loop waits for the files");
   }
 };
 

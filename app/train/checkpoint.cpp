@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "vlm/runtime/check.h"
 #include "vlm/runtime/runtime_info.h"
@@ -85,19 +87,35 @@ nlohmann::json unit_layout(const std::vector<vlm::sharding::UnitPlan>& units, bo
   return out;
 }
 
+// "STEP[:RANK]" -> does it name (step, rank)? RANK 0 when absent.
+bool names_step_and_rank(const std::string& spec, int64_t step, int64_t rank) {
+  const size_t colon = spec.find(':');
+  if (std::stoll(spec.substr(0, colon)) != step) return false;
+  return (colon == std::string::npos ? 0 : std::stoll(spec.substr(colon + 1))) == rank;
+}
+
 // Test hook: VLMTRAIN_FAULT_EXIT_IN_SAVE="STEP[:RANK]" kills RANK (default 0) with _exit(3)
-// right after it wrote its state file for step STEP (the checkpoint is then incomplete).
+// right after it wrote its state file for step STEP (the checkpoint is then incomplete; with
+// checkpoint.async the kill comes from the writing thread while training goes on).
 void maybe_exit_in_save(int64_t step, int64_t rank) {
   const char* env = std::getenv("VLMTRAIN_FAULT_EXIT_IN_SAVE");
-  if (env == nullptr || *env == '\0') return;
-  const std::string s = env;
-  const size_t colon = s.find(':');
-  if (std::stoll(s.substr(0, colon)) != step) return;
-  if ((colon == std::string::npos ? 0 : std::stoll(s.substr(colon + 1))) != rank) return;
+  if (env == nullptr || *env == '\0' || !names_step_and_rank(env, step, rank)) return;
   std::fprintf(stderr, "VLMTRAIN_FAULT_EXIT_IN_SAVE: rank %lld exits while saving step %lld\n",
                static_cast<long long>(rank), static_cast<long long>(step));
   std::fflush(stderr);
   ::_exit(3);
+}
+
+// Test hook: VLMTRAIN_FAULT_SLOW_SAVE="MS[:RANK]" makes RANK's (default 0) every state-file
+// write take MS milliseconds longer (a sleep before it writes): a slow filesystem, so that an
+// asynchronous write is still in flight at later step boundaries.
+void maybe_slow_save(int64_t rank) {
+  const char* env = std::getenv("VLMTRAIN_FAULT_SLOW_SAVE");
+  if (env == nullptr || *env == '\0') return;
+  const std::string s = env;
+  const size_t colon = s.find(':');
+  if ((colon == std::string::npos ? 0 : std::stoll(s.substr(colon + 1))) != rank) return;
+  std::this_thread::sleep_for(std::chrono::milliseconds(std::stoll(s.substr(0, colon))));
 }
 
 // Every rank: 1 if `fn` succeeded; throws the same error everywhere when any rank failed.
@@ -154,63 +172,95 @@ std::string checkpoint_dir(const std::string& output_dir, int64_t step) {
   return (fs::path(output_dir) / buf).string();
 }
 
-std::string save_checkpoint(const std::string& output_dir, const TrainerState& state,
-                            const vlm::sharding::ShardedModel& model, vlm::sharding::Comm& comm,
-                            const CheckpointFiles& files, int64_t keep_last) {
-  const int64_t rank = comm.rank(), world = comm.world_size();
-  const std::string final_dir = checkpoint_dir(output_dir, state.step);
-  const std::string tmp_dir = (fs::path(output_dir) / ("." + fs::path(final_dir).filename().string() + ".tmp")).string();
+CheckpointWrite::CheckpointWrite(const std::string& output_dir, const TrainerState& state,
+                                 const vlm::sharding::ShardedModel& model, vlm::sharding::Comm& comm,
+                                 const torch::Device& rng_device)
+    : output_dir_(output_dir),
+      final_dir_(checkpoint_dir(output_dir, state.step)),
+      state_(state),
+      rank_(comm.rank()),
+      world_(comm.world_size()) {
+  tmp_dir_ = (fs::path(output_dir) / ("." + fs::path(final_dir_).filename().string() + ".tmp")).string();
   all_ok(comm, [&] {
-    if (rank != 0) return;
+    if (rank_ != 0) return;
     std::error_code ec;
-    fs::remove_all(tmp_dir, ec);
-    fs::create_directories(tmp_dir, ec);
-    VLM_CHECK(!ec, "checkpoint: cannot create ", tmp_dir, ": ", ec.message(), " (hint: check run.output_dir)");
-  }, "create " + tmp_dir);
-
-  all_ok(comm, [&] {
-    std::vector<vlm::sharding::StateSlice> slices = model.state_slices();
-    vlm::NamedTensors tensors;
+    fs::remove_all(tmp_dir_, ec);
+    fs::create_directories(tmp_dir_, ec);
+    VLM_CHECK(!ec, "checkpoint: cannot create ", tmp_dir_, ": ", ec.message(), " (hint: check run.output_dir)");
+  }, "create " + tmp_dir_);
+  try {
+    if (rank_ == 0) units_ = unit_layout(model.unit_table(), model.stores_frozen());
     nlohmann::json meta = nlohmann::json::object();
-    for (auto& s : slices) {
-      meta[s.key] = {s.lo, s.hi, s.numel};
-      tensors.emplace_back(s.key, s.data);
+    for (auto& sl : model.state_slices()) {  // host copies (StateSlice::data)
+      meta[sl.key] = {sl.lo, sl.hi, sl.numel};
+      tensors_.emplace_back(sl.key, std::move(sl.data));
     }
-    tensors.emplace_back("rng/cpu", at::detail::getDefaultCPUGenerator().get_state());
-    vlm::SafetensorsWriteOptions so;
-    so.metadata = {{"slices", meta.dump()}, {"rank", std::to_string(rank)}, {"world_size", std::to_string(world)}};
-    vlm::save_safetensors((fs::path(tmp_dir) / rank_file(rank, world)).string(), tensors, so);
-    maybe_exit_in_save(state.step, rank);
-  }, "write rank state");
+    for (auto& r : capture_rng_states(rng_device)) tensors_.push_back(std::move(r));
+    metadata_ = {{"slices", meta.dump()}, {"rank", std::to_string(rank_)}, {"world_size", std::to_string(world_)}};
+  } catch (const std::exception& e) {
+    error_ = vlm::str("checkpoint: copying rank ", rank_, "'s state for step ", state.step, " failed: ", e.what());
+  }
+}
 
+int64_t CheckpointWrite::snapshot_bytes() const {
+  int64_t n = 0;
+  for (const auto& [name, t] : tensors_) n += t.numel() * static_cast<int64_t>(t.element_size());
+  return n;
+}
+
+void CheckpointWrite::write() noexcept {
+  if (!error_.empty()) return;
+  try {
+    maybe_slow_save(rank_);
+    vlm::SafetensorsWriteOptions so;
+    so.metadata = metadata_;
+    vlm::save_safetensors((fs::path(tmp_dir_) / rank_file(rank_, world_)).string(), tensors_, so);
+    maybe_exit_in_save(state_.step, rank_);
+  } catch (const std::exception& e) {
+    error_ = e.what();
+  }
+}
+
+std::string CheckpointWrite::commit(vlm::sharding::Comm& comm, const CheckpointFiles& files, int64_t keep_last) {
   all_ok(comm, [&] {
-    if (rank != 0) return;
+    if (!error_.empty()) throw vlm::Error(error_);
+  }, "write rank state");
+  all_ok(comm, [&] {
+    if (rank_ != 0) return;
     nlohmann::json j = {{"format_version", kFormatVersion},
-                        {"state", state.to_json()},
-                        {"world_size", world},
+                        {"state", state_.to_json()},
+                        {"world_size", world_},
                         {"files", nlohmann::json::array()},
-                        {"units", unit_layout(model.unit_table(), model.stores_frozen())},
+                        {"units", units_},
                         {"recipe_hash", files.recipe_hash},
                         {"tokenizer", files.tokenizer_path},
                         {"versions", {{"vlmtrain", VLMTRAIN_VERSION}, {"libtorch", vlm::torch_version()}}}};
-    for (int64_t r = 0; r < world; ++r) j["files"].push_back(rank_file(r, world));
-    write_durable((fs::path(tmp_dir) / "trainer.json").string(), j.dump(2) + "\n");
-    write_durable((fs::path(tmp_dir) / "recipe.toml").string(), files.recipe_toml);
-    write_durable((fs::path(tmp_dir) / "config.json").string(), files.config_json);
-    fsync_path(tmp_dir, true);
+    for (int64_t r = 0; r < world_; ++r) j["files"].push_back(rank_file(r, world_));
+    write_durable((fs::path(tmp_dir_) / "trainer.json").string(), j.dump(2) + "\n");
+    write_durable((fs::path(tmp_dir_) / "recipe.toml").string(), files.recipe_toml);
+    write_durable((fs::path(tmp_dir_) / "config.json").string(), files.config_json);
+    fsync_path(tmp_dir_, true);
     std::error_code ec;
-    fs::remove_all(final_dir, ec);  // an incomplete leftover of the same step
-    fs::rename(tmp_dir, final_dir, ec);
-    VLM_CHECK(!ec, "checkpoint: cannot rename ", tmp_dir, " to ", final_dir, ": ", ec.message());
-    fsync_path(output_dir, true);
-    write_durable((fs::path(final_dir) / "COMPLETE").string(), "step " + std::to_string(state.step) + "\n");
-    fsync_path(final_dir, true);
+    fs::remove_all(final_dir_, ec);  // an incomplete leftover of the same step
+    fs::rename(tmp_dir_, final_dir_, ec);
+    VLM_CHECK(!ec, "checkpoint: cannot rename ", tmp_dir_, " to ", final_dir_, ": ", ec.message());
+    fsync_path(output_dir_, true);
+    write_durable((fs::path(final_dir_) / "COMPLETE").string(), "step " + std::to_string(state_.step) + "\n");
+    fsync_path(final_dir_, true);
     if (keep_last > 0) {
-      std::vector<std::string> all = complete_checkpoints(output_dir);
+      std::vector<std::string> all = complete_checkpoints(output_dir_);
       for (size_t k = 0; k + static_cast<size_t>(keep_last) < all.size(); ++k) fs::remove_all(all[k], ec);
     }
-  }, "finish " + final_dir);
-  return final_dir;
+  }, "finish " + final_dir_);
+  return final_dir_;
+}
+
+std::string save_checkpoint(const std::string& output_dir, const TrainerState& state,
+                            const vlm::sharding::ShardedModel& model, vlm::sharding::Comm& comm,
+                            const CheckpointFiles& files, int64_t keep_last, const torch::Device& rng_device) {
+  CheckpointWrite w(output_dir, state, model, comm, rng_device);
+  w.write();
+  return w.commit(comm, files, keep_last);
 }
 
 std::vector<std::string> complete_checkpoints(const std::string& output_dir) {
@@ -311,9 +361,19 @@ vlm::sharding::StateReader CheckpointReader::reader() const {
   return [this](const std::string& key, int64_t lo, int64_t hi) { return read(key, lo, hi); };
 }
 
-torch::Tensor CheckpointReader::rng_state(int64_t rank) const {
-  if (rank >= static_cast<int64_t>(files_.size()) || !files_[rank].contains("rng/cpu")) return {};
-  return files_[rank].get("rng/cpu").clone();
+torch::Tensor CheckpointReader::rng_state(int64_t rank, const std::string& key) const {
+  VLM_CHECK(key == kRngCpuKey || key == kRngCudaKey, "checkpoint ", dir_, ": no RNG state kind ", key,
+            " (expected ", kRngCpuKey, " or ", kRngCudaKey, ")");
+  if (rank < 0 || rank >= static_cast<int64_t>(files_.size()) || !files_[rank].contains(key)) return {};
+  return files_[rank].get(key).clone();
+}
+
+std::vector<std::string> CheckpointReader::rng_keys(int64_t rank) const {
+  std::vector<std::string> out;
+  if (rank < 0 || rank >= static_cast<int64_t>(files_.size())) return out;
+  for (const auto& name : files_[rank].names())
+    if (name.rfind("rng/", 0) == 0) out.push_back(name);
+  return out;
 }
 
 vlm::NamedTensors CheckpointReader::consolidated() const {

@@ -4,20 +4,29 @@
 //   state-rank<R>-of-<W>.safetensors   rank R's StateSlices (sharding/parallel/optimizer.h): for each
 //                                      unit vector ("<unit>/master", "/exp_avg",
 //                                      "/exp_avg_sq", "/param") the range R owns, plus
-//                                      "rng/cpu" (R's torch CPU generator state). The
-//                                      header metadata "slices" maps key -> [lo, hi, numel].
+//                                      R's RNG states "rng/cpu" and, on CUDA, "rng/cuda"
+//                                      (rng_state.h). The header metadata "slices" maps
+//                                      key -> [lo, hi, numel].
 //   trainer.json                       TrainerState, world size, unit layout (parameter
 //                                      names and shapes per unit, for export), recipe
 //                                      hash, tokenizer path, versions
 //   recipe.toml, config.json           the resolved recipe and the model config
 //   COMPLETE                           written last; a directory without it is ignored
 //
-// Protocol (save_checkpoint, collective): rank 0 empties <output_dir>/.tmp-step-<N>; barrier;
-// every rank writes its state file (temp file, fsync, rename); an all-reduce of "ok" so a
-// failure on one rank fails every rank with the same error (no hang, nothing renamed);
-// rank 0 writes trainer.json / recipe.toml / config.json, renames the directory to
-// step-<N>, fsyncs, writes COMPLETE, prunes to keep_last; barrier. A crash at any point
-// leaves the previous complete checkpoint untouched.
+// Protocol, in three phases (CheckpointWrite; save_checkpoint runs them in a row, the
+// asynchronous checkpointer of async_checkpoint.h runs the middle one on a thread of its own):
+//   begin  (collective) rank 0 empties <output_dir>/.step-<N>.tmp; an all-reduce tells every
+//          rank whether that worked; each rank copies its StateSlices and RNG states into
+//          host memory (a snapshot: the optimizer may change its tensors afterwards);
+//   write  (local, any thread) each rank writes its state file into the temp directory
+//          (temp file, fsync, rename);
+//   commit (collective) an all-reduce of "ok" so a failure on one rank fails every rank
+//          with the same error (no hang, nothing renamed); rank 0 writes trainer.json /
+//          recipe.toml / config.json, renames the directory to step-<N>, fsyncs, writes
+//          COMPLETE, prunes to keep_last; a second all-reduce agrees on that.
+// A crash at any point leaves the previous complete checkpoint untouched. The directory must
+// be one that every rank sees (a shared filesystem): the trainer checks that at start-up
+// (output_dir_probe.h).
 //
 // Reading (CheckpointReader) serves any range of any unit vector from whichever rank
 // files hold it, so a run resumes on another world size; it also consolidates the full
@@ -31,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "app/train/rng_state.h"
 #include "data/sampler.h"
 #include "sharding/dist/comm.h"
 #include "sharding/parallel/sharded_model.h"
@@ -64,10 +74,51 @@ struct CheckpointFiles {
 // "<output_dir>/step-00000200".
 std::string checkpoint_dir(const std::string& output_dir, int64_t step);
 
-// Collective. Returns the checkpoint directory. keep_last > 0 prunes older complete ones.
+// One checkpoint on its way to disk: the protocol's three phases (see the header comment).
+class CheckpointWrite {
+ public:
+  // Begin. Collective on `comm` (the control plane): throws on every rank when rank 0 cannot
+  // create the temp directory. Then, locally, the snapshot: model.state_slices() (host
+  // copies) and capture_rng_states(rng_device). A local failure of the snapshot is kept and
+  // reported by commit() on every rank.
+  CheckpointWrite(const std::string& output_dir, const TrainerState& state,
+                  const vlm::sharding::ShardedModel& model, vlm::sharding::Comm& comm,
+                  const torch::Device& rng_device = torch::kCPU);
+
+  // Write. Local, no collective; may run on any one thread while the training thread goes on.
+  // Writes this rank's state file into the temp directory (temp file, fsync, rename). Never
+  // throws: a failure is kept for commit(). Test hooks: VLMTRAIN_FAULT_EXIT_IN_SAVE and
+  // VLMTRAIN_FAULT_SLOW_SAVE (checkpoint.cpp).
+  void write() noexcept;
+
+  // Commit. Collective on `comm`, after write() returned on this rank. Every rank throws the
+  // same error when any rank's snapshot or write failed (the checkpoint stays incomplete);
+  // otherwise rank 0 finishes step-<N> (COMPLETE last) and prunes to keep_last (> 0).
+  // Returns step-<N>'s path.
+  std::string commit(vlm::sharding::Comm& comm, const CheckpointFiles& files, int64_t keep_last);
+
+  int64_t step() const { return state_.step; }
+  const std::string& final_dir() const { return final_dir_; }
+  // Bytes of this rank's snapshot (state slices and RNG states).
+  int64_t snapshot_bytes() const;
+
+ private:
+  std::string output_dir_, tmp_dir_, final_dir_;
+  TrainerState state_;
+  int64_t rank_ = 0, world_ = 1;
+  nlohmann::json units_;               // unit layout for trainer.json
+  vlm::NamedTensors tensors_;          // the snapshot, as written
+  std::map<std::string, std::string> metadata_;
+  std::string error_;                  // first local failure (snapshot or write), "" if none
+};
+
+// Collective: CheckpointWrite's three phases in a row. Returns the checkpoint directory.
+// keep_last > 0 prunes older complete ones. rng_device: whose RNG states to save besides
+// the CPU's (the rank's device).
 std::string save_checkpoint(const std::string& output_dir, const TrainerState& state,
                             const vlm::sharding::ShardedModel& model, vlm::sharding::Comm& comm,
-                            const CheckpointFiles& files, int64_t keep_last);
+                            const CheckpointFiles& files, int64_t keep_last,
+                            const torch::Device& rng_device = torch::kCPU);
 
 // Complete checkpoints under output_dir, oldest first (by step).
 std::vector<std::string> complete_checkpoints(const std::string& output_dir);
@@ -92,8 +143,12 @@ class CheckpointReader {
   // when the checkpoint does not hold it or does not cover the range.
   torch::Tensor read(const std::string& key, int64_t lo, int64_t hi) const;
   vlm::sharding::StateReader reader() const;
-  // Rank `rank`'s CPU generator state (undefined when absent).
-  torch::Tensor rng_state(int64_t rank) const;
+  // Rank `rank`'s generator state under `key` (kRngCpuKey or kRngCudaKey, rng_state.h); an
+  // undefined tensor when the checkpoint does not hold it (no such rank; "rng/cuda" of a
+  // checkpoint written on CPU). Any other key throws, naming the two.
+  torch::Tensor rng_state(int64_t rank, const std::string& key = kRngCpuKey) const;
+  // The RNG keys rank `rank`'s file holds, in file order (empty for no such rank).
+  std::vector<std::string> rng_keys(int64_t rank) const;
   // Full parameters under their canonical HF names (registration order), fp32 masters for
   // trainable units and the stored params for frozen ones. A LoRA checkpoint stores no frozen
   // unit ("stored": false in trainer.json's units): then only the adapters

@@ -1,7 +1,8 @@
 // The trainer: `vlmtrain train RECIPE` on one rank. A run, in order (run_training):
 //   1. processes   the launcher's environment -> CPU threads -> ParallelDims (the data and
 //                  control planes, the mesh) -> logging
-//   2. announce    version, planes, the resolved recipe (saved; startup_log.h); the seed
+//   2. announce    version, planes, the resolved recipe (saved; startup_log.h); every rank
+//                  sees run.output_dir (output_dir_probe.h); the seed
 //   3. synth data  data.synth renders the training set when it is missing (synth_data.h)
 //   4. model       tokenizer + model (on meta with model.sharded_load) -> policies (shard,
 //                  materialise this rank's share) -> memory plan (build_model)
@@ -12,8 +13,11 @@
 //   8. each step   fault hook -> this rank's micro-batches (prefetched on CUDA) ->
 //                  train_step (forward + backward per micro-batch, the one all-reduce of
 //                  StepStats, clip, non-finite guard, update) -> log window -> periodic
-//                  eval -> checkpoint (periodic, or on SIGINT / SIGTERM, then stop)
-//   9. the end     final checkpoint, full eval, barrier, the summary line
+//                  eval -> checkpoint (checkpointer.h: an asynchronous one in flight is
+//                  committed once every rank wrote it; then periodic, or on SIGINT /
+//                  SIGTERM, then stop)
+//   9. the end     final checkpoint, the wait for one in flight, full eval, barrier, the
+//                  summary line
 // Every collective of this file is host-side agreement on the control plane
 // (dims.control(): Gloo on CPU tensors, whatever the device); parameters and gradients use
 // dims.comm() inside sharding/. Every rank makes the same collectives in the same order.
@@ -44,8 +48,10 @@
 #include "app/report/progress.h"
 #include "app/train/batch_dump.h"
 #include "app/train/checkpoint.h"
+#include "app/train/checkpointer.h"
 #include "app/train/fault_injection.h"
 #include "app/train/log_window.h"
+#include "app/train/output_dir_probe.h"
 #include "app/train/lr_schedule.h"
 #include "app/train/startup_log.h"
 #include "app/train/step_stats.h"
@@ -194,7 +200,7 @@ class StepFeed {
 
 // ---------------------------------------------------------------- resume
 // The state to start from: the checkpoint of checkpoint.resume (its optimizer state loaded
-// into sm, and on the same world size this rank's CPU generator state), or a fresh one.
+// into sm, and on the same world size this rank's RNG states, rng_state.h), or a fresh one.
 TrainerState resume(const Recipe& recipe, vlm::sharding::ShardedModel& sm, vlm::sharding::ParallelDims& dims) {
   TrainerState st;
   const std::optional<std::string> from = resolve_resume(recipe.checkpoint.resume, recipe.run.output_dir);
@@ -202,16 +208,15 @@ TrainerState resume(const Recipe& recipe, vlm::sharding::ShardedModel& sm, vlm::
   CheckpointReader ck(*from);
   st = ck.state();
   sm.load_state(ck.reader(), st.optimizer_steps);
-  if (ck.world_size() == dims.world_size()) {
-    torch::Tensor rng = ck.rng_state(dims.rank());
-    if (rng.defined()) {
-      at::Generator gen = at::detail::getDefaultCPUGenerator();
-      gen.set_state(rng);
-    }
-  }
+  const RngRestore rng = restore_rng_states(ck, dims.rank(), dims.world_size(), dims.device());
   if (dims.is_main()) {
-    spdlog::info("resumed from {} at step {} (written by {} rank(s), now {}), data cursor epoch {} offset {}", *from,
-                 st.step, ck.world_size(), dims.world_size(), st.cursor.epoch, st.cursor.offset);
+    std::string restored;
+    for (const auto& k : rng.restored) restored += (restored.empty() ? "" : ", ") + k;
+    spdlog::info("resumed from {} at step {} (written by {} rank(s), now {}), data cursor epoch {} offset {}, RNG "
+                 "states restored: {}",
+                 *from, st.step, ck.world_size(), dims.world_size(), st.cursor.epoch, st.cursor.offset,
+                 restored.empty() ? std::string("none") : restored);
+    for (const auto& line : rng.differs) spdlog::warn("resume: {}", line);
     if (ck.recipe_hash() != recipe_hash(recipe))
       spdlog::warn("the checkpoint was written by a recipe with another hash ({} vs {}): see its recipe.toml",
                    ck.recipe_hash(), recipe_hash(recipe));
@@ -242,6 +247,8 @@ struct Trainer {
   void log_step(const StepResult& r, const StepData& sd);
   void run_eval(bool full);
   void save(const char* why);
+  void poll_checkpoint();
+  void finish_checkpoint(const char* when);
 
   const Recipe& recipe;
   vlm::sharding::ParallelDims& dims;
@@ -253,6 +260,7 @@ struct Trainer {
   const bool main, tty;
   const std::string out_dir;
   CheckpointFiles files;
+  Checkpointer checkpointer;
   TrainerState st;
   TrainSummary summary;
   int64_t last_saved = 0;  // step of the last checkpoint written or resumed from
@@ -287,6 +295,9 @@ Trainer::Trainer(const Recipe& recipe_, vlm::sharding::ParallelDims& dims_, Trai
       out_dir(recipe_.run.output_dir),
       files{to_toml(recipe_), recipe_hash(recipe_), vlm::to_hf_json(m_.cfg).dump(2),
             fs::absolute(tokenizer_path(recipe_.model, recipe_.source)).string()},
+      checkpointer({out_dir, files, recipe_.checkpoint.keep_last, recipe_.checkpoint.async, dims_.device(),
+                    /*log=*/true},  // every rank; info lines of ranks > 0 show with log.all_ranks
+                   *m_.sm, comm),
       st(resume(recipe_, *m_.sm, dims_)),
       sched{steps_total_, recipe_.schedule.warmup_steps, recipe_.schedule.decay, recipe_.schedule.min_lr_ratio},
       flop_model(m_.sm->unit_table(), m_.cfg),
@@ -455,12 +466,23 @@ void Trainer::run_eval(bool full) {
                  es.samples, es.seconds, line, full ? " | wrote " + o.output_dir : "");
 }
 
-// Collective. Writes the checkpoint of the current step (checkpoint.h) and logs it.
+// Collective. Saves the checkpoint of the current step (checkpointer.h: written before it
+// returns, or with checkpoint.async in the background) and logs it.
 void Trainer::save(const char* why) {
-  const auto t0 = std::chrono::steady_clock::now();
-  summary.last_checkpoint = save_checkpoint(out_dir, st, *m.sm, comm, files, recipe.checkpoint.keep_last);
+  if (auto c = checkpointer.save(st, why)) summary.last_checkpoint = c->dir;
   last_saved = st.step;
-  if (main) spdlog::info("checkpoint ({}) {} in {:.2f} s", why, summary.last_checkpoint, seconds_since(t0));
+}
+
+// Collective at every step end: checkpoint.async's save in flight, if any, is committed once
+// every rank's files are written (one all-reduce per step while one is in flight).
+void Trainer::poll_checkpoint() {
+  if (checkpointer.pending()) bar.clear();  // a commit logs a line
+  if (auto c = checkpointer.poll(st.step)) summary.last_checkpoint = c->dir;
+}
+
+// Collective: waits for checkpoint.async's save in flight, if any, and commits it.
+void Trainer::finish_checkpoint(const char* when) {
+  if (auto c = checkpointer.finish(when)) summary.last_checkpoint = c->dir;
 }
 
 }  // namespace
@@ -475,6 +497,7 @@ TrainSummary run_training(const Recipe& recipe) {
     vlm::sharding::Comm& comm = dims.control();
     const bool main = dims.is_main();
     announce_run(recipe, env, dims);
+    check_output_dir_shared(recipe.run.output_dir, comm);  // every rank sees it, or every rank stops here
     torch::manual_seed(static_cast<uint64_t>(recipe.run.seed) * 7919 + static_cast<uint64_t>(dims.rank()));
     ensure_synth_data(recipe, comm, main);
 
@@ -519,7 +542,9 @@ TrainSummary run_training(const Recipe& recipe) {
         t.run_eval(false);
       }
 
-      // Checkpoint: periodic, or on SIGINT/SIGTERM (then stop, exit 0).
+      // Checkpoint: periodic, or on SIGINT/SIGTERM (then stop, exit 0). With checkpoint.async
+      // the save returns after copying the state; poll commits it at a later step end.
+      t.poll_checkpoint();
       const bool stop = r.stats.stop();
       if (stop || (recipe.checkpoint.every > 0 && st.step % recipe.checkpoint.every == 0)) {
         t.bar.clear();
@@ -535,6 +560,7 @@ TrainSummary run_training(const Recipe& recipe) {
 
     // ---------------------------------------------------------------- the end
     if (!t.summary.stopped_by_signal && recipe.checkpoint.save_final && t.last_saved != st.step) t.save("final");
+    t.finish_checkpoint(t.summary.stopped_by_signal ? "before stopping" : "at the end of training");
     if (!t.summary.stopped_by_signal && recipe.eval.at_end && !t.eval_sets.empty()) t.run_eval(true);
     comm.barrier("end of training");
     if (main)

@@ -1,12 +1,21 @@
 // Checkpoint files in one process: the round trip of a real sharded model's state, the
-// reader's re-splitting of slices written by several ranks, pruning, and clear errors for
-// incomplete or damaged checkpoints.
+// reader's re-splitting of slices written by several ranks, pruning, clear errors for
+// incomplete or damaged checkpoints, the RNG states (rng/cpu as before; rng/cuda reported
+// absent on CPU), the snapshot taken when a save begins, and the asynchronous checkpointer
+// at world 1 (the same files as a synchronous save, one save in flight, an interrupted or
+// failed background write never completes a checkpoint).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <thread>
 
 #include "app/train/checkpoint.h"
+#include "app/train/checkpointer.h"
+#include "app/train/rng_state.h"
+#include "tests/app/train/train_testing.h"
 #include "sharding/dist/parallel_dims.h"
 #include "sharding/parallel/sharded_model.h"
 #include "tests/testing.h"
@@ -32,11 +41,29 @@ struct World1 {
     o.rules = {{"visual.patch_embed|visual.blocks.*", "freeze", ""}};
     sm = apply_policies(*model, o, dims);
   }
-  std::string save(const std::string& out, int64_t step, int64_t keep_last = 0) {
+  static vlm::app::TrainerState state(int64_t step) {
     vlm::app::TrainerState st;
     st.step = step;
     st.cursor = {1, 7};
-    return vlm::app::save_checkpoint(out, st, *sm, dims.comm(), {"# recipe\n", "abc", "{}", "/tok"}, keep_last);
+    return st;
+  }
+  static vlm::app::CheckpointFiles files() { return {"# recipe\n", "abc", "{}", "/tok"}; }
+  std::string save(const std::string& out, int64_t step, int64_t keep_last = 0) {
+    return vlm::app::save_checkpoint(out, state(step), *sm, dims.comm(), files(), keep_last);
+  }
+  // One training step on a fixed image + text batch: forward, backward, AdamW update (it
+  // changes masters, moments and parameters in place).
+  void train_step(uint64_t seed) {
+    sm->set_sync(true);
+    vlm::ForwardOutput out = model->forward(vlm::test::image_text_batch(model->cfg, seed, 8));
+    out.loss_sum.backward();
+    sm->finish_backward("test step");
+    sm->optimizer().clip_grad_norm();
+    sm->optimizer().step();
+    sm->optimizer().zero_grad();
+  }
+  vlm::app::Checkpointer checkpointer(const std::string& out, bool async) {
+    return vlm::app::Checkpointer({out, files(), 0, async, torch::kCPU, false}, *sm, dims.comm());
   }
 };
 
@@ -135,6 +162,228 @@ TEST(Checkpoint, DamagedFilesAreNamedInTheError) {
   } catch (const vlm::Error& e) {
     EXPECT_NE(std::string(e.what()).find("trainer.json"), std::string::npos) << e.what();
   }
+}
+
+// Every tensor of every rank file and the trainer state (but its wall time) are equal.
+void expect_same_checkpoint(const std::string& got, const std::string& want) {
+  CheckpointReader a(got), b(want);
+  ASSERT_EQ(a.world_size(), b.world_size());
+  for (const char* f : {"state-rank00000-of-00001.safetensors"}) {
+    auto fa = vlm::SafetensorsFile::open(got + "/" + f), fb = vlm::SafetensorsFile::open(want + "/" + f);
+    ASSERT_EQ(fa.names(), fb.names()) << f;
+    for (const auto& name : fb.names()) EXPECT_TRUE(torch::equal(fa.get(name), fb.get(name))) << f << ": " << name;
+    EXPECT_EQ(fa.metadata(), fb.metadata()) << f;
+  }
+  auto sa = a.trainer_json().at("state"), sb = b.trainer_json().at("state");
+  sa.erase("train_seconds");
+  sb.erase("train_seconds");
+  EXPECT_EQ(sa, sb);
+}
+
+// Sets an environment variable for the scope of one test.
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(std::string n, const std::string& value) : name(std::move(n)) { ::setenv(name.c_str(), value.c_str(), 1); }
+  ~ScopedEnv() { ::unsetenv(name.c_str()); }
+};
+
+// "rng/cpu" is the CPU generator's state as before (set_state of it replays the same draws);
+// a checkpoint written on CPU holds no "rng/cuda", and the reader and the restore say so.
+TEST(Checkpoint, CpuRngStateRoundTripsAndTheAbsentCudaStateIsReported) {
+  World1 w;
+  TempDir dir("rng");
+  torch::manual_seed(11);
+  const torch::Tensor state_before = at::detail::getDefaultCPUGenerator().get_state();
+  const std::string ck = w.save(dir.path(), 1);
+  const torch::Tensor want = torch::rand({16});
+  CheckpointReader r(ck);
+  EXPECT_EQ(r.rng_keys(0), (std::vector<std::string>{"rng/cpu"}));
+  EXPECT_TRUE(torch::equal(r.rng_state(0), state_before));  // the key's bytes: the generator's state
+  EXPECT_FALSE(r.rng_state(0, vlm::app::kRngCudaKey).defined());
+  EXPECT_FALSE(r.rng_state(3).defined());  // no such rank
+  EXPECT_TRUE(r.rng_keys(3).empty());
+  try {
+    r.rng_state(0, "rng/mps");
+    FAIL() << "an unknown RNG key was accepted";
+  } catch (const vlm::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expected rng/cpu or rng/cuda"), std::string::npos) << e.what();
+  }
+
+  torch::manual_seed(99);  // another stream
+  auto restored = vlm::app::restore_rng_states(r, 0, 1, torch::kCPU);
+  EXPECT_EQ(restored.restored, (std::vector<std::string>{"rng/cpu"}));
+  EXPECT_TRUE(restored.differs.empty());
+  EXPECT_TRUE(torch::equal(torch::rand({16}), want));
+
+  // Resuming this CPU checkpoint on CUDA: rng/cpu restored, the CUDA stream reported as
+  // differing (no CUDA call is made: there is nothing to set).
+  torch::manual_seed(99);
+  restored = vlm::app::restore_rng_states(r, 0, 1, torch::Device("cuda:0"));
+  EXPECT_EQ(restored.restored, (std::vector<std::string>{"rng/cpu"}));
+  ASSERT_EQ(restored.differs.size(), 1u);
+  EXPECT_NE(restored.differs[0].find("holds no rng/cuda (it was written on CPU)"), std::string::npos)
+      << restored.differs[0];
+  EXPECT_TRUE(torch::equal(torch::rand({16}), want));
+
+  // Another world size: nothing restored, and the line says why.
+  restored = vlm::app::restore_rng_states(r, 0, 2, torch::kCPU);
+  EXPECT_TRUE(restored.restored.empty());
+  ASSERT_EQ(restored.differs.size(), 1u);
+  EXPECT_NE(restored.differs[0].find("written by 1 rank(s), this run has 2"), std::string::npos)
+      << restored.differs[0];
+}
+
+// A checkpoint written on CUDA (its rank file holds rng/cuda) resumed on CPU: rng/cpu is
+// restored, rng/cuda is not used and the restore says so.
+TEST(Checkpoint, CudaRngStateOfACheckpointIsUnusedOnCpu) {
+  World1 w;
+  TempDir dir("rng-cuda");
+  const std::string ck = w.save(dir.path(), 1);
+  const std::string file = ck + "/state-rank00000-of-00001.safetensors";
+  vlm::NamedTensors tensors;
+  std::map<std::string, std::string> md;
+  {
+    auto f = vlm::SafetensorsFile::open(file);
+    for (const auto& name : f.names()) tensors.emplace_back(name, f.get(name).clone());
+    md = f.metadata();
+  }
+  tensors.emplace_back("rng/cuda", torch::arange(16, torch::kUInt8));  // Philox seed + offset: 16 bytes
+  vlm::SafetensorsWriteOptions o;
+  o.metadata = md;
+  vlm::save_safetensors(file, tensors, o);
+  CheckpointReader r(ck);
+  EXPECT_EQ(r.rng_keys(0), (std::vector<std::string>{"rng/cpu", "rng/cuda"}));
+  EXPECT_TRUE(torch::equal(r.rng_state(0, "rng/cuda"), torch::arange(16, torch::kUInt8)));
+  const auto restored = vlm::app::restore_rng_states(r, 0, 1, torch::kCPU);
+  EXPECT_EQ(restored.restored, (std::vector<std::string>{"rng/cpu"}));
+  ASSERT_EQ(restored.differs.size(), 1u);
+  EXPECT_NE(restored.differs[0].find("written on CUDA) and this run is on CPU"), std::string::npos)
+      << restored.differs[0];
+}
+
+// The state is copied when the save begins: training steps and random draws between the
+// begin and the write do not reach the files (what makes an asynchronous write correct).
+TEST(Checkpoint, SnapshotIsTakenWhenTheSaveBegins) {
+  World1 w;
+  TempDir dir("snapshot");
+  w.train_step(1);  // non-zero moments
+  torch::manual_seed(5);
+  const std::string want = w.save(dir / "sync", 1);
+  torch::manual_seed(5);
+  vlm::app::CheckpointWrite write(dir / "later", World1::state(1), *w.sm, w.dims.comm());
+  w.train_step(2);  // changes masters, moments and parameters in place
+  torch::rand({100});  // moves the CPU generator
+  write.write();
+  const std::string got = write.commit(w.dims.comm(), World1::files(), 0);
+  expect_same_checkpoint(got, want);
+  // The control: a save now differs (the step did change the state).
+  const std::string now = w.save(dir / "now", 1);
+  auto a = vlm::SafetensorsFile::open(now + "/state-rank00000-of-00001.safetensors");
+  auto b = vlm::SafetensorsFile::open(want + "/state-rank00000-of-00001.safetensors");
+  EXPECT_FALSE(torch::equal(a.get("model.layers.0/master"), b.get("model.layers.0/master")));
+  EXPECT_FALSE(torch::equal(a.get("rng/cpu"), b.get("rng/cpu")));
+}
+
+// checkpoint.async at world 1: the save returns before the checkpoint is complete (its
+// write is held back 300 ms), training goes on, and finish() commits files equal to a
+// synchronous save of the same step.
+TEST(Checkpointer, AsyncSaveWritesTheSameFilesAsASyncSave) {
+  World1 w;
+  TempDir dir("async");
+  w.train_step(1);
+  torch::manual_seed(5);
+  auto sync = w.checkpointer(dir / "sync", false);
+  auto c = sync.save(World1::state(1), "test");
+  ASSERT_TRUE(c.has_value());
+  EXPECT_TRUE(fs::exists(c->dir + "/COMPLETE"));
+  EXPECT_FALSE(sync.pending());
+
+  torch::manual_seed(5);
+  auto async = w.checkpointer(dir / "async", true);
+  {
+    ScopedEnv slow("VLMTRAIN_FAULT_SLOW_SAVE", "300");
+    EXPECT_FALSE(async.save(World1::state(1), "test").has_value());
+    EXPECT_TRUE(async.pending());
+    EXPECT_FALSE(fs::exists(dir / ("async/" + ckpt_step(1))));  // not complete yet: still .step-N.tmp
+    w.train_step(2);  // the step goes on while the file is written
+    torch::rand({100});
+    const auto done = async.finish("at the end");
+    ASSERT_TRUE(done.has_value());
+    EXPECT_EQ(done->step, 1);
+    EXPECT_EQ(done->dir, dir / ("async/" + ckpt_step(1)));
+  }
+  EXPECT_FALSE(async.pending());
+  EXPECT_FALSE(async.finish("again").has_value());  // nothing pending: no-op
+  EXPECT_FALSE(async.poll(3).has_value());
+  EXPECT_FALSE(fs::exists(dir / ("async/." + ckpt_step(1) + ".tmp")));
+  expect_same_checkpoint(dir / ("async/" + ckpt_step(1)), c->dir);
+}
+
+// One save in flight at most: the next save first waits for the pending one and commits it;
+// poll() commits a finished write.
+TEST(Checkpointer, SecondSaveWaitsForTheFirstAndPollCommits) {
+  World1 w;
+  TempDir dir("async2");
+  auto ck = w.checkpointer(dir.path(), true);
+  ScopedEnv slow("VLMTRAIN_FAULT_SLOW_SAVE", "200");
+  ck.save(World1::state(1), "test");
+  ck.save(World1::state(2), "test");  // waits for step 1's write, commits it, then begins step 2
+  EXPECT_EQ(vlm::app::complete_checkpoints(dir.path()), (std::vector<std::string>{dir / ckpt_step(1)}));
+  EXPECT_TRUE(ck.pending());
+  std::optional<vlm::app::CommittedCheckpoint> c;
+  for (int i = 0; i < 1500 && !c; ++i) {  // a step end every 20 ms until the write is done
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    c = ck.poll(2);
+  }
+  ASSERT_TRUE(c.has_value()) << "the write did not finish within 30 s";
+  EXPECT_EQ(c->step, 2);
+  EXPECT_GE(c->seconds, 0.2);  // it was held back 200 ms
+  EXPECT_EQ(vlm::app::complete_checkpoints(dir.path()),
+            (std::vector<std::string>{dir / ckpt_step(1), dir / ckpt_step(2)}));
+}
+
+// A run that ends (an error, a kill) while a write is in flight: the checkpoint stays
+// incomplete (no COMPLETE, never loaded) and the previous complete one is untouched.
+TEST(Checkpointer, AnInterruptedWriteNeverCompletes) {
+  World1 w;
+  TempDir dir("async-kill");
+  {
+    auto ck = w.checkpointer(dir.path(), true);
+    ck.save(World1::state(1), "test");
+    ck.finish("test");
+    ScopedEnv slow("VLMTRAIN_FAULT_SLOW_SAVE", "200");
+    ck.save(World1::state(2), "test");
+  }  // destroyed with step 2's write in flight: waits for it, commits nothing
+  EXPECT_EQ(vlm::app::complete_checkpoints(dir.path()), (std::vector<std::string>{dir / ckpt_step(1)}));
+  EXPECT_FALSE(fs::exists(dir / ckpt_step(2)));
+  EXPECT_TRUE(fs::exists(dir / ("." + ckpt_step(2) + ".tmp/state-rank00000-of-00001.safetensors")));
+  EXPECT_FALSE(fs::exists(dir / ("." + ckpt_step(2) + ".tmp/COMPLETE")));
+  EXPECT_EQ(*vlm::app::resolve_resume("auto", dir.path()), dir / ckpt_step(1));
+  CheckpointReader r(dir / ckpt_step(1));
+  EXPECT_EQ(r.state().step, 1);
+}
+
+// A background write that fails (its directory vanished) fails the commit with the write's
+// own error; nothing is renamed and the previous checkpoint stays the newest complete one.
+TEST(Checkpointer, AFailedBackgroundWriteFailsTheCommit) {
+  World1 w;
+  TempDir dir("async-fail");
+  auto ck = w.checkpointer(dir.path(), true);
+  ck.save(World1::state(1), "test");
+  ck.finish("test");
+  {
+    ScopedEnv slow("VLMTRAIN_FAULT_SLOW_SAVE", "300");
+    ck.save(World1::state(2), "test");
+    fs::remove_all(dir / ("." + ckpt_step(2) + ".tmp"));  // while the writer sleeps
+    try {
+      ck.finish("test");
+      FAIL() << "a failed write was committed";
+    } catch (const vlm::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(ckpt_step(2) + ".tmp"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_FALSE(ck.pending());
+  EXPECT_EQ(vlm::app::complete_checkpoints(dir.path()), (std::vector<std::string>{dir / ckpt_step(1)}));
 }
 
 }  // namespace
