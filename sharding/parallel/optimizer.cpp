@@ -422,21 +422,29 @@ std::vector<StateSlice> ShardedAdamW::state_slices() const {
   torch::NoGradGuard no_grad;
   wait();
   std::vector<StateSlice> out;
+  // State on a GPU is copied into pinned host memory without blocking, then waited once at
+  // the end (the save's one host sync) instead of one pageable, blocking copy per segment.
+  int cuda_index = -1;
+  for (const auto& g : groups_)
+    for (const auto& s : g.segments)
+      if (s.master.is_cuda()) cuda_index = s.master.get_device();
+  const auto host = torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(cuda_index >= 0);
+  const bool async = cuda_index >= 0;
   for (const auto& g : groups_) {
     // Every rank holds state for at least [lo, hi) (replicated: all of [0, P)) and writes
     // [own_lo, own_hi): R_r, or under hybrid_shard its replica's share of it, so the ranks'
     // slices cover each vector once.
     const int64_t lo = g.own_lo, hi = g.own_hi;
-    StateSlice master{g.path + "/master", g.numel, lo, hi, torch::empty({hi - lo}, torch::kFloat32)};
-    StateSlice m{g.path + "/exp_avg", g.numel, lo, hi, torch::empty({hi - lo}, torch::kFloat32)};
-    StateSlice v{g.path + "/exp_avg_sq", g.numel, lo, hi, torch::empty({hi - lo}, torch::kFloat32)};
+    StateSlice master{g.path + "/master", g.numel, lo, hi, torch::empty({hi - lo}, host)};
+    StateSlice m{g.path + "/exp_avg", g.numel, lo, hi, torch::empty({hi - lo}, host)};
+    StateSlice v{g.path + "/exp_avg_sq", g.numel, lo, hi, torch::empty({hi - lo}, host)};
     int64_t covered = 0;
     for (const auto& s : g.segments) {
       const int64_t a = std::max(lo, s.flat_offset), b = std::min(hi, s.flat_offset + s.len);
       if (a >= b) continue;
-      master.data.narrow(0, a - lo, b - a).copy_(s.master.narrow(0, a - s.flat_offset, b - a));
-      m.data.narrow(0, a - lo, b - a).copy_(s.m.narrow(0, a - s.flat_offset, b - a));
-      v.data.narrow(0, a - lo, b - a).copy_(s.v.narrow(0, a - s.flat_offset, b - a));
+      master.data.narrow(0, a - lo, b - a).copy_(s.master.narrow(0, a - s.flat_offset, b - a), async);
+      m.data.narrow(0, a - lo, b - a).copy_(s.m.narrow(0, a - s.flat_offset, b - a), async);
+      v.data.narrow(0, a - lo, b - a).copy_(s.v.narrow(0, a - s.flat_offset, b - a), async);
       covered += b - a;
     }
     VLM_CHECK(covered == hi - lo, "optimizer state of unit ", g.path, ": segments cover ", covered,
@@ -450,6 +458,7 @@ std::vector<StateSlice> ShardedAdamW::state_slices() const {
     torch::Tensor steps = torch::tensor(g.param_steps, torch::kInt64).narrow(0, slo, shi - slo).clone();
     out.push_back({g.path + "/step", np, slo, shi, steps});
   }
+  if (async) torch::cuda::synchronize(cuda_index);  // the copies are done before anyone reads them
   return out;
 }
 

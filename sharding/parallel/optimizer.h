@@ -93,7 +93,7 @@ struct StateSlice {
   int64_t numel = 0;   // P
   int64_t lo = 0;      // [lo, hi) inside [0, P)
   int64_t hi = 0;
-  torch::Tensor data;  // [hi - lo] on CPU (a copy)
+  torch::Tensor data;  // [hi - lo] on CPU (a copy; pinned when the state is on a GPU)
 };
 // Returns elements [lo, hi) of the vector `key` (any dtype; the caller converts), reading
 // whatever slices a checkpoint holds. Throws vlm::Error when the range is not covered.
