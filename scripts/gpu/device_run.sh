@@ -119,14 +119,14 @@ BIN=$RUN/bin
 # What runs where: the GPU's settings, or (CHECK=1, here) their CPU stand-ins.
 if [[ $CHECK == 1 ]]; then
   DEV=cpu
-  TEST_SPECS=("app_tests:TrainCuda.*:CheckpointCuda.*:Plan.*" "vlm_tests:VarlenCuda.*:*HostSyncCuda*" "sharding_tests:OffloadCuda.*")
+  TEST_SPECS=("app_tests:TrainCuda.*:CheckpointCuda.*:StartupMemoryCuda.*:Plan.*" "vlm_tests:VarlenCuda.*:*HostSyncCuda*:ChunkedCrossEntropyCuda.*" "sharding_tests:OffloadCuda.*")
   BPRESET=small
   BSHAPE=(--samples 1 --text 32 --image-tokens 16 --steps 2 --warmup 1 --peak-tflops 1)
   PSHAPE=(--samples 1 --text 32 --image-tokens 16 --steps 2 --warmup 1)
   BVL_DEV=(--device cpu) BHF_DEV=(--device cpu)
 else
   DEV=cuda
-  TEST_SPECS=("app_tests:TrainCuda.*:CheckpointCuda.*" "vlm_tests:VarlenCuda.*:*HostSyncCuda*" "sharding_tests:OffloadCuda.*")
+  TEST_SPECS=("app_tests:TrainCuda.*:CheckpointCuda.*:StartupMemoryCuda.*" "vlm_tests:VarlenCuda.*:*HostSyncCuda*:ChunkedCrossEntropyCuda.*" "sharding_tests:OffloadCuda.*")
   BPRESET=qwen2-vl-2b
   BSHAPE=(--samples "${BENCH_SAMPLES:-1}" --text 1022 --image-tokens 1024 --steps "${BENCH_STEPS:-10}" --warmup 3
           --peak-tflops "$PEAK")
