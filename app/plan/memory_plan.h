@@ -35,7 +35,8 @@
 //   startup_peak_bytes         with model.sharded_load (sharded_load.h): what the rank keeps,
 //                              allocated unit by unit: the persistent bytes above; FSDP's
 //                              gather buffers are laid out without memory, so nothing is
-//                              transient
+//                              transient. An upper bound: state first allocated at step 1
+//                              is counted here but comes later
 //   whole_load_peak_bytes      with model.sharded_load = false: every parameter whole in
 //                              param dtype on every rank (loaded, then broadcast from rank 0)
 //                              + the largest unit's [N*S] flat buffer built from it + the
