@@ -19,7 +19,7 @@
 # for lack of time: all.txt says which).
 #   env    GPU, driver, torch; every packed binary's libraries resolve; vlmtrain --version
 #          -> env.txt
-#   tests  the `cuda` label: TrainCuda.* and CheckpointCuda.* (app_tests), VarlenCuda.* and HostSyncCuda (vlm_tests), OffloadCuda.*
+#   tests  the `cuda` label: TrainCuda.*, CheckpointCuda*, StartupMemoryCuda.* (app_tests), VarlenCuda.*, HostSyncCuda, ChunkedCrossEntropyCuda.* (vlm_tests), OffloadCuda.*
 #          (sharding_tests), each under a hard timeout; fails if a test fails or skips
 #          -> tests.log (gtest output), tests.txt (results and counts)
 #   tiny   the README's main job on CUDA (recipes/ocr_tiny.toml: 2000 steps, evals) and the
@@ -119,14 +119,14 @@ BIN=$RUN/bin
 # What runs where: the GPU's settings, or (CHECK=1, here) their CPU stand-ins.
 if [[ $CHECK == 1 ]]; then
   DEV=cpu
-  TEST_SPECS=("app_tests:TrainCuda.*:CheckpointCuda.*:StartupMemoryCuda.*:Plan.*" "vlm_tests:VarlenCuda.*:*HostSyncCuda*:ChunkedCrossEntropyCuda.*" "sharding_tests:OffloadCuda.*")
+  TEST_SPECS=("app_tests:TrainCuda.*:CheckpointCuda*:StartupMemoryCuda.*:Plan.*" "vlm_tests:VarlenCuda.*:*HostSyncCuda*:ChunkedCrossEntropyCuda.*" "sharding_tests:OffloadCuda.*")
   BPRESET=small
   BSHAPE=(--samples 1 --text 32 --image-tokens 16 --steps 2 --warmup 1 --peak-tflops 1)
   PSHAPE=(--samples 1 --text 32 --image-tokens 16 --steps 2 --warmup 1)
   BVL_DEV=(--device cpu) BHF_DEV=(--device cpu)
 else
   DEV=cuda
-  TEST_SPECS=("app_tests:TrainCuda.*:CheckpointCuda.*:StartupMemoryCuda.*" "vlm_tests:VarlenCuda.*:*HostSyncCuda*:ChunkedCrossEntropyCuda.*" "sharding_tests:OffloadCuda.*")
+  TEST_SPECS=("app_tests:TrainCuda.*:CheckpointCuda*:StartupMemoryCuda.*" "vlm_tests:VarlenCuda.*:*HostSyncCuda*:ChunkedCrossEntropyCuda.*" "sharding_tests:OffloadCuda.*")
   BPRESET=qwen2-vl-2b
   BSHAPE=(--samples "${BENCH_SAMPLES:-1}" --text 1022 --image-tokens 1024 --steps "${BENCH_STEPS:-10}" --warmup 3
           --peak-tflops "$PEAK")
