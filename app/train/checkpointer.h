@@ -22,8 +22,8 @@
 // all-reduce every 50 ms), so a slow rank's write never holds the others inside one
 // collective long enough to reach dist.timeout_s.
 //
-// What is not overlapped: the snapshot itself (state_slices(): on CUDA a device -> host copy
-// into pageable memory, synchronous) and the commit's two all-reduces and rank 0's small
+// What is not overlapped: the snapshot itself (state_slices(): on CUDA non-blocking device ->
+// host copies into pinned memory, then one device sync) and the commit's two all-reduces and rank 0's small
 // files. The snapshot doubles this rank's share of the optimizer state in host memory
 // while a write is in flight.
 #pragma once
