@@ -38,6 +38,7 @@
 #include "vlm/model/meta_init.h"
 #include "vlm/model/vision_language_model.h"
 #include "vlm/runtime/check.h"
+#include "bench/synthetic_batch.h"
 
 namespace fs = std::filesystem;
 
@@ -77,23 +78,7 @@ Options parse(int argc, char** argv) {
 }
 
 vlm::Batch bench_batch(const vlm::VlmConfig& c, const Options& o) {
-  torch::manual_seed(1234);
-  const int64_t b = o.samples, k = o.image_tokens, t = o.text, prompt = t / 2, l = t + k + 2;
-  const int64_t vocab_hi = std::min<int64_t>(c.bos_token_id, c.text.vocab_size) - 1;
-  torch::Tensor ids = torch::randint(10, std::max<int64_t>(11, vocab_hi), {b, l}, torch::kInt64);
-  torch::Tensor labels = torch::full({b, l}, -100, torch::kInt64);
-  using torch::indexing::Slice;
-  ids.index_put_({Slice(), prompt}, c.vision_start_token_id);
-  ids.index_put_({Slice(), Slice(prompt + 1, prompt + 1 + k)}, c.image_token_id);
-  ids.index_put_({Slice(), prompt + 1 + k}, c.vision_end_token_id);
-  labels.index_put_({Slice(), Slice(prompt + k + 2, l)}, ids.index({Slice(), Slice(prompt + k + 2, l)}));
-  vlm::Batch batch;
-  batch.input_ids = ids;
-  batch.labels = labels;
-  batch.attention_mask = torch::ones({b, l}, torch::kInt64);
-  batch.pixel_values = torch::randn({b * 4 * k, c.vision.patch_dim()});
-  batch.image_grid_thw = torch::tensor({int64_t{1}, int64_t{2}, 2 * k}, torch::kInt64).repeat({b, 1});
-  return batch;
+  return vlm::bench::synthetic_batch(c, o.samples, o.text, o.image_tokens, 1234);
 }
 
 double since(std::chrono::steady_clock::time_point t0) {

@@ -77,6 +77,7 @@
 #include "vlm/runtime/host_malloc.h"
 #include "vlm/model/meta_init.h"
 #include "vlm/model/vision_language_model.h"
+#include "bench/synthetic_batch.h"
 
 #include <ATen/record_function.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -180,22 +181,12 @@ vlm::sharding::ShardingOptions sharding_for(const Options& o) {
 
 // The fixed batch of one rank (see the header comment); seeded by rank.
 vlm::Batch make_batch(const vlm::VlmConfig& c, const Options& o, int rank, torch::Device dev, torch::Dtype dt) {
-  torch::manual_seed(1234 + rank);
-  const int64_t b = o.samples, k = o.image_tokens, t = o.text, prompt = t / 2, l = t + k + 2;
-  const int64_t vocab_hi = std::min<int64_t>(c.bos_token_id, c.text.vocab_size) - 1;
-  torch::Tensor ids = torch::randint(10, std::max<int64_t>(11, vocab_hi), {b, l}, torch::kInt64);
-  torch::Tensor labels = torch::full({b, l}, -100, torch::kInt64);
-  ids.index_put_({torch::indexing::Slice(), prompt}, c.vision_start_token_id);
-  ids.index_put_({torch::indexing::Slice(), torch::indexing::Slice(prompt + 1, prompt + 1 + k)}, c.image_token_id);
-  ids.index_put_({torch::indexing::Slice(), prompt + 1 + k}, c.vision_end_token_id);
-  auto answer = torch::indexing::Slice(prompt + k + 2, l);
-  labels.index_put_({torch::indexing::Slice(), answer}, ids.index({torch::indexing::Slice(), answer}));
-  vlm::Batch batch;
-  batch.input_ids = ids.to(dev);
-  batch.labels = labels.to(dev);
-  batch.attention_mask = torch::ones({b, l}, torch::kInt64).to(dev);
-  batch.pixel_values = torch::randn({b * 4 * k, c.vision.patch_dim()}).to(dev, dt);
-  batch.image_grid_thw = torch::tensor({int64_t{1}, int64_t{2}, 2 * k}, torch::kInt64).repeat({b, 1}).to(dev);
+  vlm::Batch batch = vlm::bench::synthetic_batch(c, o.samples, o.text, o.image_tokens, 1234 + rank);
+  batch.input_ids = batch.input_ids.to(dev);
+  batch.labels = batch.labels.to(dev);
+  batch.attention_mask = batch.attention_mask.to(dev);
+  batch.pixel_values = batch.pixel_values.to(dev, dt);
+  batch.image_grid_thw = batch.image_grid_thw.to(dev);
   return batch;
 }
 
