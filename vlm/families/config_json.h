@@ -29,6 +29,23 @@
 
 namespace vlm::config_json {
 
+// The text section's size defaults of a transformers config class (keys absent from a file);
+// a dense family and its MoE sibling share a key table but not these.
+struct TextDefaults {
+  int64_t hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads;
+};
+
+// The mixture-of-experts keys of a text section (Qwen3VLMoeTextConfig, Qwen3_5MoeTextConfig)
+// with the class's defaults for num_experts, top-k and expert width.
+template <class W, class T>
+void moe_text_keys(W& text, T& t, int64_t experts, int64_t top_k, int64_t expert_width) {
+  text("num_experts", t.num_experts, experts);
+  text("num_experts_per_tok", t.num_experts_per_tok, top_k);
+  text("moe_intermediate_size", t.moe_intermediate_size, expert_width);
+  text("output_router_logits", t.output_router_logits, false);
+  text("router_aux_loss_coef", t.router_aux_loss_coef, 0.001);
+}
+
 using json = nlohmann::json;
 
 // An integer that must be written as one: nlohmann converts floats to integers with a

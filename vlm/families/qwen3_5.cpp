@@ -11,8 +11,9 @@
 #include "vlm/families/config_json.h"
 #include "vlm/families/registry.h"
 #include "vlm/families/qwen3_vision.h"
+#include "vlm/families/qwen3_5.h"
 
-namespace vlm {
+namespace vlm::qwen3_5 {
 namespace {
 
 using namespace config_json;
@@ -27,7 +28,7 @@ constexpr int64_t kEndOfText = 248044, kImEnd = 248046;
 // rotary (rope_parameters: rope_theta, partial_rotary_factor, mrope_section), the tied head
 // (top-level flag), bos / eos and dtype, and the constants transformers expects.
 template <class W, class C>
-void qwen3_5_keys(W& top, W& text, W& vision, C& c) {
+void qwen3_5_keys(W& top, W& text, W& vision, C& c, const TextDefaults& d) {
   auto& v = c.vision;
   vision("depth", v.depth, 27);
   vision("hidden_size", v.embed_dim, 1152);
@@ -42,11 +43,11 @@ void qwen3_5_keys(W& top, W& text, W& vision, C& c) {
   vision("hidden_act", v.hidden_act, "gelu_pytorch_tanh");
   auto& t = c.text;
   text("vocab_size", t.vocab_size, 248320);
-  text("hidden_size", t.hidden_size, 4096);
-  text("intermediate_size", t.intermediate_size, 12288);
-  text("num_hidden_layers", t.num_hidden_layers, 32);
-  text("num_attention_heads", t.num_attention_heads, 16);
-  text("num_key_value_heads", t.num_key_value_heads, 4);
+  text("hidden_size", t.hidden_size, d.hidden_size);
+  if (d.intermediate_size > 0) text("intermediate_size", t.intermediate_size, d.intermediate_size);  // MoE: none
+  text("num_hidden_layers", t.num_hidden_layers, d.num_hidden_layers);
+  text("num_attention_heads", t.num_attention_heads, d.num_attention_heads);
+  text("num_key_value_heads", t.num_key_value_heads, d.num_key_value_heads);
   text("rms_norm_eps", t.rms_norm_eps, 1e-6);
   text.id("pad_token_id", t.pad_token_id);
   text("max_position_embeddings", t.max_position_embeddings, 32768);
@@ -63,11 +64,16 @@ void qwen3_5_keys(W& top, W& text, W& vision, C& c) {
   top("vision_end_token_id", c.vision_end_token_id, 248054);
 }
 
+// Qwen3_5TextConfig's defaults.
+constexpr TextDefaults kDense{4096, 12288, 32, 16, 4};
+
+}  // namespace
+
 // ---------------------------------------------------------------- features
 // A LayerNorm ViT with a tanh-GELU MLP, no DeepStack, images at M-RoPE time 0; a decoder with
 // zero-centred RMSNorms (x * (1 + w)), q/k norms, gated attention without biases and
 // interleaved M-RoPE (HF's Qwen3.5 rotary always interleaves).
-void qwen3_5_features(VlmConfig& c) {
+void features(VlmConfig& c) {
   c.vision.norm = NormKind::layer_norm;
   c.vision.mlp = MlpKind::gelu_tanh;
   c.vision.deepstack_visual_indexes.clear();
@@ -78,6 +84,8 @@ void qwen3_5_features(VlmConfig& c) {
   c.text.attn_output_gate = true;
   c.text.norm = NormKind::rms_norm_centered;
 }
+
+namespace {
 
 // HF: `layer_types` when given, else every `full_attention_interval`-th layer (default 4)
 // full attention, the others linear.
@@ -115,14 +123,16 @@ void parse_rotary(const json& tj, TextConfig& t, const std::string& tw, const st
   t.mrope_interleaved = true;
 }
 
+}  // namespace
+
 // ---------------------------------------------------------------- parse, write, validate
-VlmConfig q35_parse(const json& top, const std::string& src) {
+VlmConfig parse(const json& top, const std::string& src, const TextDefaults& d) {
   VlmConfig c;
   const json& vj = object_or_empty(top, "vision_config", src);
   const json& tj = object_or_empty(top, "text_config", src);
   const std::string tw = "text_config.";
   KeyReader r_top(top, "", src), r_text(tj, tw, src), r_vision(vj, "vision_config.", src);
-  qwen3_5_keys(r_top, r_text, r_vision, c);
+  qwen3_5_keys(r_top, r_text, r_vision, c, d);
   VLM_CHECK(c.vision.hidden_act == "gelu_pytorch_tanh", src, ": vision_config.hidden_act is '", c.vision.hidden_act,
             "', expected 'gelu_pytorch_tanh' for qwen3_5");
   c.vision.rope_theta = get_opt<double>(object_or_empty(vj, "rope_parameters", src), "rope_theta", 10000.0,
@@ -140,15 +150,15 @@ VlmConfig q35_parse(const json& top, const std::string& src) {
   };
   if (absent("bos_token_id")) c.bos_token_id = kEndOfText;
   if (absent("eos_token_id")) c.eos_token_id = kImEnd;
-  qwen3_5_features(c);
+  features(c);
   return c;
 }
 
-json q35_to_json(const VlmConfig& c) {
+json to_json(const VlmConfig& c, const TextDefaults& d) {
   const auto& t = c.text;
   json tj, vj, j;
   KeyWriter w_top(j), w_text(tj), w_vision(vj);
-  qwen3_5_keys(w_top, w_text, w_vision, c);
+  qwen3_5_keys(w_top, w_text, w_vision, c, d);
   std::vector<std::string> types;
   for (int64_t i = 0; i < t.num_hidden_layers; ++i)
     types.push_back(t.mixer(i) == MixerKind::full_attention ? "full_attention" : "linear_attention");
@@ -177,7 +187,7 @@ json q35_to_json(const VlmConfig& c) {
   return j;
 }
 
-void q35_validate(const VlmConfig& c, const std::string& src) {
+void validate(const VlmConfig& c, const std::string& src) {
   const auto& v = c.vision;
   check_position_table(v, src);
   VLM_CHECK(v.deepstack_visual_indexes.empty(), src, ": qwen3_5 has no DeepStack mergers");
@@ -192,17 +202,12 @@ void q35_validate(const VlmConfig& c, const std::string& src) {
 }
 
 // ---------------------------------------------------------------- presets
-struct Q35Geometry {
-  int64_t hidden, layers, heads, kv_heads, inter, lin_k_heads, lin_v_heads;
-  int64_t vit_width, vit_depth, vit_inter, vit_heads;
-  bool tie;
-};
 
 // The published geometry (Qwen/Qwen3.5-*: hidden / layers / heads / kv / intermediate /
 // linear key and value heads; every 4th layer full attention; head_dim 256, linear head
 // dims 128; partial rotary 0.25 with M-RoPE [11, 11, 10] interleaved, theta 1e7; vocab
 // 248,320; patch 16, merge 2, 48 x 48 learned positions).
-VlmConfig real_qwen3_5(const Q35Geometry& g) {
+VlmConfig real(const Geometry& g) {
   VlmConfig c;
   auto& v = c.vision;
   v.depth = g.vit_depth;
@@ -239,13 +244,15 @@ VlmConfig real_qwen3_5(const Q35Geometry& g) {
   c.bos_token_id = kEndOfText;
   c.eos_token_id = kImEnd;
   c.tie_word_embeddings = g.tie;
-  qwen3_5_features(c);
+  features(c);
   return c;
 }
 
 // The Qwen3.5 counterpart of "tiny-qwen3" (trainable on one CPU): three linear layers and
 // one full, head_dim 64 of which 16 rotate (M-RoPE 3 + 3 + 2), 2 key heads serving 4 value
 // heads in the linear layers, a 4-block ViT of 128 with a 16 x 16 position table.
+namespace {
+
 VlmConfig tiny_qwen3_5() {
   VlmConfig c;
   auto& v = c.vision;
@@ -278,13 +285,17 @@ VlmConfig tiny_qwen3_5() {
   top_of_vocab_special_ids(c);  // 2041..2047, as tiny
   c.tie_word_embeddings = true;
   c.torch_dtype = "float32";
-  qwen3_5_features(c);
+  features(c);
   return c;
 }
 
 }  // namespace
+}  // namespace vlm::qwen3_5
+
+namespace vlm {
 
 const ModelFamilySpec& qwen3_5_family() {
+  using namespace qwen3_5;
   static const ModelFamilySpec spec = [] {
     ModelFamilySpec s;
     s.model_type = "qwen3_5";
@@ -295,19 +306,19 @@ const ModelFamilySpec& qwen3_5_family() {
     s.processor = {{0.5, 0.5, 0.5}, {0.5, 0.5, 0.5}, 65536, 16777216};
     s.default_system = "";
     s.chat_template = ChatTemplate::kQwen3_5;  // think blocks: docs/qwen35_text.md
-    s.parse = q35_parse;
-    s.to_json = q35_to_json;
-    s.validate = q35_validate;
+    s.parse = [](const nlohmann::json& top, const std::string& src) { return qwen3_5::parse(top, src, kDense); };
+    s.to_json = [](const VlmConfig& c) { return qwen3_5::to_json(c, kDense); };
+    s.validate = qwen3_5::validate;
     s.make_vision = [](const VlmConfig& cfg, const torch::TensorOptions& opts) -> std::shared_ptr<VisionTowerImpl> {
       return std::make_shared<Qwen3VisionEncoderImpl>(cfg, opts);
     };
     //                    hidden layers heads kv  inter   lin k  lin v  ViT  depth  ffn  heads  tie
     s.presets = {{"tiny-qwen3.5", tiny_qwen3_5},
-                 {"qwen3.5-0.8b", [] { return real_qwen3_5({1024, 24, 8, 2, 3584, 16, 16, 768, 12, 3072, 12, true}); }},
-                 {"qwen3.5-2b", [] { return real_qwen3_5({2048, 24, 8, 2, 6144, 16, 16, 1024, 24, 4096, 16, true}); }},
-                 {"qwen3.5-4b", [] { return real_qwen3_5({2560, 32, 16, 4, 9216, 16, 32, 1024, 24, 4096, 16, true}); }},
-                 {"qwen3.5-9b", [] { return real_qwen3_5({4096, 32, 16, 4, 12288, 16, 32, 1152, 27, 4304, 16, false}); }},
-                 {"qwen3.5-27b", [] { return real_qwen3_5({5120, 64, 24, 4, 17408, 16, 48, 1152, 27, 4304, 16, false}); }}};
+                 {"qwen3.5-0.8b", [] { return real({1024, 24, 8, 2, 3584, 16, 16, 768, 12, 3072, 12, true}); }},
+                 {"qwen3.5-2b", [] { return real({2048, 24, 8, 2, 6144, 16, 16, 1024, 24, 4096, 16, true}); }},
+                 {"qwen3.5-4b", [] { return real({2560, 32, 16, 4, 9216, 16, 32, 1024, 24, 4096, 16, true}); }},
+                 {"qwen3.5-9b", [] { return real({4096, 32, 16, 4, 12288, 16, 32, 1152, 27, 4304, 16, false}); }},
+                 {"qwen3.5-27b", [] { return real({5120, 64, 24, 4, 17408, 16, 48, 1152, 27, 4304, 16, false}); }}};
     return s;
   }();
   return spec;

@@ -8,8 +8,9 @@
 #include "vlm/families/config_json.h"
 #include "vlm/families/registry.h"
 #include "vlm/families/qwen3_vision.h"
+#include "vlm/families/qwen3_vl.h"
 
-namespace vlm {
+namespace vlm::qwen3_vl {
 namespace {
 
 using namespace config_json;
@@ -21,7 +22,7 @@ using namespace config_json;
 // (vision_config.rope_parameters.rope_theta), the tied head, bos / eos and dtype, and the
 // constants transformers expects (model_type of each section, attention_bias false).
 template <class W, class C>
-void qwen3_vl_keys(W& top, W& text, W& vision, C& c) {
+void qwen3_vl_keys(W& top, W& text, W& vision, C& c, const TextDefaults& d) {
   auto& v = c.vision;
   vision("depth", v.depth, 27);
   vision("hidden_size", v.embed_dim, 1152);
@@ -37,11 +38,11 @@ void qwen3_vl_keys(W& top, W& text, W& vision, C& c) {
   vision("hidden_act", v.hidden_act, "gelu_pytorch_tanh");
   auto& t = c.text;
   text("vocab_size", t.vocab_size, 151936);
-  text("hidden_size", t.hidden_size, 4096);
-  text("intermediate_size", t.intermediate_size, 22016);
-  text("num_hidden_layers", t.num_hidden_layers, 32);
-  text("num_attention_heads", t.num_attention_heads, 32);
-  text("num_key_value_heads", t.num_key_value_heads, 32);  // null: num_attention_heads (a step)
+  text("hidden_size", t.hidden_size, d.hidden_size);
+  text("intermediate_size", t.intermediate_size, d.intermediate_size);
+  text("num_hidden_layers", t.num_hidden_layers, d.num_hidden_layers);
+  text("num_attention_heads", t.num_attention_heads, d.num_attention_heads);
+  text("num_key_value_heads", t.num_key_value_heads, d.num_key_value_heads);  // null: num_attention_heads (a step)
   text("rms_norm_eps", t.rms_norm_eps, 1e-6);
   text.id("pad_token_id", t.pad_token_id);
   text("max_position_embeddings", t.max_position_embeddings, 128000);
@@ -53,12 +54,17 @@ void qwen3_vl_keys(W& top, W& text, W& vision, C& c) {
   top("vision_end_token_id", c.vision_end_token_id, 151653);
 }
 
+// Qwen3VLTextConfig's defaults.
+constexpr TextDefaults kDense{4096, 22016, 32, 32, 32};
+
+}  // namespace
+
 // ---------------------------------------------------------------- features
 // What generic code reads instead of the family (config.h): a LayerNorm ViT with a tanh-GELU
 // MLP and full attention, images at M-RoPE time 0, a Qwen3 decoder (q/k norm, no attention
 // bias, interleaved M-RoPE: HF's Qwen3-VL rotary always interleaves, the key is
 // informational).
-void qwen3_vl_features(VlmConfig& c) {
+void features(VlmConfig& c) {
   c.vision.norm = NormKind::layer_norm;
   c.vision.mlp = MlpKind::gelu_tanh;
   c.text.image_frames_advance_time = false;
@@ -69,7 +75,7 @@ void qwen3_vl_features(VlmConfig& c) {
 
 // ---------------------------------------------------------------- parse, write, validate
 // Always the nested layout: text_config + vision_config.
-VlmConfig q3_parse(const json& top, const std::string& src) {
+VlmConfig parse(const json& top, const std::string& src, const TextDefaults& d) {
   VlmConfig c;
   const json& vj = object_or_empty(top, "vision_config", src);
   const json& tj = object_or_empty(top, "text_config", src);
@@ -77,7 +83,7 @@ VlmConfig q3_parse(const json& top, const std::string& src) {
   TextConfig& t = c.text;
   t.mrope_section = {24, 20, 20};  // HF: rope_parameters.get("mrope_section", [24, 20, 20])
   KeyReader r_top(top, "", src), r_text(tj, tw, src), r_vision(vj, "vision_config.", src);
-  qwen3_vl_keys(r_top, r_text, r_vision, c);
+  qwen3_vl_keys(r_top, r_text, r_vision, c, d);
 
   VLM_CHECK(c.vision.hidden_act == "gelu_pytorch_tanh", src, ": vision_config.hidden_act is '",
             c.vision.hidden_act, "', expected 'gelu_pytorch_tanh' for qwen3_vl");
@@ -91,15 +97,15 @@ VlmConfig q3_parse(const json& top, const std::string& src) {
             "every released Qwen3-VL config has attention_bias false)");
   // Tied head: the top-level key only (Qwen3VLConfig does not read text_config's flag).
   parse_top_steps(top, tj, tw, /*text_tie_counts=*/false, c, src);
-  qwen3_vl_features(c);
+  features(c);
   return c;
 }
 
-json q3_to_json(const VlmConfig& c) {
+json to_json(const VlmConfig& c, const TextDefaults& d) {
   const auto& t = c.text;
   json tj, vj, j;
   KeyWriter w_top(j), w_text(tj), w_vision(vj);
-  qwen3_vl_keys(w_top, w_text, w_vision, c);
+  qwen3_vl_keys(w_top, w_text, w_vision, c, d);
   tj["model_type"] = "qwen3_vl_text";
   tj["head_dim"] = t.head_dim();  // resolved (0 in a file means hidden / heads)
   tj["attention_bias"] = false;
@@ -123,7 +129,7 @@ json q3_to_json(const VlmConfig& c) {
   return j;
 }
 
-void q3_validate(const VlmConfig& c, const std::string& src) {
+void validate(const VlmConfig& c, const std::string& src) {
   const auto& v = c.vision;
   check_position_table(v, src);
   for (size_t i = 0; i < v.deepstack_visual_indexes.size(); ++i) {
@@ -139,7 +145,7 @@ void q3_validate(const VlmConfig& c, const std::string& src) {
 
 // The published configs (Qwen/Qwen3-VL-{2B,4B,8B}-Instruct config.json): vision towers of
 // 24 x 1024 (2B, 4B) and 27 x 1152 (8B) with DeepStack at blocks 5/11/17 and 8/16/24.
-VlmConfig real_qwen3_vl(int64_t hidden, int64_t inter, int64_t layers, int64_t heads, bool tie, bool large_vit) {
+VlmConfig real(int64_t hidden, int64_t inter, int64_t layers, int64_t heads, bool tie, bool large_vit) {
   VlmConfig c;
   auto& v = c.vision;
   v.depth = large_vit ? 27 : 24;
@@ -163,13 +169,15 @@ VlmConfig real_qwen3_vl(int64_t hidden, int64_t inter, int64_t layers, int64_t h
   t.rope_theta = 5000000.0;
   t.max_position_embeddings = 262144;
   c.tie_word_embeddings = tie;
-  qwen3_vl_features(c);
+  features(c);
   return c;
 }
 
 // The Qwen3-VL counterpart of the "tiny" preset (trainable on one CPU): 16-px patches, a
 // 16 x 16 position table, DeepStack from blocks 1 and 2 into LLM layers 0 and 1, text
 // head_dim 32 given explicitly (heads x head_dim = 128 != hidden 256, as in the real 4B/8B).
+namespace {
+
 VlmConfig tiny_qwen3() {
   VlmConfig c;
   auto& v = c.vision;
@@ -196,13 +204,17 @@ VlmConfig tiny_qwen3() {
   top_of_vocab_special_ids(c);  // 2041..2047, as tiny
   c.tie_word_embeddings = true;
   c.torch_dtype = "float32";
-  qwen3_vl_features(c);
+  features(c);
   return c;
 }
 
 }  // namespace
+}  // namespace vlm::qwen3_vl
+
+namespace vlm {
 
 const ModelFamilySpec& qwen3_vl_family() {
+  using namespace qwen3_vl;
   static const ModelFamilySpec spec = [] {
     ModelFamilySpec s;
     s.model_type = "qwen3_vl";
@@ -213,16 +225,16 @@ const ModelFamilySpec& qwen3_vl_family() {
     // longest_edge 16777216} (256^2 .. 4096^2 pixels).
     s.processor = {{0.5, 0.5, 0.5}, {0.5, 0.5, 0.5}, 65536, 16777216};
     s.default_system = "";  // the Qwen3-VL chat template adds no system turn
-    s.parse = q3_parse;
-    s.to_json = q3_to_json;
-    s.validate = q3_validate;
+    s.parse = [](const nlohmann::json& top, const std::string& src) { return qwen3_vl::parse(top, src, kDense); };
+    s.to_json = [](const VlmConfig& c) { return qwen3_vl::to_json(c, kDense); };
+    s.validate = qwen3_vl::validate;
     s.make_vision = [](const VlmConfig& cfg, const torch::TensorOptions& opts) -> std::shared_ptr<VisionTowerImpl> {
       return std::make_shared<Qwen3VisionEncoderImpl>(cfg, opts);
     };
     s.presets = {{"tiny-qwen3", tiny_qwen3},
-                 {"qwen3-vl-2b", [] { return real_qwen3_vl(2048, 6144, 28, 16, true, false); }},
-                 {"qwen3-vl-4b", [] { return real_qwen3_vl(2560, 9728, 36, 32, true, false); }},
-                 {"qwen3-vl-8b", [] { return real_qwen3_vl(4096, 12288, 36, 32, false, true); }}};
+                 {"qwen3-vl-2b", [] { return real(2048, 6144, 28, 16, true, false); }},
+                 {"qwen3-vl-4b", [] { return real(2560, 9728, 36, 32, true, false); }},
+                 {"qwen3-vl-8b", [] { return real(4096, 12288, 36, 32, false, true); }}};
     return s;
   }();
   return spec;

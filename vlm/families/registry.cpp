@@ -19,6 +19,8 @@ const std::vector<const ModelFamilySpec*>& model_families() {
       VLM_FAMILY(qwen2_5_vl),
       VLM_FAMILY(qwen3_vl),
       VLM_FAMILY(qwen3_5),
+      VLM_FAMILY(qwen3_vl_moe),
+      VLM_FAMILY(qwen3_5_moe),
   };
   return all;
 }

@@ -1,5 +1,6 @@
 #include "vlm/model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,18 @@ namespace vlm {
 int64_t TextConfig::count_layers(MixerKind kind) const {
   int64_t n = 0;
   for (int64_t i = 0; i < num_hidden_layers; ++i) n += mixer(i) == kind ? 1 : 0;
+  return n;
+}
+
+bool TextConfig::sparse_layer(int64_t layer) const {
+  if (num_experts <= 0 || decoder_sparse_step <= 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
+}
+
+int64_t TextConfig::count_sparse_layers() const {
+  int64_t n = 0;
+  for (int64_t i = 0; i < num_hidden_layers; ++i) n += sparse_layer(i) ? 1 : 0;
   return n;
 }
 
@@ -103,7 +116,23 @@ void validate(const VlmConfig& c, const std::string& src) {
   in_range("vision_config.in_channels", v.in_chans, kMaxPatchGeometry);
   in_range("vocab_size", t.vocab_size, kMaxConfigSize);
   in_range("hidden_size", t.hidden_size, kMaxConfigSize);
-  in_range("intermediate_size", t.intermediate_size, kMaxConfigSize);
+  // Every layer sparse (Qwen3.5-MoE): no dense MLP, intermediate_size unused.
+  const bool dense_mlp = t.count_sparse_layers() < t.num_hidden_layers;
+  if (dense_mlp) in_range("intermediate_size", t.intermediate_size, kMaxConfigSize);
+  if (t.num_experts > 0) {
+    in_range("num_experts", t.num_experts, kMaxConfigSize);
+    in_range("moe_intermediate_size", t.moe_intermediate_size, kMaxConfigSize);
+    VLM_CHECK(t.num_experts_per_tok >= 1 && t.num_experts_per_tok <= t.num_experts, src,
+              ": num_experts_per_tok is ", t.num_experts_per_tok, ", expected an integer in [1, num_experts = ",
+              t.num_experts, "]");
+    VLM_CHECK(t.shared_expert_intermediate_size >= 0 && t.shared_expert_intermediate_size <= kMaxConfigSize, src,
+              ": shared_expert_intermediate_size is ", t.shared_expert_intermediate_size, ", expected [0, ",
+              kMaxConfigSize, "]");
+    VLM_CHECK(t.decoder_sparse_step >= 1, src, ": decoder_sparse_step is ", t.decoder_sparse_step,
+              ", expected >= 1");
+    VLM_CHECK(std::isfinite(t.router_aux_loss_coef) && t.router_aux_loss_coef >= 0, src,
+              ": router_aux_loss_coef is ", t.router_aux_loss_coef, ", expected a number >= 0");
+  }
   in_range("num_hidden_layers", t.num_hidden_layers, kMaxConfigLayers);
   in_range("num_attention_heads", t.num_attention_heads, kMaxConfigSize);
   in_range("num_key_value_heads", t.num_key_value_heads, kMaxConfigSize);
@@ -121,7 +150,7 @@ void validate(const VlmConfig& c, const std::string& src) {
             ": vision head_dim = ", v.embed_dim, "/", v.num_heads,
             " must be an integer divisible by 4 (2D rotary: row and column halves)");
   VLM_CHECK(t.vocab_size > 0 && t.hidden_size > 0 && t.num_hidden_layers > 0 &&
-                t.num_attention_heads > 0 && t.num_key_value_heads > 0 && t.intermediate_size > 0,
+                t.num_attention_heads > 0 && t.num_key_value_heads > 0 && (t.intermediate_size > 0 || !dense_mlp),
             src, ": text sizes must be positive");
   VLM_CHECK(t.explicit_head_dim >= 0 && t.explicit_head_dim <= kMaxConfigSize, src, ": head_dim is ",
             t.explicit_head_dim, ", expected an integer in [1, ", kMaxConfigSize, "]");

@@ -100,6 +100,17 @@ struct TextConfig {
   int64_t linear_key_head_dim = 0;     // Dk
   int64_t linear_value_head_dim = 0;   // Dv
   int64_t linear_conv_kernel_dim = 4;  // depthwise causal conv over q, k, v
+  // Mixture of experts (Qwen3-VL-MoE, Qwen3.5-MoE; vlm/model/moe.h). num_experts = 0: every
+  // layer has the dense MLP (intermediate_size).
+  int64_t num_experts = 0;                      // E routed experts per sparse layer
+  int64_t num_experts_per_tok = 0;              // k: experts each token is routed to (top-k)
+  int64_t moe_intermediate_size = 0;            // each expert's SwiGLU width
+  int64_t shared_expert_intermediate_size = 0;  // Qwen3.5-MoE: the always-on shared expert
+                                                // (scaled by sigmoid(shared_expert_gate)); 0 = none
+  int64_t decoder_sparse_step = 1;              // layer i is sparse when (i + 1) % step == 0 ...
+  std::vector<int64_t> mlp_only_layers;         // ... and i is not listed here (dense MLP)
+  bool output_router_logits = false;            // config.json keys kept for export; training
+  double router_aux_loss_coef = 0.001;          // uses the recipe's train.router_aux_loss_coef
 
   int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : hidden_size / num_attention_heads; }
   // Rotated dims of each q / k head (HF: int(head_dim * partial_rotary_factor)).
@@ -108,6 +119,10 @@ struct TextConfig {
     return layer_types.empty() ? MixerKind::full_attention : layer_types[static_cast<size_t>(layer)];
   }
   int64_t count_layers(MixerKind kind) const;
+  // Whether layer i has the sparse MoE block as its `mlp` (HF's rule: experts exist, i is not
+  // in mlp_only_layers and (i + 1) % decoder_sparse_step == 0).
+  bool sparse_layer(int64_t layer) const;
+  int64_t count_sparse_layers() const;
 };
 
 struct VlmConfig {

@@ -1,7 +1,8 @@
 // `model.layers.N`: pre-norm decoder layer with the token mixer TextConfig::mixer(N) picks:
 //   h = x + mixer(input_layernorm(x)); out = h + mlp(post_attention_layernorm(h))
 // where mixer is `self_attn` (softmax attention: Qwen2, Qwen3, Qwen3.5's full layers) or
-// `linear_attn` (Gated DeltaNet: Qwen3.5's linear layers).
+// `linear_attn` (Gated DeltaNet: Qwen3.5's linear layers), and mlp is the dense SwiGLU or, in
+// a sparse layer (TextConfig::sparse_layer), the mixture of experts (moe.h).
 #pragma once
 #include <torch/torch.h>
 
@@ -10,6 +11,7 @@
 #include "vlm/model/gated_delta_net.h"
 #include "vlm/model/layers.h"
 #include "vlm/model/mlp.h"
+#include "vlm/model/moe.h"
 
 namespace vlm {
 
@@ -25,15 +27,17 @@ class DecoderLayerImpl : public torch::nn::Module {
   DecoderLayerImpl(const TextConfig& cfg, int64_t layer_index, const torch::TensorOptions& opts);
   // x: [B, L, d]; cos/sin: [B, L, R]; mask: bool [B, 1, L, T] (attention) and padding: [B, L]
   // (the new tokens' attention_mask, linear attention), either undefined; cache: optional;
-  // cu_seqlens: optional packed-row segments (TextAttentionImpl::forward) -> [B, L, d]
+  // cu_seqlens: optional packed-row segments (TextAttentionImpl::forward); aux: the forward's
+  // load-balancing state (sparse layers; null = none) -> [B, L, d]
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& mask, const torch::Tensor& padding, LayerCache* cache = nullptr,
-                        const std::vector<int64_t>* cu_seqlens = nullptr);
+                        const std::vector<int64_t>* cu_seqlens = nullptr, RouterAuxState* aux = nullptr);
   MixerKind mixer;
   Norm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   TextAttention self_attn{nullptr};     // full_attention layers
   GatedDeltaNet linear_attn{nullptr};   // linear_attention layers
-  Mlp mlp{nullptr};
+  Mlp mlp{nullptr};              // dense layers
+  SparseMoeBlock moe{nullptr};   // sparse layers (registered as "mlp")
 };
 TORCH_MODULE(DecoderLayer);
 

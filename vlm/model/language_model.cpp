@@ -41,7 +41,8 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torc
                                          const torch::Tensor& attention_mask, KvCache* cache,
                                          UnitRunner& runner, const std::string& prefix,
                                          const DeepStackInputs* deepstack,
-                                         const std::vector<int64_t>* text_cu_seqlens) {
+                                         const std::vector<int64_t>* text_cu_seqlens,
+                                         const std::shared_ptr<RouterAuxState>& aux) {
   const int64_t b = embeds.size(0), l = embeds.size(1);
   VLM_CHECK(text_cu_seqlens == nullptr || (b == 1 && !attention_mask.defined() && cache == nullptr),
             "text_cu_seqlens: a packed row is [1, L] with no attention_mask and no cache, got B = ", b);
@@ -73,8 +74,8 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torc
     DecoderLayer& layer = layers[i];
     LayerCache* kv = cache ? &cache->layers[i] : nullptr;
     h = runner.run(prefix + ".layers." + std::to_string(i), *layer, h,
-                   [layer, cos = cs.cos, sin = cs.sin, mask, padding, kv, cu](const torch::Tensor& x) mutable {
-                     return layer(x, cos, sin, mask, padding, kv, cu.get());
+                   [layer, cos = cs.cos, sin = cs.sin, mask, padding, kv, cu, aux](const torch::Tensor& x) mutable {
+                     return layer(x, cos, sin, mask, padding, kv, cu.get(), aux.get());
                    });
     if (deepstack != nullptr && i < deepstack->embeds.size()) {
       // h[mask] += embeds[i], as HF's _deepstack_process. By index when the rows are known:

@@ -5,6 +5,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "vlm/model/config.h"
 #include "vlm/model/decoder_layer.h"
 #include "vlm/model/layers.h"
+#include "vlm/model/moe.h"
 #include "vlm/model/unit_runner.h"
 
 namespace vlm {
@@ -49,10 +51,13 @@ class LanguageModelImpl : public torch::nn::Module {
   // (units "<prefix>.layers.N", "<prefix>.norm"). deepstack: optional (Qwen3-VL), added
   // between the layer units. text_cu_seqlens: optional [S + 1] (0 .. L) for a packed row
   // (B == 1, no mask, no cache): each sample attends causally inside itself only.
+  // aux: optional (mixture of experts): the forward's load-balancing state; every sparse layer
+  // records its routing there and attaches the aux-loss gradient (moe.h), finished here.
   torch::Tensor forward(const torch::Tensor& embeds, const torch::Tensor& position_ids,
                         const torch::Tensor& attention_mask, KvCache* cache, UnitRunner& runner,
                         const std::string& prefix = "model", const DeepStackInputs* deepstack = nullptr,
-                        const std::vector<int64_t>* text_cu_seqlens = nullptr);
+                        const std::vector<int64_t>* text_cu_seqlens = nullptr,
+                        const std::shared_ptr<RouterAuxState>& aux = nullptr);
   TextConfig cfg;
   Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers_list{nullptr};  // registered as "layers"

@@ -143,12 +143,27 @@ ForwardOutput VisionLanguageModelImpl::forward(const Batch& batch, bool return_l
   if (!pos.defined())
     pos = packed ? packed_position_ids(ids, batch.image_grid_thw, text_cu, cfg)
                  : get_rope_index(ids, batch.image_grid_thw, mask, cfg).position_ids;
+  // Mixture of experts with a load-balancing loss: one state for this forward (moe.h).
+  std::shared_ptr<RouterAuxState> aux;
+  if (batch.router_aux_weight != 0 && cfg.text.count_sparse_layers() > 0) {
+    aux = std::make_shared<RouterAuxState>();
+    aux->aux_weight = batch.router_aux_weight;
+    const auto fopts = embeds.options().dtype(torch::kFloat32);
+    if (batch.attention_mask.defined()) {
+      aux->token_weight = stage_to_device(batch.attention_mask, embeds.device()).reshape({-1}).to(torch::kFloat32);
+      aux->rows = aux->token_weight.sum().clamp_min(1.0);
+    } else {
+      aux->rows = torch::full({}, static_cast<double>(b * l), fopts);
+    }
+    aux->grad = torch::zeros({cfg.text.num_experts}, fopts);
+  }
   // Right-padded rows (training): causal attention without a mask tensor.
   auto hidden = model->forward(embeds, pos, batch.right_padded || packed ? torch::Tensor() : mask, nullptr,
                                *runner_, "model", deepstack.embeds.empty() ? nullptr : &deepstack,
-                               packed ? &text_cu : nullptr);  // [B, L, d]
+                               packed ? &text_cu : nullptr, aux);  // [B, L, d]
 
   ForwardOutput out;
+  if (aux) out.aux_loss = aux->finish(cfg.text.num_experts);
   const bool want_loss = batch.labels.defined();
   if (want_loss) {
     VLM_CHECK(batch.labels.sizes() == ids.sizes(), "labels ", batch.labels.sizes(),

@@ -42,6 +42,10 @@ struct Batch {
   // itself. position_ids restart per sample; labels of each sample's first token are -100,
   // so no next-token target crosses a boundary. Kept on the host; undefined = not packed.
   torch::Tensor text_cu_seqlens; // [S + 1] int64: 0, ..., L
+  // Mixture of experts: the weight backward gives this micro-batch's load-balancing loss
+  // (moe.h), i.e. d objective / d aux_loss; the trainer passes router_aux_loss_coef / (the
+  // step's micro-batches on all ranks). 0: no aux loss (dense models ignore it).
+  double router_aux_weight = 0;
 };
 
 // loss_rows of labels [B, L] (host): the flat indices of labels[:, 1:] != -100.
@@ -53,6 +57,9 @@ struct ForwardOutput {
   torch::Tensor loss_sum;  // fp32 scalar: sum of token cross-entropies over supervised tokens
   int64_t n_tokens = 0;    // supervised tokens (labels != -100 after the shift)
   torch::Tensor logits;    // [B, L, V] fp32, only when requested
+  // Mixture of experts with router_aux_weight != 0: HF's aux_loss (fp32 scalar, a value: its
+  // gradient is attached inside the sparse layers, not through loss_sum).
+  torch::Tensor aux_loss;
 };
 
 class VisionLanguageModelImpl : public torch::nn::Module {
