@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """HF transformers references for tests/vlm/model/hf_parity_test.cpp, produced at test time.
 
-For each family (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5) it builds a tiny random model with transformers,
+For each family (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5, qwen3_vl_moe, qwen3_5_moe) it builds a tiny random model with transformers,
 with every weight re-drawn at a scale that keeps activations O(1) (so attention is far
 from uniform and rotary or mask bugs change the result) and with random norms and biases
 (so ones / zeros cannot hide a bug), and saves it. Then, for each pass in PASSES (float32
@@ -22,7 +22,10 @@ image_grid_thw and attention_mask), takes the summed shifted cross-entropy of th
       model.named_parameters() names (model.visual.*, model.language_model.*, lm_head.weight
       unless tied); zeros where HF leaves the gradient None (the vision tower on a
       text-only batch)
-  <family>.generate.<batch>.safetensors   (GENERATE: Qwen3.5) the batch's inputs and
+  <family>.<dtype>.<batch>.aux.{io,grads}.safetensors   (MOE_AUX: the MoE families) the same
+      with output_router_logits: io adds aux_loss [1] and aux_coef [1], grads are of
+      loss_sum + aux_coef * aux_loss
+  <family>.generate.<batch>.safetensors   (GENERATE: Qwen3.5 and the MoE families) the batch's inputs and
       generated [B, 12] int64: HF's greedy `generate` (fp32, eager, no eos)
   manifest.json   {"transformers", "torch", "families", "dtypes", "batches", ...}
 
@@ -168,6 +171,22 @@ REAL["qwen3_5_9b_layer"] = dict(
                                       "mrope_section": [11, 11, 10], "mrope_interleaved": True}),
     vision_config=dict(QWEN35_TINY["vision_config"], depth=1, hidden_size=1152, intermediate_size=4304,
                        num_heads=16, out_hidden_size=4096, num_position_embeddings=2304))
+# The mixture-of-experts families (Qwen3-VL-MoE, Qwen3.5-MoE): the tiny models above with
+# 6 experts of width 48, top-2; Qwen3-VL-MoE with layer 1 dense (mlp_only_layers), Qwen3.5-MoE
+# sparse everywhere with a 40-wide shared expert. Besides the plain passes, MOE_AUX writes
+# "<family>.<dtype>.<batch>.aux.*": the forward with output_router_logits and the gradient of
+# loss_sum + AUX_COEF * aux_loss (HF's load_balancing_loss_func with the attention mask).
+FAMILIES["qwen3_vl_moe"] = dict(
+    QWEN3_TINY, text_config=dict(QWEN3_TINY["text_config"], num_hidden_layers=3, num_experts=6,
+                                 num_experts_per_tok=2, moe_intermediate_size=48, decoder_sparse_step=1,
+                                 mlp_only_layers=[1]))
+_q35_moe_text = dict(QWEN35_TINY["text_config"], num_experts=6, num_experts_per_tok=2, moe_intermediate_size=48,
+                     shared_expert_intermediate_size=40)
+del _q35_moe_text["intermediate_size"]
+FAMILIES["qwen3_5_moe"] = dict(QWEN35_TINY, text_config=_q35_moe_text)
+MOE_AUX = {"qwen3_vl_moe": ["images_left", "text_right"], "qwen3_5_moe": ["mixed_left", "text_left"]}
+AUX_COEF = 0.5  # large, so that a wrong aux gradient cannot hide under the cross-entropy's
+
 # Longer batches for the families whose mixer is chunked (Qwen3.5's Gated DeltaNet, chunks of
 # 64 tokens): sequences of 2-3 chunks, the state carried across chunk boundaries.
 LONG_BATCHES = ["long_left", "long_right"]
@@ -233,14 +252,18 @@ def gated_delta_rule_float64(query, key, value, g, beta, initial_state=None, out
 
 
 class Float64DeltaRule:
-    """Within: Qwen3.5's chunked rule computes in float64 (gated_delta_rule_float64)."""
+    """Within: Qwen3.5's (and Qwen3.5-MoE's) chunked rule computes in float64
+    (gated_delta_rule_float64)."""
     def __enter__(self):
         import transformers.models.qwen3_5.modeling_qwen3_5 as m
-        self.m, self.saved = m, m.torch_chunk_gated_delta_rule
-        m.torch_chunk_gated_delta_rule = gated_delta_rule_float64
+        import transformers.models.qwen3_5_moe.modeling_qwen3_5_moe as m_moe
+        self.saved = [(x, x.torch_chunk_gated_delta_rule) for x in (m, m_moe)]
+        for x, _ in self.saved:
+            x.torch_chunk_gated_delta_rule = gated_delta_rule_float64
 
     def __exit__(self, *exc):
-        self.m.torch_chunk_gated_delta_rule = self.saved
+        for x, fn in self.saved:
+            x.torch_chunk_gated_delta_rule = fn
 
 
 def patch_size(cfg_dict):
@@ -248,7 +271,11 @@ def patch_size(cfg_dict):
 
 
 def build(family, cfg_dict, embed_std=0.25):
-    if family.startswith("qwen3_5"):
+    if family == "qwen3_vl_moe":
+        from transformers import Qwen3VLMoeConfig as C, Qwen3VLMoeForConditionalGeneration as M
+    elif family == "qwen3_5_moe":
+        from transformers import Qwen3_5MoeConfig as C, Qwen3_5MoeForConditionalGeneration as M
+    elif family.startswith("qwen3_5"):
         from transformers import Qwen3_5Config as C, Qwen3_5ForConditionalGeneration as M
     elif family.startswith("qwen3_vl"):
         from transformers import Qwen3VLConfig as C, Qwen3VLForConditionalGeneration as M
@@ -256,7 +283,9 @@ def build(family, cfg_dict, embed_std=0.25):
         from transformers import Qwen2_5_VLConfig as C, Qwen2_5_VLForConditionalGeneration as M
     else:
         from transformers import Qwen2VLConfig as C, Qwen2VLForConditionalGeneration as M
-    model = M._from_config(C(**cfg_dict), attn_implementation="eager", dtype=torch.float32)
+    # MoE: HF's per-expert loop (the eager experts), not its grouped_mm kernel (no float64).
+    extra = dict(experts_implementation="eager") if family.endswith("_moe") else {}
+    model = M._from_config(C(**cfg_dict), attn_implementation="eager", dtype=torch.float32, **extra)
     with torch.no_grad():
         for n, p in model.named_parameters():
             if n.endswith(".bias"):
@@ -270,6 +299,8 @@ def build(family, cfg_dict, embed_std=0.25):
                 p.normal_(0.0, embed_std)
             elif "pos_embed" in n:  # Qwen3's learned position table: O(1) like the patches
                 p.normal_(0.0, 0.5)
+            elif p.dim() == 3:  # fused experts [E, out, in]: fan-in = in
+                p.normal_(0.0, p.shape[-1] ** -0.5)
             else:  # matrices (and the conv3d patch embedding): fan-in scaling
                 p.normal_(0.0, (p.numel() // p.shape[0]) ** -0.5)
     return model.eval()
@@ -306,7 +337,7 @@ def make_batch(spec, gen, patch=14):
     return out
 
 
-def run_batch(model, io, dtype):
+def run_batch(model, io, dtype, aux_coef=None):
     captured = {}
 
     def grab(_module, args):
@@ -319,6 +350,8 @@ def run_batch(model, io, dtype):
         img = model.config.image_token_id  # the model's own id (tests may bring other configs)
         kwargs.update(pixel_values=io["pixel_values"].to(dtype), image_grid_thw=io["image_grid_thw"],
                       mm_token_type_ids=(io["input_ids"] == img).to(torch.int32))
+    if aux_coef is not None:
+        kwargs["output_router_logits"] = True
     out = model(**kwargs)
     hook.remove()
     logits = out.logits.float()  # as HF's own causal-LM loss (and vlmtrain) do
@@ -326,7 +359,10 @@ def run_batch(model, io, dtype):
     lb = io["labels"][:, 1:].reshape(-1)
     loss_sum = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, V), lb,
                                                  ignore_index=-100, reduction="sum")
-    loss_sum.backward()
+    if aux_coef is not None:  # the objective: summed cross-entropy + coef x load-balancing loss
+        (loss_sum + aux_coef * out.aux_loss).backward()
+    else:
+        loss_sum.backward()
     pos = captured["position_ids"]
     if pos.dim() == 2:
         pos = pos[None]
@@ -334,6 +370,8 @@ def run_batch(model, io, dtype):
     res = dict(io, position_ids=pos, logits=logits.detach().contiguous(),
                loss_sum=loss_sum.detach().reshape(1),
                n_tokens=torch.tensor([int((lb != -100).sum())], dtype=torch.int64))
+    if aux_coef is not None:
+        res.update(aux_loss=out.aux_loss.detach().float().reshape(1), aux_coef=torch.tensor([aux_coef]))
     grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().contiguous()
              for n, p in model.named_parameters()}
     return res, grads
@@ -342,7 +380,8 @@ def run_batch(model, io, dtype):
 # Greedy `generate` references (families whose decoding keeps more than a KV cache: Qwen3.5's
 # conv and recurrent states): GENERATE_TOKENS new tokens per row, no eos (every row runs to
 # the end), pad id PAD; fp32, after the forward passes.
-GENERATE = {"qwen3_5": ["images_left", "mixed_left", "text_left"]}
+GENERATE = {"qwen3_5": ["images_left", "mixed_left", "text_left"],
+            "qwen3_vl_moe": ["images_left", "text_left"], "qwen3_5_moe": ["mixed_left", "text_left"]}
 GENERATE_TOKENS = 12
 
 
@@ -371,8 +410,9 @@ def main():
     plan = [(f, c, PASSES, short + FAMILY_BATCHES.get(f, [])) for f, c in FAMILIES.items()]
     plan += [(f, c, {"float32": PASSES["float32"]}, REAL_BATCHES + FAMILY_BATCHES.get(f, []))
              for f, c in REAL.items()]
-    # Qwen3.5 last, so that the other families keep their seeds (1000 + their index).
-    plan.sort(key=lambda entry: entry[0].startswith("qwen3_5"))
+    # Qwen3.5 last, then the MoE families, so that the other families keep their seeds (1000 +
+    # their index).
+    plan.sort(key=lambda entry: (entry[0] in MOE_AUX, entry[0].startswith("qwen3_5")))
     for fi, (family, cfg_dict, passes, batches) in enumerate(plan):
         torch.manual_seed(1000 + fi)
         model = build(family, cfg_dict)
@@ -388,6 +428,12 @@ def main():
                 base = os.path.join(args.out, f"{family}.{dtype_name}.{bname}")
                 save_file(res, base + ".io.safetensors")
                 save_file(grads, base + ".grads.safetensors")
+                if bname in MOE_AUX.get(family, []):
+                    gen = torch.Generator().manual_seed(100 * fi + bi)  # the same batch
+                    with Float64DeltaRule() if exact else contextlib.nullcontext():
+                        res, grads = run_batch(model, make_batch(spec, gen, patch_size(cfg_dict)), dtype, AUX_COEF)
+                    save_file(res, base + ".aux.io.safetensors")
+                    save_file(grads, base + ".aux.grads.safetensors")
                 print(f"{family}.{dtype_name}.{bname}: loss_sum {res['loss_sum'].item():.6f} over "
                       f"{res['n_tokens'].item()} tokens, logits {tuple(res['logits'].shape)}, "
                       f"max |logit| {res['logits'].abs().max().item():.3f}", file=sys.stderr)
@@ -403,7 +449,7 @@ def main():
         json.dump({"transformers": transformers.__version__, "torch": torch.__version__,
                    "families": list(FAMILIES), "dtypes": list(PASSES), "batches": list(BATCHES),
                    "real_layers": list(REAL), "real_batches": REAL_BATCHES,
-                   "family_batches": FAMILY_BATCHES, "generate": GENERATE,
+                   "family_batches": FAMILY_BATCHES, "generate": GENERATE, "moe_aux": MOE_AUX,
                    "generate_tokens": GENERATE_TOKENS}, f)
     print(json.dumps({"transformers": transformers.__version__, "torch": torch.__version__}))
 

@@ -30,6 +30,9 @@ VlmConfig parse(const json& top, const std::string& src) {
   VlmConfig c = qwen3_vl::parse(top, src, kMoeText);
   KeyReader r(object_or_empty(top, "text_config", src), "text_config.", src);
   qwen3_vl_moe_keys(r, c.text);
+  // HF maps num_experts onto num_local_experts (attribute_map) and saves it under that name.
+  c.text.num_experts = get_opt<int64_t>(object_or_empty(top, "text_config", src), "num_local_experts",
+                                        c.text.num_experts, "text_config.", src);
   return c;
 }
 

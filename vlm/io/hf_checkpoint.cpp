@@ -5,12 +5,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -105,12 +107,14 @@ HfCheckpoint HfCheckpoint::open(const std::string& dir_or_file) {
   VLM_CHECK(fs::exists(dir_or_file, ec), dir_or_file, ": checkpoint path does not exist");
   if (!fs::is_directory(dir_or_file, ec)) {
     ck.add_file(SafetensorsFile::open(dir_or_file));
+    ck.fuse_per_expert_tensors();
     return ck;
   }
   const std::string single = (fs::path(dir_or_file) / kSingleFile).string();
   const std::string index_path = (fs::path(dir_or_file) / kIndexFile).string();
   if (fs::exists(single, ec)) {  // same preference as transformers
     ck.add_file(SafetensorsFile::open(single));
+    ck.fuse_per_expert_tensors();
     return ck;
   }
   VLM_CHECK(fs::exists(index_path, ec), dir_or_file, ": no ", kSingleFile, " or ", kIndexFile,
@@ -184,17 +188,65 @@ HfCheckpoint HfCheckpoint::open(const std::string& dir_or_file) {
     }
     ck.add_file(std::move(sf));
   }
+  ck.fuse_per_expert_tensors();
   return ck;
+}
+
+void HfCheckpoint::fuse_per_expert_tensors() {
+  static const std::regex kPart(R"(^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$)");
+  std::map<std::string, std::map<int64_t, std::map<std::string, std::string>>> groups;  // prefix -> e -> proj
+  for (const auto& [name, _] : entries_) {
+    std::smatch m;
+    if (std::regex_match(name, m, kPart)) groups[m[1]][std::stoll(m[2])][m[3]] = name;
+  }
+  for (const auto& [prefix, experts] : groups) {
+    const int64_t n = static_cast<int64_t>(experts.size());
+    VLM_CHECK(experts.rbegin()->first == n - 1, path_, ": ", prefix, " has per-expert tensors for ", n,
+              " experts but the largest index is ", experts.rbegin()->first, " (hint: a shard is missing?)");
+    Fused gate_up, down;
+    for (const auto& [e, projs] : experts) {
+      for (const char* p : {"gate_proj", "up_proj", "down_proj"})
+        VLM_CHECK(projs.count(p), path_, ": expert ", e, " of ", prefix, " has no ", p, ".weight");
+      for (const char* p : {"gate_proj", "up_proj"}) gate_up.parts.push_back(entries_.at(projs.at(p)));
+      down.parts.push_back(entries_.at(projs.at("down_proj")));
+    }
+    const StTensorInfo& g0 = info(experts.begin()->second.at("gate_proj"));
+    const StTensorInfo& d0 = info(experts.begin()->second.at("down_proj"));
+    VLM_CHECK(g0.shape.size() == 2 && d0.shape == std::vector<int64_t>({g0.shape[1], g0.shape[0]}), path_, ": ",
+              prefix, ".0: gate_proj ", c10::IntArrayRef(g0.shape), " and down_proj ", c10::IntArrayRef(d0.shape), " are not [I, d] and [d, I]");
+    auto finish = [&](Fused& f, const std::string& name, std::vector<int64_t> shape, int64_t part_rows) {
+      f.info.name = name;
+      f.info.dtype = g0.dtype;
+      f.info.shape = std::move(shape);
+      for (const Entry& part : f.parts) {
+        const StTensorInfo& pi = files_[part.file].info(part.stored_name);
+        VLM_CHECK(pi.dtype == g0.dtype && pi.shape.size() == 2 && pi.shape[0] == part_rows &&
+                      pi.numel() == g0.shape[0] * g0.shape[1],
+                  path_, ": ", part.stored_name, " has shape ", c10::IntArrayRef(pi.shape), " and dtype ", pi.dtype,
+                  ", expected the shape and dtype of every other expert's");
+        f.numel.push_back(pi.numel());
+      }
+      f.info.end = static_cast<uint64_t>(f.info.numel()) * c10::elementSize(g0.dtype);
+      fused_[name] = std::move(f);
+    };
+    finish(gate_up, prefix + ".gate_up_proj", {n, 2 * g0.shape[0], g0.shape[1]}, g0.shape[0]);
+    finish(down, prefix + ".down_proj", {n, d0.shape[0], d0.shape[1]}, d0.shape[0]);
+    for (const auto& [e, projs] : experts)
+      for (const auto& [p, name] : projs) entries_.erase(name);
+  }
 }
 
 std::vector<std::string> HfCheckpoint::names() const {
   std::vector<std::string> out;
-  out.reserve(entries_.size());
+  out.reserve(entries_.size() + fused_.size());
   for (const auto& [name, _] : entries_) out.push_back(name);
+  for (const auto& [name, _] : fused_) out.push_back(name);
+  std::sort(out.begin(), out.end());
   return out;
 }
 
 const HfCheckpoint::Entry& HfCheckpoint::entry(const std::string& canonical) const {
+  if (auto f = fused_.find(canonical); f != fused_.end()) return f->second.parts.front();  // (messages)
   auto it = entries_.find(canonical);
   VLM_CHECK(it != entries_.end(), path_, ": checkpoint has no tensor \"", canonical, "\" (", entries_.size(),
             " tensors; names are matched after mapping model.visual.* -> visual.* and "
@@ -203,6 +255,7 @@ const HfCheckpoint::Entry& HfCheckpoint::entry(const std::string& canonical) con
 }
 
 const StTensorInfo& HfCheckpoint::info(const std::string& canonical) const {
+  if (auto f = fused_.find(canonical); f != fused_.end()) return f->second.info;
   const Entry& e = entry(canonical);
   return files_[e.file].info(e.stored_name);
 }
@@ -216,11 +269,26 @@ const std::string& HfCheckpoint::file_of(const std::string& canonical) const {
 }
 
 torch::Tensor HfCheckpoint::get(const std::string& canonical) const {
+  if (auto f = fused_.find(canonical); f != fused_.end())
+    return get_range(canonical, 0, f->second.info.numel()).view(f->second.info.shape);
   const Entry& e = entry(canonical);
   return files_[e.file].get(e.stored_name);
 }
 
 torch::Tensor HfCheckpoint::get_range(const std::string& canonical, int64_t lo, int64_t hi) const {
+  if (auto f = fused_.find(canonical); f != fused_.end()) {  // the parts overlapping [lo, hi)
+    const Fused& fu = f->second;
+    VLM_CHECK(0 <= lo && lo <= hi && hi <= fu.info.numel(), path_, ": range [", lo, ", ", hi, ") of ", canonical,
+              " outside its ", fu.info.numel(), " elements");
+    std::vector<torch::Tensor> pieces;
+    int64_t at = 0;
+    for (size_t i = 0; i < fu.parts.size() && at < hi; at += fu.numel[i], ++i) {
+      const int64_t a = std::max(lo, at), b = std::min(hi, at + fu.numel[i]);
+      if (a < b) pieces.push_back(files_[fu.parts[i].file].get_range(fu.parts[i].stored_name, a - at, b - at));
+    }
+    if (pieces.empty()) return torch::empty({0}, torch::TensorOptions().dtype(fu.info.dtype));
+    return pieces.size() == 1 ? pieces[0] : torch::cat(pieces);
+  }
   const Entry& e = entry(canonical);
   return files_[e.file].get_range(e.stored_name, lo, hi);
 }

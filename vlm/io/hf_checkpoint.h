@@ -56,7 +56,7 @@ class HfCheckpoint {
   bool sharded() const { return sharded_; }
   // Canonical names, sorted.
   std::vector<std::string> names() const;
-  bool contains(const std::string& canonical) const { return entries_.count(canonical) != 0; }
+  bool contains(const std::string& canonical) const { return entries_.count(canonical) + fused_.count(canonical) != 0; }
   // dtype / shape / offsets without reading data. Throws when absent.
   const StTensorInfo& info(const std::string& canonical) const;
   // The name as stored in the file, and the file (path) holding it.
@@ -77,13 +77,24 @@ class HfCheckpoint {
     size_t file = 0;
     std::string stored_name;
   };
+  // Experts stored one tensor per expert (`<p>.experts.<e>.{gate,up,down}_proj.weight`, the
+  // Qwen3.5-MoE hub layout) appear fused, as the model holds them: `<p>.experts.gate_up_proj`
+  // [E, 2I, d] (expert e's gate rows, then its up rows) and `<p>.experts.down_proj` [E, d, I],
+  // read from the per-expert tensors (which are then not listed).
+  struct Fused {
+    StTensorInfo info;          // name, dtype, shape (offsets: 0 .. nbytes)
+    std::vector<Entry> parts;   // in flat order, each a whole stored tensor
+    std::vector<int64_t> numel; // of each part
+  };
   const Entry& entry(const std::string& canonical) const;
   void add_file(SafetensorsFile file);
+  void fuse_per_expert_tensors();
 
   std::string path_;
   bool sharded_ = false;
   std::vector<SafetensorsFile> files_;
   std::map<std::string, Entry> entries_;
+  std::map<std::string, Fused> fused_;
   std::optional<uint64_t> index_total_size_;
 };
 

@@ -1,5 +1,6 @@
 #include "vlm/model/moe.h"
 
+#include <optional>
 #include <string>
 
 #include "vlm/runtime/check.h"
@@ -119,7 +120,7 @@ torch::Tensor MoeExpertsImpl::forward(const torch::Tensor& x, const torch::Tenso
                                       const torch::Tensor& weights) {
   const int64_t k = experts.size(1);
   const auto flat = experts.reshape({-1});                                   // [M]
-  const auto order = std::get<1>(flat.sort(/*stable=*/true, /*dim=*/0));     // [M] rows by expert
+  const auto order = std::get<1>(flat.sort(std::optional<bool>(true), /*dim=*/0, false));  // [M] rows by expert
   const auto token = order.div(k, "floor");                                  // [M] their tokens
   // Rows per expert, on the device (scatter_add: no host sync, unlike bincount).
   const auto counts = torch::zeros({num_experts}, flat.options()).scatter_add_(0, flat, torch::ones_like(flat));

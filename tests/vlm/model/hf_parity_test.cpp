@@ -217,6 +217,19 @@ INSTANTIATE_TEST_SUITE_P(
       return std::get<0>(info.param) + "_" + std::get<1>(info.param) + "_" + std::get<2>(info.param);
     });
 
+// The mixture-of-experts families (tiny Qwen3-VL-MoE with a dense layer among sparse ones,
+// tiny Qwen3.5-MoE with a shared expert; 6 experts, top-2): routing, the fused experts and
+// the router's gradient through the renormalised top-k weights. Qwen3.5-MoE takes Qwen3.5's
+// fp32 tolerances (its Gated DeltaNet layers).
+INSTANTIATE_TEST_SUITE_P(
+    MixtureOfExperts, HfParity,
+    ::testing::Combine(::testing::Values("qwen3_vl_moe", "qwen3_5_moe"), ::testing::Values("float32", "float64"),
+                       ::testing::Values("images_left", "multi_image_right", "mixed_left", "text_left",
+                                         "text_right")),
+    [](const ::testing::TestParamInfo<HfpCase>& info) {
+      return std::get<0>(info.param) + "_" + std::get<1>(info.param) + "_" + std::get<2>(info.param);
+    });
+
 TEST_P(HfParity, LogitsLossAndEveryGradientMatchTransformers) {
   const auto& ref = hfp_reference();
   ASSERT_TRUE(ref.error.empty()) << ref.error;
@@ -338,22 +351,112 @@ TEST_P(HfParity, LogitsLossAndEveryGradientMatchTransformers) {
             << "; reference made in " << ref.seconds << " s\n";
 }
 
+// ---------------------------------------------------------------- HfParityMoeAux
+
+// The load-balancing loss (HF: output_router_logits, load_balancing_loss_func over every
+// sparse layer with the attention mask; coef 0.5 so that its gradient is not small next to
+// the cross-entropy's): vlmtrain's aux_loss against HF's, and every gradient of
+// loss_sum + coef * aux_loss (vlmtrain attaches the aux gradient inside the sparse layers:
+// Batch::router_aux_weight = coef, backward of loss_sum alone).
+using HfpAuxCase = std::tuple<std::string, std::string, std::string>;  // family, dtype, batch kind
+class HfParityMoeAux : public ::testing::TestWithParam<HfpAuxCase> {};
+INSTANTIATE_TEST_SUITE_P(
+    Transformers, HfParityMoeAux,
+    ::testing::Values(HfpAuxCase{"qwen3_vl_moe", "float32", "images_left"},
+                      HfpAuxCase{"qwen3_vl_moe", "float64", "images_left"},
+                      HfpAuxCase{"qwen3_vl_moe", "float64", "text_right"},
+                      HfpAuxCase{"qwen3_5_moe", "float32", "mixed_left"},
+                      HfpAuxCase{"qwen3_5_moe", "float64", "mixed_left"},
+                      HfpAuxCase{"qwen3_5_moe", "float64", "text_left"}),
+    [](const ::testing::TestParamInfo<HfpAuxCase>& info) {
+      return std::get<0>(info.param) + "_" + std::get<1>(info.param) + "_" + std::get<2>(info.param);
+    });
+
+TEST_P(HfParityMoeAux, AuxLossAndEveryGradientMatchTransformers) {
+  const auto& ref = hfp_reference();
+  ASSERT_TRUE(ref.error.empty()) << ref.error;
+  const auto& [family, dtype_name, kind] = GetParam();
+  const bool f64 = dtype_name == "float64";
+  // In float64 HF still sums the router probabilities in fp32 (load_balancing_loss_func:
+  // `.float()`), so the aux term and every gradient it reaches carry fp32 rounding: the
+  // float64 case takes fp32-level tolerances (measured up to 1.9e-7 on the gradients).
+  constexpr HfpTolerance kAuxTolF64{1e-6, 1e-6, 1e-6, 1e-6};
+  const HfpTolerance& tol = f64 ? kAuxTolF64 : (family == "qwen3_5_moe" ? kHfpTolQ35F32 : kHfpTolF32);
+  const std::string model_dir = *ref.dir / family;
+  const std::string base = *ref.dir / (family + "." + dtype_name + "." + kind + ".aux");
+  auto m = hfp_load_model(model_dir + "/config.json", model_dir, f64 ? torch::kFloat64 : torch::kFloat32);
+  const auto io = vlm::SafetensorsFile::open(base + ".io.safetensors");
+  vlm::Batch b = hfp_batch(io);
+  const double coef = hfp_get(io, "aux_coef").item<double>();
+  b.router_aux_weight = coef;
+  auto out = m->forward(b, /*return_logits=*/false);
+  ASSERT_TRUE(out.aux_loss.defined());
+  const double aux_ref = hfp_get(io, "aux_loss").item<double>();
+  const double aux_rel = std::abs(out.aux_loss.item<double>() - aux_ref) / aux_ref;
+  EXPECT_LE(aux_rel, tol.loss) << "aux_loss " << out.aux_loss.item<double>() << " vs HF " << aux_ref;
+  out.loss_sum.backward();
+  const auto grads = vlm::HfCheckpoint::open(base + ".grads.safetensors");
+  double worst = 0, router_worst = 0;
+  std::string worst_name;
+  for (const auto& p : m->named_parameters()) {
+    const auto want = grads.get(p.key());
+    auto got = p.value().grad();
+    if (!got.defined()) got = torch::zeros_like(p.value());
+    const double scale = want.abs().max().item<double>();
+    const double diff = (got - want).abs().max().item<double>();
+    if (scale == 0) {
+      EXPECT_EQ(diff, 0.0) << p.key();
+      continue;
+    }
+    EXPECT_LE(diff / scale, tol.grad) << p.key() << ": max |grad diff| " << diff << ", max |HF grad| " << scale;
+    if (diff / scale > worst) worst = diff / scale, worst_name = p.key();
+    if (p.key().find("mlp.gate.weight") != std::string::npos) router_worst = std::max(router_worst, diff / scale);
+  }
+  // The aux term must matter: the same model without it gives router gradients far from HF's.
+  for (auto& p : m->parameters()) p.mutable_grad() = torch::Tensor();
+  b.router_aux_weight = 0;
+  m->forward(b, false).loss_sum.backward();
+  double router_without = 0;
+  for (const auto& p : m->named_parameters()) {
+    if (p.key().find("mlp.gate.weight") == std::string::npos) continue;
+    const auto want = grads.get(p.key());
+    router_without = std::max(router_without, (p.value().grad() - want).abs().max().item<double>() /
+                                                  want.abs().max().item<double>());
+  }
+  EXPECT_GT(router_without, 100 * std::max(router_worst, 1e-9)) << "without the aux loss the router gradients "
+                                                                    "should differ from HF's";
+  std::cout << "[hf_parity_aux] " << family << "." << dtype_name << "." << kind << ": aux_loss " << aux_ref
+            << " (rel diff " << aux_rel << "), worst grad " << worst << " (" << worst_name << "), router "
+            << router_worst << "; without the aux term the router is " << router_without << " off\n";
+}
+
 // ---------------------------------------------------------------- HfGenerate
 
 // Greedy decoding of the tiny Qwen3.5 (conv and recurrent states of the Gated DeltaNet layers
 // next to the full layers' KV cache) against transformers' `generate` on the same model and
 // prompts (left padding; images, image + text-only rows, text only), 12 new tokens, no eos:
 // the same tokens, with and without vlmtrain's cache.
-TEST(HfGenerate, Qwen35GreedyTokensEqualTransformers) {
+// The MoE families likewise (routing during cached decoding: one token per step).
+using HfpGenCase = std::tuple<std::string, std::vector<std::string>>;  // family, batch kinds
+class HfGenerate : public ::testing::TestWithParam<HfpGenCase> {};
+INSTANTIATE_TEST_SUITE_P(
+    Transformers, HfGenerate,
+    ::testing::Values(HfpGenCase{"qwen3_5", {"images_left", "mixed_left", "text_left"}},
+                      HfpGenCase{"qwen3_vl_moe", {"images_left", "text_left"}},
+                      HfpGenCase{"qwen3_5_moe", {"mixed_left", "text_left"}}),
+    [](const ::testing::TestParamInfo<HfpGenCase>& info) { return std::get<0>(info.param); });
+
+TEST_P(HfGenerate, GreedyTokensEqualTransformers) {
   const auto& ref = hfp_reference();
   ASSERT_TRUE(ref.error.empty()) << ref.error;
-  const std::string model_dir = *ref.dir / "qwen3_5";
+  const auto& [family, kinds] = GetParam();
+  const std::string model_dir = *ref.dir / family;
   auto m = hfp_load_model(model_dir + "/config.json", model_dir);
   m->eval();
   torch::NoGradGuard ng;
-  for (const std::string kind : {"images_left", "mixed_left", "text_left"}) {
+  for (const std::string& kind : kinds) {
     SCOPED_TRACE(kind);
-    const auto io = vlm::SafetensorsFile::open(*ref.dir / ("qwen3_5.generate." + kind + ".safetensors"));
+    const auto io = vlm::SafetensorsFile::open(*ref.dir / (family + ".generate." + kind + ".safetensors"));
     vlm::Batch prompt = hfp_batch(io);
     prompt.labels = torch::Tensor();
     const auto want = hfp_get(io, "generated");
