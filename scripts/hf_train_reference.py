@@ -2,7 +2,7 @@
 """HF transformers + torch AdamW replay of a vlmtrain run, for the training parity test
 (tests/app/train/train_hf_parity_dist_test.cpp).
 
-  init   builds a tiny random Qwen2-VL / Qwen2.5-VL / Qwen3-VL with transformers (hf_reference.py's
+  init   builds a tiny random Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 (or MoE) with transformers (hf_reference.py's
          shapes and weight draw) whose vocabulary and special token ids are the given
          tokenizer's, and saves it (config.json + model.safetensors): the run's start.
   train  loads that directory with transformers and replays the micro-batches a
@@ -14,7 +14,8 @@
          torch.nn.utils.clip_grad_norm_; torch.optim.AdamW with vlmtrain's parameter groups
          (per-module lr globs, no weight decay on biases and norms) and its lr schedule
          (app/train/lr_schedule.cpp: linear warmup (s+1)/w, then cosine / linear / constant to
-         min_lr_ratio). Prints one JSON line per step {"step", "loss", "grad_norm", "lr"} and
+         min_lr_ratio); MoE with --router-aux-coef c: plus c / (the step's micro-batches on all
+         ranks) x each micro-batch's load-balancing loss (HF's aux_loss). Prints one JSON line per step {"step", "loss", "grad_norm", "lr"} and
          checks the dumped position_ids against the ones HF computed.
 
 Usage:
@@ -39,7 +40,11 @@ import hf_reference  # noqa: E402  (the tiny shapes and the weight draw)
 
 
 def model_class(family):
-    if family == "qwen3_5":
+    if family == "qwen3_vl_moe":
+        from transformers import Qwen3VLMoeConfig as C, Qwen3VLMoeForConditionalGeneration as M
+    elif family == "qwen3_5_moe":
+        from transformers import Qwen3_5MoeConfig as C, Qwen3_5MoeForConditionalGeneration as M
+    elif family == "qwen3_5":
         from transformers import Qwen3_5Config as C, Qwen3_5ForConditionalGeneration as M
     elif family == "qwen3_vl":
         from transformers import Qwen3VLConfig as C, Qwen3VLForConditionalGeneration as M
@@ -64,7 +69,7 @@ def cmd_init(a):
         text["pad_token_id"] = a.pad_token_id
     torch.manual_seed(a.seed)
     model = hf_reference.build(a.family, cfg)
-    if a.family.startswith("qwen3_5"):  # the decays as transformers initialises them
+    if a.family.startswith("qwen3_5"):  # the decays as transformers initialises them (MoE too)
         with torch.no_grad():
             for n, p in model.named_parameters():
                 if n.endswith("linear_attn.A_log"):
@@ -129,8 +134,9 @@ def load_step(dump, step):
     return out
 
 
-def forward_loss(model, t, image_token_id):
-    """Summed token cross-entropy of one micro-batch and HF's position ids [3, B, L]."""
+def forward_loss(model, t, image_token_id, aux=False):
+    """Summed token cross-entropy of one micro-batch and HF's position ids [3, B, L] (and, with
+    aux, the MoE load-balancing loss: output_router_logits, the attention mask)."""
     captured = {}
     hook = model.model.language_model.rotary_emb.register_forward_pre_hook(
         lambda _m, args: captured.__setitem__("pos", args[1].detach().clone()))
@@ -138,7 +144,10 @@ def forward_loss(model, t, image_token_id):
     if "pixel_values" in t:
         kw.update(pixel_values=t["pixel_values"], image_grid_thw=t["image_grid_thw"],
                   mm_token_type_ids=(t["input_ids"] == image_token_id).to(torch.int32))
-    logits = model(**kw).logits.float()
+    if aux:
+        kw["output_router_logits"] = True
+    out = model(**kw)
+    logits = out.logits.float()
     hook.remove()
     V = logits.shape[-1]
     loss_sum = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, V), t["labels"][:, 1:].reshape(-1),
@@ -146,7 +155,7 @@ def forward_loss(model, t, image_token_id):
     pos = captured["pos"]
     if pos.dim() == 2:
         pos = pos[None]
-    return loss_sum, pos.expand(3, *t["input_ids"].shape)
+    return loss_sum, pos.expand(3, *t["input_ids"].shape), (out.aux_loss if aux else None)
 
 
 def cmd_train(a):
@@ -154,7 +163,8 @@ def cmd_train(a):
     torch.set_num_threads(a.threads)
     cfg = json.load(open(os.path.join(a.model, "config.json")))
     _, M = model_class(cfg["model_type"])
-    model = M.from_pretrained(a.model, dtype=torch.float32, attn_implementation="eager").train()
+    extra = dict(experts_implementation="eager") if cfg["model_type"].endswith("_moe") else {}
+    model = M.from_pretrained(a.model, dtype=torch.float32, attn_implementation="eager", **extra).train()
     image_token_id = cfg.get("image_token_id", cfg.get("text_config", {}).get("image_token_id"))
     b1, b2 = (float(x) for x in a.betas.split(","))
     groups = param_groups(model, a)
@@ -172,8 +182,11 @@ def cmd_train(a):
         for (path, meta, t), n in zip(mbs, sup):
             if meta["filler"] == "1":  # fully masked stand-in: contributes nothing by definition
                 continue
-            loss_sum, pos = forward_loss(model, t, image_token_id)
-            (loss_sum / total).backward()
+            loss_sum, pos, aux = forward_loss(model, t, image_token_id, a.router_aux_coef > 0)
+            objective = loss_sum / total
+            if aux is not None:  # vlmtrain: coef x the mean over the step's micro-batches (all ranks)
+                objective = objective + a.router_aux_coef / len(mbs) * aux
+            objective.backward()
             loss_total += loss_sum.item()
             real = t["attention_mask"].bool()
             d = (pos - t["position_ids"]).abs()[:, real]
@@ -220,6 +233,8 @@ def main():
     t.add_argument("--group", action="append", default=[], help="GLOB=LR on vlmtrain names, first match wins")
     t.add_argument("--no-decay", default="*.bias|*norm*.weight|*ln_q.weight")
     t.add_argument("--threads", type=int, default=1)
+    t.add_argument("--router-aux-coef", type=float, default=0.0,
+                   help="MoE: model.router_aux_loss_coef of the run (its load-balancing term)")
     a = ap.parse_args()
     cmd_init(a) if a.cmd == "init" else cmd_train(a)
 

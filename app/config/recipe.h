@@ -52,6 +52,7 @@ struct ModelSection {
   std::string tokenizer;
   std::string family;
   bool sharded_load = true;
+  double router_aux_loss_coef = 0;
 
   template <class V> void fields(V& v) {
     v("preset", preset, "built-in architecture, randomly initialised (`tiny`, ...; every registered family's "
@@ -65,6 +66,11 @@ struct ModelSection {
       "keeps (an FSDP shard: its 1/N range, straight from the mmap'd safetensors); false: every rank loads the "
       "whole model and rank 0's copy is broadcast (twice the model's bytes per rank at start; kept for "
       "comparison)");
+    v("router_aux_loss_coef", router_aux_loss_coef, Range{0, 1e3},
+      "mixture-of-experts models: weight of the load-balancing loss (HF's load_balancing_loss_func, averaged "
+      "over the step's micro-batches) added to the objective; 0 = none, as transformers with the released "
+      "configs (output_router_logits false); LLaMA-Factory's moe_aux_loss_coef / ms-swift's "
+      "router_aux_loss_coef, e.g. 0.001 (docs/moe.md)");
   }
 };
 

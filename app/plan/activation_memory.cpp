@@ -260,6 +260,32 @@ bool linear_mixer(const TextConfig& tc, Op& o, const std::string& a, bool n1, do
   return o.linear(a + ".out_proj", hv, true);
 }
 
+// A sparse layer's `mlp` (vlm/model/moe.h) on the normed x (counted by the caller), per
+// token: the router's fp32 probabilities (softmax keeps its output), top-k values, their sum
+// and int64 indices; per routed row (k per token): the sort order and token index (int64),
+// the gathered routing weight, the weighted expert output (index_add keeps its source), the
+// expert output (kept by the weight product), gate_up's output and silu(g); with trained
+// experts also the gathered input and the product (down's input). Then the shared expert as
+// a dense SwiGLU plus its sigmoid gate and output.
+bool moe_block(const TextConfig& tc, Op& o, const std::string& m, double d, bool rg) {
+  const double e = static_cast<double>(tc.num_experts), k = static_cast<double>(tc.num_experts_per_tok);
+  const double inter = static_cast<double>(tc.moe_intermediate_size), i64 = 8;
+  const bool r = o.linear(m + ".gate", d, rg);
+  const bool experts = o.t.weight(m + ".experts");
+  if (r) o.kept += kF * e + kF * (k + 1) + i64 * k;
+  const bool any = r || experts;
+  if (any) o.kept += k * (2 * i64 + o.p + 2 * o.p * d + 3 * o.p * inter);
+  if (experts) o.kept += k * (o.p * d + o.p * inter);
+  bool shared = false;
+  if (tc.shared_expert_intermediate_size > 0) {
+    shared = mlp(o, MlpKind::gated_silu, m + ".shared_expert", d,
+                 static_cast<double>(tc.shared_expert_intermediate_size), rg);
+    shared = o.linear(m + ".shared_expert_gate", d, rg) || shared;
+    if (shared) o.kept += o.p * d + o.p;
+  }
+  return any || shared;
+}
+
 UnitActivation decoder_layer(const TextConfig& tc, Op o, const std::string& l, int64_t index, bool rg, bool packed,
                              double pad) {
   const double d = static_cast<double>(tc.hidden_size), inter = static_cast<double>(tc.intermediate_size);
@@ -271,9 +297,24 @@ UnitActivation decoder_layer(const TextConfig& tc, Op o, const std::string& l, i
                                                                   : attention_mixer(tc, o, l + ".self_attn", n1, packed)) ||
                  rg;
   const bool n2 = o.rms(l + ".post_attention_layernorm", d, h, true, 1, c);
-  if (o.keeps_input(l + ".mlp.gate_proj") || o.keeps_input(l + ".mlp.up_proj")) o.kept += o.p * d;
-  u.needs_grad = mlp(o, MlpKind::gated_silu, l + ".mlp", d, inter, n2) || h;
-  if (u.needs_grad) u.backward_bytes = 3 * o.p * inter;
+  if (tc.sparse_layer(index)) {
+    const std::string m = l + ".mlp";
+    if (o.keeps_input(m + ".gate") || o.t.weight(m + ".experts") ||
+        (tc.shared_expert_intermediate_size > 0 && o.keeps_input(m + ".shared_expert.gate_proj")))
+      o.kept += o.p * d;
+    u.needs_grad = moe_block(tc, o, m, d, n2) || h;
+    // Backward transients: per routed row the gradients of the weighted output, the expert
+    // output and the gathered rows [d each], of gate_up's output and the product [3I]; the
+    // shared expert's as a dense MLP's.
+    if (u.needs_grad)
+      u.backward_bytes = 3 * o.p * (static_cast<double>(tc.num_experts_per_tok) *
+                                        static_cast<double>(tc.hidden_size + tc.moe_intermediate_size) +
+                                    static_cast<double>(tc.shared_expert_intermediate_size));
+  } else {
+    if (o.keeps_input(l + ".mlp.gate_proj") || o.keeps_input(l + ".mlp.up_proj")) o.kept += o.p * d;
+    u.needs_grad = mlp(o, MlpKind::gated_silu, l + ".mlp", d, inter, n2) || h;
+    if (u.needs_grad) u.backward_bytes = 3 * o.p * inter;
+  }
   u.output_bytes = o.p * d;
   u.kept_bytes = o.kept + u.output_bytes;
   u.per_call_bytes = o.per_call;

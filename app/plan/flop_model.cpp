@@ -17,6 +17,19 @@ namespace vlm::app {
 
 namespace {
 bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
+
+// The parameters a token computes with: a sparse layer's fused experts (`*.mlp.experts.*`,
+// [held, ...]) count top-k experts' worth, not all of them (nor only the held slice under
+// expert parallelism); everything else (the router included) counts whole.
+double active_numel(const vlm::sharding::UnitPlan& u, const vlm::TextConfig& t) {
+  double n = static_cast<double>(u.numel);
+  for (const auto& p : u.params) {
+    if (p.name.find(".mlp.experts.") == std::string::npos || p.param.dim() != 3 || p.param.size(0) == 0) continue;
+    const double per_expert = static_cast<double>(p.param.numel() / p.param.size(0));
+    n += per_expert * static_cast<double>(t.num_experts_per_tok) - static_cast<double>(p.param.numel());
+  }
+  return n;
+}
 }  // namespace
 
 FlopModel::FlopModel(const std::vector<vlm::sharding::UnitPlan>& units, const vlm::VlmConfig& cfg)
@@ -25,7 +38,7 @@ FlopModel::FlopModel(const std::vector<vlm::sharding::UnitPlan>& units, const vl
     // Trained: forward + both backward matmuls (6P). Frozen: forward only (2P), except a
     // LoRA base, whose backward computes the input gradient for the adapters below (4P).
     const double f = u.trainable() ? 6.0 : u.has_adapters ? 4.0 : 2.0;
-    const double n = static_cast<double>(u.numel);
+    const double n = active_numel(u, cfg.text);
     const std::string& path = u.adapter_of.empty() ? u.path : u.adapter_of;
     if (path == "visual.merger" || starts_with(path, "visual.deepstack_merger_list.")) {
       per_merged_patch_ += f * n;  // Qwen3-VL's DeepStack mergers also see merged tokens

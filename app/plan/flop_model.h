@@ -7,7 +7,9 @@
 // MFU a lower bound). Tokens per unit: vision blocks and patch_embed see every patch,
 // the mergers (Qwen3-VL: also the DeepStack mergers) see patches / merge^2 (4), decoder layers, the final norm and the head see every
 // non-pad LLM token; the embedding lookup costs nothing, but a tied head costs V x d per
-// token like an untied one.
+// token like an untied one. Mixture of experts: ACTIVE parameters only (each token counts its
+// top-k experts' weights, the router and the shared expert, not all E experts), as Megatron's
+// and torchtitan's MFU do for MoE; the all-to-all and the permutation are not FLOPs.
 #pragma once
 #include <torch/torch.h>
 

@@ -336,9 +336,14 @@ Trainer::MicroBatchSums Trainer::forward_backward(const StepData& sd, std::vecto
   MicroBatchSums sums;
   sums.loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(dims.device()));
   const size_t k_last = sd.micro_batches.size() - 1;
+  // MoE load-balancing loss: its mean over the step's micro-batches on all ranks (the same
+  // count on every rank, invariant 1; a filler's counts as 0), times the coefficient.
+  const double aux_weight = recipe.model.router_aux_loss_coef /
+                            static_cast<double>(sd.micro_batches.size() * static_cast<size_t>(dims.world_size()));
   for (size_t k = 0; k < sd.micro_batches.size(); ++k) {
     const auto& mb = sd.micro_batches[k];
     m.sm->set_sync(k == k_last);
+    batches[k].router_aux_weight = mb.filler ? 0.0 : aux_weight;
     vlm::ForwardOutput out = m.model->forward(batches[k]);
     torch::Tensor loss = out.loss_sum;
     if (k == k_last && inject_nonfinite(st.step + 1, dims.rank())) loss = loss * std::nan("");

@@ -69,12 +69,13 @@ double hft_rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(
 struct HftBounds {
   int strict_steps = 1 << 30;
   double drift_factor = 0;
+  double strict_tol = 1e-4;  // loss and grad norm of the strict steps
 };
 
 // lr: the recipe's optim.lr (the ViT group takes a tenth of it).
 void hft_check(const std::string& family, int nproc, int samples_per_rank, const std::string& pad_id = "",
                const std::vector<std::string>& extra_sets = {}, const std::string& lr = "2e-3",
-               const std::string& vit_lr = "2e-4", const HftBounds& bounds = {}) {
+               const std::string& vit_lr = "2e-4", const HftBounds& bounds = {}, const std::string& aux_coef = "0") {
   constexpr int kSteps = 20;
   TempDir dir("hf-train");
   const std::string py = vlm::test::python_tool("python");
@@ -100,7 +101,7 @@ void hft_check(const std::string& family, int nproc, int samples_per_rank, const
       "schedule.steps=" + std::to_string(kSteps), "schedule.warmup_steps=5", "schedule.decay=cosine",
       "schedule.min_lr_ratio=0.1", "optim.lr=" + lr, "optim.weight_decay=0.01", "optim.grad_clip=1.0",
       "precision.param_dtype=fp32", "eval.every=0", "eval.at_end=false", "log.every=1", "checkpoint.every=0",
-      "checkpoint.save_final=false", "dist.timeout_s=60"};
+      "checkpoint.save_final=false", "dist.timeout_s=60", "model.router_aux_loss_coef=" + aux_coef};
   argv.push_back(vlm::test::source_dir() + "/recipes/ocr_tiny.toml");
   for (const auto& s : sets) argv.insert(argv.end(), {"--set", s});
   for (const auto& s : extra_sets) argv.insert(argv.end(), {"--set", s});
@@ -115,7 +116,7 @@ void hft_check(const std::string& family, int nproc, int samples_per_rank, const
   auto ref = vlm::test::run({py, script, "train", "--model", dir / "model", "--batches", dir / "batches", "--steps",
                            std::to_string(kSteps), "--lr", lr, "--weight-decay", "0.01", "--grad-clip", "1.0",
                            "--warmup", "5", "--decay", "cosine", "--min-lr-ratio", "0.1", "--group",
-                           "visual.patch_embed.*|visual.blocks.*=" + vit_lr},
+                           "visual.patch_embed.*|visual.blocks.*=" + vit_lr, "--router-aux-coef", aux_coef},
                           std::chrono::seconds(300));
   ASSERT_EQ(ref.exit_code, 0) << ref.output;
   const auto hf = hft_json_lines(ref.output, "loss");
@@ -125,7 +126,8 @@ void hft_check(const std::string& family, int nproc, int samples_per_rank, const
     auto alt = vlm::test::run({py, script, "train", "--model", dir / "model", "--batches", dir / "batches", "--steps",
                                std::to_string(kSteps), "--lr", lr, "--weight-decay", "0.01", "--grad-clip", "1.0",
                                "--warmup", "5", "--decay", "cosine", "--min-lr-ratio", "0.1", "--group",
-                               "visual.patch_embed.*|visual.blocks.*=" + vit_lr, "--threads", "2"},
+                               "visual.patch_embed.*|visual.blocks.*=" + vit_lr, "--threads", "2",
+                               "--router-aux-coef", aux_coef},
                               std::chrono::seconds(300));
     ASSERT_EQ(alt.exit_code, 0) << alt.output;
     const auto hf2 = hft_json_lines(alt.output, "loss");
@@ -147,10 +149,10 @@ void hft_check(const std::string& family, int nproc, int samples_per_rank, const
     const double dl = hft_rel(v.at("loss").get<double>(), h.at("loss").get<double>());
     const double dg = hft_rel(v.at("grad_norm").get<double>(), h.at("grad_norm").get<double>());
     const bool strict = s < bounds.strict_steps;
-    if (strict) EXPECT_LE(dl, 1e-4) << "step " << s + 1 << ": vlmtrain loss " << v.at("loss") << ", HF " << h.at("loss");
+    if (strict) EXPECT_LE(dl, bounds.strict_tol) << "step " << s + 1 << ": vlmtrain loss " << v.at("loss") << ", HF " << h.at("loss");
     if (!strict) worst_later = std::max(worst_later, dl);
     if (strict)
-      EXPECT_LE(dg, 1e-4) << "step " << s + 1 << ": vlmtrain grad norm " << v.at("grad_norm") << ", HF "
+      EXPECT_LE(dg, bounds.strict_tol) << "step " << s + 1 << ": vlmtrain grad norm " << v.at("grad_norm") << ", HF "
                           << h.at("grad_norm");
     worst_loss = std::max(worst_loss, dl);
     if (strict) worst_gnorm = std::max(worst_gnorm, dg);
@@ -200,5 +202,18 @@ const std::vector<std::string> kQwen35Sets{"batch.max_tokens=176",
                                            "optim.group=[{match=\"visual.patch_embed.*|visual.blocks.*\",lr=2e-4}]"};
 TEST_F(TrainHfParity, Qwen35World1) { hft_check("qwen3_5", 1, 4, "", kQwen35Sets, "2e-3", "2e-4", kQwen35Bounds); }
 TEST_F(TrainHfParity, Qwen35World2Fsdp) { hft_check("qwen3_5", 2, 4, "", kQwen35Sets, "2e-3", "2e-4", kQwen35Bounds); }
+// Mixture of experts (6 experts, top-2; the tiny recipe's FSDP units hold the fused experts):
+// Qwen3-VL-MoE at world 2 with the load-balancing loss in the objective (coef 0.05, so that
+// it moves the routers), Qwen3.5-MoE (shared expert, Gated DeltaNet: Qwen3.5's bounds) at
+// world 1 without it.
+TEST_F(TrainHfParity, Qwen3VLMoeWorld2FsdpAuxLoss) {
+  hft_check("qwen3_vl_moe", 2, 4, "", {}, "2e-3", "2e-4", {}, "0.05");
+}
+// Its step-1 grad norm differs from HF's by 1.03e-4 (measured; the loss by far less): the
+// dense Qwen3.5's fp32 gradient spread (HfParity allows 5e-4 per parameter, float64 agrees to
+// 1e-15 for this model) now reaching the routers; held to 3e-4.
+TEST_F(TrainHfParity, Qwen35MoeWorld1) {
+  hft_check("qwen3_5_moe", 1, 4, "", kQwen35Sets, "2e-3", "2e-4", HftBounds{1, 3.0, 3e-4});
+}
 
 }  // namespace
