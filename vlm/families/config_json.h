@@ -33,6 +33,7 @@ namespace vlm::config_json {
 // a dense family and its MoE sibling share a key table but not these.
 struct TextDefaults {
   int64_t hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads;
+  int64_t head_dim;  // 0: hidden_size / num_attention_heads
 };
 
 // The mixture-of-experts keys of a text section (Qwen3VLMoeTextConfig, Qwen3_5MoeTextConfig)

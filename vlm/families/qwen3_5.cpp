@@ -52,7 +52,7 @@ void qwen3_5_keys(W& top, W& text, W& vision, C& c, const TextDefaults& d) {
   text.id("pad_token_id", t.pad_token_id);
   text("max_position_embeddings", t.max_position_embeddings, 32768);
   text("hidden_act", t.hidden_act, "silu");
-  text("head_dim", t.explicit_head_dim, 256);
+  text("head_dim", t.explicit_head_dim, d.head_dim);
   text("linear_conv_kernel_dim", t.linear_conv_kernel_dim, 4);
   text("linear_key_head_dim", t.linear_key_head_dim, 128);
   text("linear_value_head_dim", t.linear_value_head_dim, 128);
@@ -65,7 +65,7 @@ void qwen3_5_keys(W& top, W& text, W& vision, C& c, const TextDefaults& d) {
 }
 
 // Qwen3_5TextConfig's defaults.
-constexpr TextDefaults kDense{4096, 12288, 32, 16, 4};
+constexpr TextDefaults kDense{4096, 12288, 32, 16, 4, 256};
 
 }  // namespace
 

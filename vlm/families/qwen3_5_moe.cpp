@@ -13,7 +13,7 @@ namespace {
 using namespace config_json;
 
 // Qwen3_5MoeTextConfig's defaults (hidden, -, layers, heads, kv heads): no intermediate_size.
-constexpr TextDefaults kMoeText{2048, 0, 40, 16, 2};
+constexpr TextDefaults kMoeText{2048, 0, 40, 16, 2, 256};
 
 template <class W, class T>
 void qwen3_5_moe_keys(W& text, T& t) {

@@ -47,7 +47,7 @@ void qwen3_vl_keys(W& top, W& text, W& vision, C& c, const TextDefaults& d) {
   text.id("pad_token_id", t.pad_token_id);
   text("max_position_embeddings", t.max_position_embeddings, 128000);
   text("hidden_act", t.hidden_act, "silu");
-  text("head_dim", t.explicit_head_dim, 128);
+  text("head_dim", t.explicit_head_dim, d.head_dim);
   top("image_token_id", c.image_token_id, 151655);
   top("video_token_id", c.video_token_id, 151656);
   top("vision_start_token_id", c.vision_start_token_id, 151652);
@@ -55,7 +55,7 @@ void qwen3_vl_keys(W& top, W& text, W& vision, C& c, const TextDefaults& d) {
 }
 
 // Qwen3VLTextConfig's defaults.
-constexpr TextDefaults kDense{4096, 22016, 32, 32, 32};
+constexpr TextDefaults kDense{4096, 22016, 32, 32, 32, 128};
 
 }  // namespace
 

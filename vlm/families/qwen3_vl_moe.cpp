@@ -15,8 +15,9 @@ namespace {
 
 using namespace config_json;
 
-// Qwen3VLMoeTextConfig's defaults (hidden, intermediate, layers, heads, kv heads).
-constexpr TextDefaults kMoeText{2048, 5632, 24, 16, 16};
+// Qwen3VLMoeTextConfig's defaults (hidden, intermediate, layers, heads, kv heads, head_dim:
+// None, i.e. hidden / heads).
+constexpr TextDefaults kMoeText{2048, 5632, 24, 16, 16, 0};
 
 // The keys beyond Qwen3-VL's, in text_config, with their class defaults.
 template <class W, class T>

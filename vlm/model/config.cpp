@@ -118,6 +118,9 @@ void validate(const VlmConfig& c, const std::string& src) {
   in_range("hidden_size", t.hidden_size, kMaxConfigSize);
   // Every layer sparse (Qwen3.5-MoE): no dense MLP, intermediate_size unused.
   const bool dense_mlp = t.count_sparse_layers() < t.num_hidden_layers;
+  VLM_CHECK(t.num_experts >= 0 && (t.num_experts > 0 || t.intermediate_size != 0), src, ": num_experts is ",
+            t.num_experts, " and intermediate_size is ", t.intermediate_size,
+            ": no MLP (hint: a mixture-of-experts config needs num_experts > 0, a dense one intermediate_size)");
   if (dense_mlp) in_range("intermediate_size", t.intermediate_size, kMaxConfigSize);
   if (t.num_experts > 0) {
     in_range("num_experts", t.num_experts, kMaxConfigSize);

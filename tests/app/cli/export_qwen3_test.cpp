@@ -1,5 +1,6 @@
-// `vlmtrain export` of a Qwen3-VL run (preset tiny-qwen3, 2 steps) and of a Qwen3.5 run
-// (tiny-qwen3.5) writes what transformers loads: tensor names in the hub layout
+// `vlmtrain export` of a Qwen3-VL run (preset tiny-qwen3, 2 steps), of a Qwen3.5 run
+// (tiny-qwen3.5) and of their MoE siblings (tiny-qwen3-moe, tiny-qwen3.5-moe) writes what
+// transformers loads: tensor names in the hub layout
 // (model.visual.*, model.language_model.*, DeepStack mergers / Gated DeltaNet included), a
 // config.json that Qwen3VLForConditionalGeneration / Qwen3_5ForConditionalGeneration reads
 // with no missing or unexpected keys, and weights whose logits on a batch with images equal
@@ -40,6 +41,19 @@ INSTANTIATE_TEST_SUITE_P(
                                  {"model.visual.pos_embed.weight", "model.language_model.layers.0.linear_attn.A_log",
                                   "model.language_model.layers.0.linear_attn.conv1d.weight",
                                   "model.language_model.layers.3.self_attn.q_norm.weight"},
+                                 1e-5},
+                      // Mixture of experts: the experts fused ([E, 2I, d] / [E, d, I], as
+                      // transformers holds them; it reads this layout for both families).
+                      ExportCase{"tiny-qwen3-moe", "qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration",
+                                 {"model.language_model.layers.1.mlp.experts.gate_up_proj",
+                                  "model.language_model.layers.1.mlp.experts.down_proj",
+                                  "model.language_model.layers.1.mlp.gate.weight",
+                                  "model.language_model.layers.0.mlp.up_proj.weight"},
+                                 1e-5},
+                      ExportCase{"tiny-qwen3.5-moe", "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration",
+                                 {"model.language_model.layers.0.mlp.experts.gate_up_proj",
+                                  "model.language_model.layers.0.mlp.shared_expert.down_proj.weight",
+                                  "model.language_model.layers.0.mlp.shared_expert_gate.weight"},
                                  1e-5}),
     [](const ::testing::TestParamInfo<ExportCase>& info) { return info.param.model_type; });
 

@@ -42,6 +42,14 @@ Counts formula_qwen3(const vlm::VlmConfig& c) {
   return {patch + pos + v.depth * block + merger + deepstack, merger + deepstack, llm};
 }
 
+// A sparse layer's `mlp` minus the dense MLP it replaces (the MoE families): router E x d,
+// fused experts E x 3 x d x I, and the shared expert (3 x d x I_s) with its 1 x d gate.
+int64_t moe_minus_dense(const vlm::TextConfig& t) {
+  const int64_t d = t.hidden_size, s = t.shared_expert_intermediate_size;
+  const int64_t moe = t.num_experts * d + t.num_experts * 3 * d * t.moe_intermediate_size + (s > 0 ? 3 * d * s + d : 0);
+  return t.count_sparse_layers() * (moe - 3 * d * t.intermediate_size);
+}
+
 // Qwen3.5: the Qwen3-VL tower without DeepStack; gated attention (q_proj twice as wide) in
 // the full layers, Gated DeltaNet in the linear ones.
 Counts formula_qwen3_5(const vlm::VlmConfig& c) {
@@ -56,14 +64,20 @@ Counts formula_qwen3_5(const vlm::VlmConfig& c) {
                          t.linear_value_head_dim + vd * d + mlp;
   const int64_t nf = t.count_layers(vlm::MixerKind::full_attention);
   const int64_t emb = t.vocab_size * d;
-  v.llm = emb + nf * full + (t.num_hidden_layers - nf) * linear + d + (c.tie_word_embeddings ? 0 : emb);
+  v.llm = emb + nf * full + (t.num_hidden_layers - nf) * linear + d + (c.tie_word_embeddings ? 0 : emb) +
+          moe_minus_dense(t);
   return v;
 }
 
 // Closed form from the spec's weight list.
 Counts formula(const vlm::VlmConfig& c) {
   if (c.family == "qwen3_vl") return formula_qwen3(c);
-  if (c.family == "qwen3_5") return formula_qwen3_5(c);
+  if (c.family == "qwen3_5" || c.family == "qwen3_5_moe") return formula_qwen3_5(c);
+  if (c.family == "qwen3_vl_moe") {
+    Counts f = formula_qwen3(c);
+    f.llm += moe_minus_dense(c.text);
+    return f;
+  }
   const auto& v = c.vision;
   const auto& t = c.text;
   const bool v2 = c.family == "qwen2_vl";
