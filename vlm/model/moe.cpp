@@ -4,6 +4,7 @@
 #include <string>
 
 #include "vlm/runtime/check.h"
+#include "vlm/runtime/device_staging.h"
 
 namespace vlm {
 namespace {
@@ -92,7 +93,7 @@ torch::Tensor MoeExpertsImpl::compute(const torch::Tensor& rows, const torch::Te
   const int64_t inter = down_proj.size(2);
   if (grouped_mm_eligible(rows, gate_up_proj)) {
     // One grouped GEMM per projection over every held expert; offsets stay on the device.
-    const auto offs = counts.to(rows.device()).cumsum(0).to(torch::kInt32);
+    const auto offs = stage_to_device(counts, rows.device()).cumsum(0).to(torch::kInt32);
     const auto gu = at::_grouped_mm(rows, gate_up_proj.transpose(-2, -1), offs);  // [M, 2I]
     const auto a = (torch::silu(gu.narrow(-1, 0, inter)) * gu.narrow(-1, inter, inter)).contiguous();
     return at::_grouped_mm(a, down_proj.transpose(-2, -1), offs);  // [M, d]
