@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """One sparse MoE block, forward + backward, vlmtrain (bench/moe_bench) vs transformers' block
-(Qwen3VLMoeTextSparseMoeBlock, or Qwen3_5MoeSparseMoeBlock with --shared > 0) with each of its
-experts implementations (`eager`: the per-expert loop; `grouped_mm`: transformers' default,
-torch._grouped_mm), fp32 on the CPU, same shapes and threads, interleaved: each of --rounds
+(Qwen3VLMoeTextSparseMoeBlock, or Qwen3_5MoeSparseMoeBlock with --shared > 0) with the experts
+implementations in --impls (`grouped_mm`: transformers' default, torch._grouped_mm; `eager`: its
+per-expert loop, which indexes the fused weight per expert, so each expert's backward fills a
+whole [E, 2I, d] gradient: minutes per step at E = 128, hence not in the default), fp32 on the CPU, same shapes and threads, interleaved: each of --rounds
 rounds runs vlmtrain's --reps repetitions, then HF's. The first repetition of each run is
 warm-up and left out; per run the median, then the median over rounds. Prints one JSON
 object: the medians and vlmtrain / HF.
@@ -62,23 +63,27 @@ def main():
     ap.add_argument("--shared", type=int, default=0)
     ap.add_argument("--len", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--impls", default="grouped_mm", help="transformers experts implementations, comma-separated")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     cmd = [a.bench, "--hidden", str(a.hidden), "--experts", str(a.experts), "--top-k", str(a.top_k), "--inter",
            str(a.inter), "--shared", str(a.shared), "--len", str(a.len), "--batch", str(a.batch), "--reps", str(a.reps)]
-    ours, eager, grouped = [], [], []
+    impls = a.impls.split(",")
+    ours, hf = [], {i: [] for i in impls}
     for _ in range(a.rounds):
         out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
         ours.append(statistics.median(json.loads(out.strip().splitlines()[-1])["times_s"]))
-        eager.append(statistics.median(hf_times(a, "eager")))
-        grouped.append(statistics.median(hf_times(a, "grouped_mm")))
-    o, e, g = statistics.median(ours), statistics.median(eager), statistics.median(grouped)
-    print(json.dumps({"shape": {k: getattr(a, k) for k in ("hidden", "experts", "top_k", "inter", "shared", "len",
-                                                           "batch")},
-                      "threads": a.threads, "rounds": a.rounds, "vlmtrain_s": o, "hf_eager_s": e, "hf_grouped_mm_s": g,
-                      "vlmtrain_over_hf_eager": o / e, "vlmtrain_over_hf_grouped_mm": o / g,
-                      "per_round": {"vlmtrain": ours, "hf_eager": eager, "hf_grouped_mm": grouped}}))
+        for i in impls:
+            hf[i].append(statistics.median(hf_times(a, i)))
+    o = statistics.median(ours)
+    res = {"shape": {k: getattr(a, k) for k in ("hidden", "experts", "top_k", "inter", "shared", "len", "batch")},
+           "threads": a.threads, "rounds": a.rounds, "vlmtrain_s": o, "per_round": {"vlmtrain": ours}}
+    for i in impls:
+        h = statistics.median(hf[i])
+        res.update({f"hf_{i}_s": h, f"vlmtrain_over_hf_{i}": o / h})
+        res["per_round"][f"hf_{i}"] = hf[i]
+    print(json.dumps(res))
 
 
 if __name__ == "__main__":

@@ -98,17 +98,20 @@ torch::Tensor MoeExpertsImpl::compute(const torch::Tensor& rows, const torch::Te
     const auto a = (torch::silu(gu.narrow(-1, 0, inter)) * gu.narrow(-1, inter, inter)).contiguous();
     return at::_grouped_mm(a, down_proj.transpose(-2, -1), offs);  // [M, d]
   }
-  // One GEMM pair per non-empty expert (the counts are read on the host: free on CPU).
+  // One GEMM pair per non-empty expert (the counts are read on the host: free on CPU). The
+  // weights are unbound once: one backward node stacks the experts' gradients, where indexing
+  // gate_up_proj[e] per expert would make each expert's backward a zero-filled [E, 2I, d].
   const auto host = counts.to(torch::kCPU, torch::kInt64);
   const auto* c = host.data_ptr<int64_t>();
+  const auto w_gate_up = gate_up_proj.unbind(0), w_down = down_proj.unbind(0);
   std::vector<torch::Tensor> outs;
   int64_t offset = 0;
   for (int64_t e = 0; e < held(); ++e) {
     if (c[e] == 0) continue;
     const auto x = rows.narrow(0, offset, c[e]);
-    const auto gu = torch::linear(x, gate_up_proj[e]);  // [c, 2I]
+    const auto gu = torch::linear(x, w_gate_up[static_cast<size_t>(e)]);  // [c, 2I]
     const auto a = torch::silu(gu.narrow(-1, 0, inter)) * gu.narrow(-1, inter, inter);
-    outs.push_back(torch::linear(a, down_proj[e]));  // [c, d]
+    outs.push_back(torch::linear(a, w_down[static_cast<size_t>(e)]));  // [c, d]
     offset += c[e];
   }
   VLM_CHECK(offset == rows.size(0), "MoeExperts::compute: counts sum to ", offset, ", expected the ", rows.size(0),
