@@ -29,10 +29,13 @@ struct RouterAuxGrad : public torch::autograd::Function<RouterAuxGrad> {
   }
 };
 
-// Whether compute() may use at::_grouped_mm: CUDA, bf16, 16-byte aligned rows.
+// Whether compute() may use at::_grouped_mm: bf16 on CUDA, fp32 on the CPU (its reference
+// implementation), with 16-byte aligned rows and columns.
 bool grouped_mm_eligible(const torch::Tensor& rows, const torch::Tensor& gate_up) {
-  return rows.is_cuda() && rows.scalar_type() == torch::kBFloat16 && gate_up.scalar_type() == torch::kBFloat16 &&
-         rows.size(1) % 8 == 0 && gate_up.size(1) % 16 == 0;
+  const auto dt = rows.scalar_type();
+  const bool ok_dtype = rows.is_cuda() ? dt == torch::kBFloat16 : dt == torch::kFloat32;
+  const int64_t per16 = 16 / static_cast<int64_t>(c10::elementSize(dt));
+  return ok_dtype && gate_up.scalar_type() == dt && rows.size(1) % per16 == 0 && gate_up.size(1) % (2 * per16) == 0;
 }
 
 }  // namespace
