@@ -22,6 +22,7 @@
 // Bytes: step 1's all-to-all bytes on the EP comm equal the formula of expert_parallel.h
 // from the dispatch statistics, and the routed rows add up to tokens x k x sparse layers.
 // Checkpoint: written at ep 2, resumed at ep 4 (the experts' state keyed over all E).
+// Sharded loading from an HF checkpoint at ep 2: each rank reads only its experts' bytes.
 // Comm::all_to_all alone: uneven splits with an empty rank, bf16, and the same over
 // VLMTRAIN_SHM_COMM=1 (the channel hands all-to-alls to Gloo).
 #include <gtest/gtest.h>
@@ -48,15 +49,17 @@ struct EpConfig {
   int filler_rank = -1;      // this rank's text micro-batch is a filler
   int begin = 0, end = kEpSteps;   // steps [begin, end)
   std::string save_dir, load_dir;  // checkpoint state after the run / before it (fsdp_testing.h files)
+  std::string hf_dir;              // sharded loading from this HF checkpoint (meta model)
   std::string tag(int world, int ep) const {
     return vlm::str(preset, " ep ", ep, " x ", rest, " world ", world, zero_router ? " zero-router" : "",
                     filler_rank >= 0 ? " filler" : "");
   }
 };
 
-vlm::VisionLanguageModel make_moe(const EpConfig& c) {
+vlm::VisionLanguageModel make_moe(const EpConfig& c, bool meta = false) {
   auto cfg = vlm::preset(c.preset);
   vlm::VisionLanguageModel m(cfg, torch::TensorOptions().device(torch::kMeta).dtype(torch::kFloat32));
+  if (meta) return m;
   vlm::materialize(*m, {torch::kCPU, torch::kFloat32, 7});
   if (c.zero_router) {
     torch::NoGradGuard g;
@@ -87,6 +90,7 @@ struct EpResult {
   CommStats ep_step1;
   ExpertDispatchStats dispatch_step1;
   int64_t tokens_step1 = 0;
+  uint64_t bytes_read = 0;  // sharded loading: checkpoint bytes this rank read
 };
 
 // One process, no sharding code; without the text samples of c.filler_rank's share (that
@@ -168,12 +172,16 @@ void collect_grads(ParallelDims& dims, ShardedModel& sm, EpResult& r) {
 
 EpResult sharded(ParallelDims& dims, const EpConfig& c) {
   const int n = dims.world_size(), rank = dims.rank();
-  auto model = make_moe(c);
-  auto sm = apply_policies(*model, ep_options(c), dims);
+  auto model = make_moe(c, /*meta=*/!c.hf_dir.empty());
+  std::unique_ptr<vlm::ParamSource> source;
+  if (!c.hf_dir.empty()) source = vlm::checkpoint_param_source(*model, vlm::HfCheckpoint::open(c.hf_dir));
+  auto sm = apply_policies(*model, ep_options(c), dims, source.get());
+  source.reset();
   EXPECT_TRUE(sm->dispatcher() != nullptr);
   if (!c.load_dir.empty()) sm->load_state(fsdp_testing::slice_reader(c.load_dir), c.begin);
   Comm& comm = dims.comm();
   EpResult r;
+  r.bytes_read = sm->load_stats().bytes_read;
   for (int step = c.begin; step < c.end; ++step) {
     std::vector<Sample> micro[2] = {samples(model->cfg, step, 0, n, rank), samples(model->cfg, step, 1, n, rank)};
     if (rank == c.filler_rank) {  // the text samples move to no one: the reference drops them too
@@ -355,6 +363,44 @@ TEST(ExpertParallelDist, DISABLED_NoHangWorker) {
 
 TEST(ExpertParallelDist, OneExpertRankAndFillerDoNotHangWorld4) {
   fsdp_testing::launch(4, "ExpertParallelDist.DISABLED_NoHangWorker", 300, [](int) { return ep_env(4); });
+}
+
+// Sharded loading at ep 2 (world 2, DDP rest) from an fp32 HF checkpoint of the same
+// weights: each rank reads every non-expert tensor and only its half of the experts, so it
+// reads the checkpoint's bytes minus half the experts' exactly; the run then equals one
+// process as above.
+std::string ep_hf_dir() { return (fsdp_testing::fs::temp_directory_path() / "vlmtest_ep_hf").string(); }
+
+TEST(ExpertParallelDist, DISABLED_LoadWorker) {
+  VLM_DIST_WORKER_ONLY();
+  torch::set_num_threads(1);
+  auto dims = init_ep_worker();
+  EpConfig c;
+  c.hf_dir = ep_hf_dir();
+  check_ep(dims, c);
+  const EpResult got = sharded(dims, c);
+  const vlm::HfCheckpoint ck = vlm::HfCheckpoint::open(c.hf_dir);
+  uint64_t total = 0, experts = 0;
+  for (const auto& name : ck.names()) {
+    total += ck.info(name).nbytes();
+    if (is_expert(name)) experts += ck.info(name).nbytes();
+  }
+  EXPECT_GT(experts, 0u);
+  EXPECT_EQ(got.bytes_read, total - experts / 2) << "every non-expert byte and half of the experts'";
+  std::printf("rank %d read %llu of %llu checkpoint bytes (experts: %llu of %llu)\n", dims.rank(),
+              static_cast<unsigned long long>(got.bytes_read), static_cast<unsigned long long>(total),
+              static_cast<unsigned long long>(experts / 2), static_cast<unsigned long long>(experts));
+  dims.comm().barrier("end");
+}
+
+TEST(ExpertParallelDist, ShardedLoadReadsOnlyHeldExpertsEp2) {
+  fsdp_testing::fs::remove_all(ep_hf_dir());
+  vlm::SaveHfOptions o;
+  o.dtype = torch::kFloat32;
+  auto model = make_moe(EpConfig{});
+  vlm::save_hf_checkpoint(ep_hf_dir(), vlm::module_state(*model), o);
+  fsdp_testing::launch(2, "ExpertParallelDist.DISABLED_LoadWorker", 300, [](int) { return ep_env(2); });
+  fsdp_testing::fs::remove_all(ep_hf_dir());
 }
 
 // Checkpoint state written at ep 2 (world 2) after steps [0, 2), resumed at ep 4 (world 4)
