@@ -131,8 +131,31 @@ std::vector<std::pair<std::string, vlm::MoeExpertsImpl*>> moe_experts(vlm::Visio
   return out;
 }
 
+namespace {
+// The held experts of every expert tensor of `experts` (full [E, ...] meta parameters), read
+// from the source: name -> [H, ...].
+std::vector<std::pair<std::string, torch::Tensor>> read_held(const std::string& path, vlm::MoeExpertsImpl& experts,
+                                                             int64_t first, int64_t held, const ExpertLoad& load) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& item : experts.named_parameters(/*recurse=*/false)) {
+    const torch::Tensor& p = item.value();
+    VLM_CHECK(p.is_meta(), "expert parallelism: loading ", path, ".", item.key(), " from a source needs the model on "
+              "the meta device, but it is on ", p.device());
+    std::vector<int64_t> shape(p.sizes().begin(), p.sizes().end());
+    const int64_t per = p.numel() / shape[0];
+    shape[0] = held;
+    torch::Tensor v = torch::empty(shape, torch::TensorOptions().device(load.device).dtype(load.dtype));
+    const std::string name = path + "." + item.key();
+    load.source->fill(name, first * per, (first + held) * per, v.view({-1}));
+    if (load.stats != nullptr) load.stats->elements_filled += v.numel();
+    out.emplace_back(item.key(), v);
+  }
+  return out;
+}
+}  // namespace
+
 std::shared_ptr<ExpertParallelDispatcher> apply_expert_parallel(vlm::VisionLanguageModelImpl& model,
-                                                                 const ParallelDims& dims) {
+                                                                 const ParallelDims& dims, const ExpertLoad* load) {
   if (dims.ep() == 1) return nullptr;
   const auto experts = moe_experts(model);
   VLM_CHECK(!experts.empty(), "expert parallelism (dist.ep = ", dims.ep(),
@@ -142,12 +165,21 @@ std::shared_ptr<ExpertParallelDispatcher> apply_expert_parallel(vlm::VisionLangu
             " ranks (hint: pick an ep that divides ", e, ")");
   auto dispatcher = std::make_shared<ExpertParallelDispatcher>(dims.ep_comm(), e);
   const int64_t held = e / ep, first = dims.ep_rank() * held;
+  const uint64_t read_before = load != nullptr ? load->source->bytes_read() : 0;
   for (const auto& [path, m] : experts) {
     VLM_CHECK(m->num_experts == e, "expert parallelism: ", path, " has ", m->num_experts, " experts, expected ", e,
               " like the first sparse layer");
+    std::vector<std::pair<std::string, torch::Tensor>> values;
+    if (load != nullptr) values = read_held(path, *m, first, held, *load);
     m->keep_experts(first, held);
+    for (auto& [key, v] : values) m->replace_parameter(key, v);
     m->dispatcher = dispatcher;
+    if (load != nullptr) {
+      load->source->drop_resident_pages();
+      if (load->stats != nullptr) ++load->stats->whole_units;
+    }
   }
+  if (load != nullptr && load->stats != nullptr) load->stats->bytes_read += load->source->bytes_read() - read_before;
   return dispatcher;
 }
 

@@ -45,6 +45,8 @@
 
 #include "sharding/dist/comm.h"
 #include "sharding/dist/parallel_dims.h"
+#include "sharding/parallel/sharded_load.h"
+#include "vlm/io/param_source.h"
 #include "vlm/model/moe.h"
 #include "vlm/model/vision_language_model.h"
 
@@ -81,12 +83,26 @@ class ExpertParallelDispatcher : public vlm::ExpertDispatcher {
 // style, as named_modules() gives it) in forward order.
 std::vector<std::pair<std::string, vlm::MoeExpertsImpl*>> moe_experts(vlm::VisionLanguageModelImpl& model);
 
+// Sharded loading of the experts (apply_policies with a ParamSource, sharded_load.h): each
+// rank reads only its experts, flat elements [first * per, (first + H) * per) of every
+// expert tensor (per = elements per expert: a contiguous run), into `device` / `dtype`.
+struct ExpertLoad {
+  vlm::ParamSource* source = nullptr;
+  torch::Device device{torch::kCPU};
+  torch::Dtype dtype = torch::kFloat32;
+  ShardedLoadStats* stats = nullptr;  // elements_filled / whole_units / bytes_read added here
+};
+
 // Splits every sparse layer's experts over dims' EP group: keep_experts(ep_rank * E/ep,
-// E/ep) (works on the meta device: call it before materialising / loading) and installs
-// one dispatcher on all of them. Throws vlm::Error when E % ep != 0 or the model has no
-// sparse layer. Local (no collective). Returns the dispatcher (null when dims.ep() == 1:
-// nothing to do).
+// E/ep) and installs one dispatcher on all of them. Works on a materialised model (the
+// held experts are copied out) or on the meta device; with `load` (the model on meta) the
+// held experts are read from load->source BEFORE the split, while the parameters still
+// have their full [E, ...] shape (a random-init source draws them in that shape, so every
+// rank gets the single-process values), then installed. Throws vlm::Error when E % ep != 0
+// or the model has no sparse layer. Local (no collective). Returns the dispatcher (null
+// when dims.ep() == 1: nothing to do).
 std::shared_ptr<ExpertParallelDispatcher> apply_expert_parallel(vlm::VisionLanguageModelImpl& model,
-                                                                 const ParallelDims& dims);
+                                                                 const ParallelDims& dims,
+                                                                 const ExpertLoad* load = nullptr);
 
 }  // namespace vlm::sharding

@@ -37,8 +37,7 @@ ShardedLoad materialize_units(torch::nn::Module& model, const std::vector<UnitPl
     if (!shards_params(u.sharding)) {  // every rank keeps the whole unit
       for (const auto& p : u.params) {
         torch::Tensor v = torch::empty(p.param.sizes(), topts);
-        // ep experts: this rank's experts only, a contiguous run of the full [E, ...] tensor.
-        source.fill(p.name, p.source_offset, p.source_offset + v.numel(), v.view({-1}));
+        source.fill(p.name, 0, v.numel(), v.view({-1}));
         st.elements_filled += v.numel();
         replacer.replace(p.name, v);
       }

@@ -194,7 +194,9 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model
             "per layer; or use ddp / fsdp for the experts)");
   VLM_CHECK(ep_rules || dims.ep() == 1, "apply_policies: dist.ep = ", dims.ep(), " but no sharding rule has policy = "
             "\"ep\" (hint: add [[sharding.module]] match = \"*.mlp.experts\", policy = \"ep\")");
-  if (ep_rules) sm->dispatcher_ = apply_expert_parallel(model, dims);
+  ShardedLoadStats expert_load;
+  const ExpertLoad eload{source, dims.device(), opts.param_dtype, &expert_load};
+  if (ep_rules) sm->dispatcher_ = apply_expert_parallel(model, dims, source != nullptr ? &eload : nullptr);
   // 1. Policy table.
   sm->units_ = resolve_units(model, opts);
   for (const auto& u : sm->units_)
@@ -204,9 +206,15 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model
               "with dp_shard = the ranks per shard group; the trainer sets it from the recipe)");
   ShardedLoad loaded;
   if (source != nullptr) {  // 1b. sharded loading: real memory for what this rank keeps
-    loaded = materialize_units(model, sm->units_, sm->rank_, sm->world_, dims.device(), opts.param_dtype, *source,
+    std::vector<UnitPlan> rest;  // the experts rows were read in step 0b
+    for (const auto& u : sm->units_)
+      if (u.sharding != Sharding::kExpert) rest.push_back(u);
+    loaded = materialize_units(model, rest, sm->rank_, sm->world_, dims.device(), opts.param_dtype, *source,
                                dims.shard_rank(), dims.dp_shard());
     sm->load_stats_ = loaded.stats;
+    sm->load_stats_.elements_filled += expert_load.elements_filled;
+    sm->load_stats_.whole_units += expert_load.whole_units;
+    sm->load_stats_.bytes_read += expert_load.bytes_read;
     sm->units_ = resolve_units(model, opts);  // the new parameter handles
   }
   for (const auto& u : sm->units_)

@@ -16,7 +16,8 @@
 //   0. attach_lora        adapters on the Linear modules of the lora rules (lora.h)
 //   0b. apply_expert_parallel  with ep rules (policy.h): every sparse layer keeps its
 //                         E / dist.ep experts and gets the all-to-all dispatcher
-//                         (expert_parallel.h); dims.ep() must be > 1
+//                         (expert_parallel.h); dims.ep() must be > 1. With a ParamSource
+//                         the held experts are read here (step 1b skips them)
 //   1. resolve_units      policy table + optimizer groups -> unit table (policy.h)
 //   1b. materialize_units with a ParamSource (model built on meta): each rank allocates and
 //                         reads only what it keeps (sharded_load.h)

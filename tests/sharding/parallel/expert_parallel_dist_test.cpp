@@ -49,7 +49,7 @@ struct EpConfig {
   int filler_rank = -1;      // this rank's text micro-batch is a filler
   int begin = 0, end = kEpSteps;   // steps [begin, end)
   std::string save_dir, load_dir;  // checkpoint state after the run / before it (fsdp_testing.h files)
-  std::string hf_dir;              // sharded loading from this HF checkpoint (meta model)
+  std::string hf_dir;              // sharded loading from this HF checkpoint, or "init" (meta model)
   std::string tag(int world, int ep) const {
     return vlm::str(preset, " ep ", ep, " x ", rest, " world ", world, zero_router ? " zero-router" : "",
                     filler_rank >= 0 ? " filler" : "");
@@ -174,7 +174,10 @@ EpResult sharded(ParallelDims& dims, const EpConfig& c) {
   const int n = dims.world_size(), rank = dims.rank();
   auto model = make_moe(c, /*meta=*/!c.hf_dir.empty());
   std::unique_ptr<vlm::ParamSource> source;
-  if (!c.hf_dir.empty()) source = vlm::checkpoint_param_source(*model, vlm::HfCheckpoint::open(c.hf_dir));
+  if (c.hf_dir == "init")  // the trainer's random init: each rank draws only what it keeps
+    source = vlm::init_param_source(*model, {torch::kCPU, torch::kFloat32, 7});
+  else if (!c.hf_dir.empty())
+    source = vlm::checkpoint_param_source(*model, vlm::HfCheckpoint::open(c.hf_dir));
   auto sm = apply_policies(*model, ep_options(c), dims, source.get());
   source.reset();
   EXPECT_TRUE(sm->dispatcher() != nullptr);
@@ -368,7 +371,8 @@ TEST(ExpertParallelDist, OneExpertRankAndFillerDoNotHangWorld4) {
 // Sharded loading at ep 2 (world 2, DDP rest) from an fp32 HF checkpoint of the same
 // weights: each rank reads every non-expert tensor and only its half of the experts, so it
 // reads the checkpoint's bytes minus half the experts' exactly; the run then equals one
-// process as above.
+// process as above. The same from the random-init source (what the trainer uses without a
+// checkpoint), which must draw each expert tensor in its full [E, ...] shape.
 std::string ep_hf_dir() { return (fsdp_testing::fs::temp_directory_path() / "vlmtest_ep_hf").string(); }
 
 TEST(ExpertParallelDist, DISABLED_LoadWorker) {
@@ -387,6 +391,8 @@ TEST(ExpertParallelDist, DISABLED_LoadWorker) {
   }
   EXPECT_GT(experts, 0u);
   EXPECT_EQ(got.bytes_read, total - experts / 2) << "every non-expert byte and half of the experts'";
+  c.hf_dir = "init";  // the random-init source: the experts drawn in their full shape, then split
+  check_ep(dims, c);
   std::printf("rank %d read %llu of %llu checkpoint bytes (experts: %llu of %llu)\n", dims.rank(),
               static_cast<unsigned long long>(got.bytes_read), static_cast<unsigned long long>(total),
               static_cast<unsigned long long>(experts / 2), static_cast<unsigned long long>(experts));
