@@ -13,7 +13,8 @@
 //   - the gradient norm of every step (1e-5 relative);
 //   - every parameter after the 3 steps (the experts gathered), 1e-5 absolute.
 // Configurations: ep = world at world 2 and 4 with DDP for the rest; ep 2 with FSDP
-// full_shard for the rest at world 2, and at world 4 (2 EP groups: the experts' gradients
+// full_shard for the rest at world 2 (also with activation checkpointing of the decoder
+// layers: the recompute dispatches again inside backward), and at world 4 (2 EP groups: the experts' gradients
 // all-reduced over the expert-replicate groups {0,2}, {1,3}).
 // No hang: the router zeroed (every token ties and goes to the same two experts, which top-k
 // picks among the ties; at ep 4 the two ranks holding neither compute no row) and rank 1's
@@ -24,7 +25,7 @@
 // Checkpoint: written at ep 2, resumed at ep 4 (the experts' state keyed over all E).
 // Sharded loading from an HF checkpoint at ep 2: each rank reads only its experts' bytes.
 // Comm::all_to_all alone: uneven splits with an empty rank, bf16, and the same over
-// VLMTRAIN_SHM_COMM=1 (the channel hands all-to-alls to Gloo).
+// VLMTRAIN_SHM_COMM=1 (the channel hands all-to-alls to Gloo); 8 experts refuse ep = 3.
 #include <gtest/gtest.h>
 
 #include "sharding/parallel/expert_parallel.h"
@@ -46,12 +47,13 @@ struct EpConfig {
   std::string preset = "tiny-qwen3-moe";
   std::string rest = "ddp";  // the policy of everything but the experts: ddp | fsdp
   bool zero_router = false;  // every sparse layer's mlp.gate.weight = 0 (all rows to experts 0, 1)
+  bool ckpt = false;         // activation checkpointing of the decoder layers (dispatch again in backward)
   int filler_rank = -1;      // this rank's text micro-batch is a filler
   int begin = 0, end = kEpSteps;   // steps [begin, end)
   std::string save_dir, load_dir;  // checkpoint state after the run / before it (fsdp_testing.h files)
   std::string hf_dir;              // sharded loading from this HF checkpoint, or "init" (meta model)
   std::string tag(int world, int ep) const {
-    return vlm::str(preset, " ep ", ep, " x ", rest, " world ", world, zero_router ? " zero-router" : "",
+    return vlm::str(preset, " ep ", ep, " x ", rest, " world ", world, ckpt ? " +ckpt" : "", zero_router ? " zero-router" : "",
                     filler_rank >= 0 ? " filler" : "");
   }
 };
@@ -138,6 +140,7 @@ ShardingOptions ep_options(const EpConfig& c) {
   o.rules = {{"*.mlp.experts", "ep", ""}};
   o.default_policy = c.rest;
   o.ddp_bucket_mb = 0.05;
+  if (c.ckpt) o.checkpoint_match = "model.layers.*";
   o.optim.lr = kEpLr;
   o.optim.weight_decay = kEpWd;
   o.optim.grad_clip = kEpClip;
@@ -275,14 +278,17 @@ void check_ep(ParallelDims& dims, const EpConfig& c) {
   // Step 1's all-to-all bytes against expert_parallel.h's formula (fp32 rows, int64 counts).
   const auto cfg = vlm::preset(c.preset);
   const int64_t ep = dims.ep(), held = cfg.text.num_experts / ep, d = cfg.text.hidden_size;
+  // Checkpointed layers dispatch twice (forward, recompute) but run one backward.
   const ExpertDispatchStats& st = got.dispatch_step1;
-  const double formula = static_cast<double>(st.dispatches) * (ep - 1) * held * 8 +
-                         2.0 * static_cast<double>(st.rows_sent + st.rows_received) * d * 4;
+  const int64_t forwards = c.ckpt ? 2 : 1, backwards = st.dispatches / forwards;
+  const double rows = static_cast<double>(st.rows_sent + st.rows_received);  // over all forwards
+  const double formula = static_cast<double>(st.dispatches) * (ep - 1) * held * 8 + rows * d * 4 +
+                         rows / static_cast<double>(forwards) * d * 4;
   const OpStats& a2a = got.ep_step1[OpKind::kAllToAll];
   EXPECT_DOUBLE_EQ(a2a.logical_bytes, formula) << tag;
   EXPECT_DOUBLE_EQ(a2a.wire_bytes, formula) << tag;
-  EXPECT_EQ(a2a.calls, 5 * st.dispatches) << tag << ": counts, rows, results forward; two reverse in backward";
-  EXPECT_EQ(st.dispatches, 2 * cfg.text.count_sparse_layers()) << tag << ": one per sparse layer and micro-batch";
+  EXPECT_EQ(a2a.calls, 3 * st.dispatches + 2 * backwards) << tag << ": counts, rows, results forward; two reverse in backward";
+  EXPECT_EQ(st.dispatches, forwards * 2 * cfg.text.count_sparse_layers()) << tag << ": per sparse layer and micro-batch";
   // Rows: what the ranks sent, they received; what the experts ran is every (token, top-k) pair.
   torch::Tensor sums = torch::tensor({static_cast<double>(st.rows_sent), static_cast<double>(st.rows_received),
                                       static_cast<double>(st.rows_computed), static_cast<double>(got.tokens_step1)},
@@ -302,7 +308,7 @@ void check_ep(ParallelDims& dims, const EpConfig& c) {
     std::printf("%s: rows computed per rank (step 0) %s\n", tag.c_str(), list.c_str());
   }
   EXPECT_EQ(sums[2].item<double>(),
-            sums[3].item<double>() * cfg.text.num_experts_per_tok * cfg.text.count_sparse_layers())
+            sums[3].item<double>() * cfg.text.num_experts_per_tok * cfg.text.count_sparse_layers() * forwards)
       << tag << ": every routed row computed once";
   std::printf("%s: loss %.6f -> %.6f (ref %.6f), norm0 %.5f, max rel grad diff %.3g (%s), max |param diff| %.3g "
               "(%s); step 1 all-to-all %.0f B in %lld ops, rows sent %lld received %lld computed %lld\n",
@@ -335,6 +341,8 @@ TEST(ExpertParallelDist, DISABLED_EqualsOneProcessWorker) {
     check_ep(dims, c);
     if (ep_is_world && dims.world_size() == 2) {  // EP 2 x FSDP within the same two ranks
       c.rest = "fsdp";
+      check_ep(dims, c);
+      c.ckpt = true;  // and with the layers recomputed in backward (the dispatch runs again there)
       check_ep(dims, c);
     }
   }
@@ -521,6 +529,15 @@ TEST(CommAllToAllDist, DISABLED_Worker) {
   }
   EXPECT_EQ(dims.ep_comm().world_size(), dims.world_size());
   EXPECT_EQ(dims.expert_replicate_comm().world_size(), 1);
+  // 8 experts over ep = 3: refused with a clear error, before any collective.
+  auto model = make_moe(EpConfig{});
+  try {
+    apply_expert_parallel(*model, dims);
+    ADD_FAILURE() << "expected an error";
+  } catch (const vlm::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("8 experts per layer do not split over dist.ep = 3"), std::string::npos)
+        << e.what();
+  }
   dims.comm().barrier("end");
 }
 
