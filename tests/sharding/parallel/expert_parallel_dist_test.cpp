@@ -311,9 +311,9 @@ void check_ep(ParallelDims& dims, const EpConfig& c) {
             sums[3].item<double>() * cfg.text.num_experts_per_tok * cfg.text.count_sparse_layers() * forwards)
       << tag << ": every routed row computed once";
   std::printf("%s: loss %.6f -> %.6f (ref %.6f), norm0 %.5f, max rel grad diff %.3g (%s), max |param diff| %.3g "
-              "(%s); step 1 all-to-all %.0f B in %lld ops, rows sent %lld received %lld computed %lld\n",
+              "(%s); step %d all-to-all %.0f B in %lld ops, rows sent %lld received %lld computed %lld\n",
               tag.c_str(), got.losses.front(), got.losses.back(), want.losses.back(), got.norms.front(), worst_grad,
-              worst_grad_name.c_str(), worst, worst_name.c_str(), a2a.logical_bytes,
+              worst_grad_name.c_str(), worst, worst_name.c_str(), c.zero_router ? 0 : 1, a2a.logical_bytes,
               static_cast<long long>(a2a.calls), static_cast<long long>(st.rows_sent),
               static_cast<long long>(st.rows_received), static_cast<long long>(st.rows_computed));
 }
