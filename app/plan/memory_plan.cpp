@@ -29,8 +29,8 @@ UnitMemory unit_memory(Sharding sharding, int64_t numel, int world_size, torch::
     case Sharding::kFrozenSharded:
     case Sharding::kFrozenHybrid: m.param_bytes = p * shard; break;
     case Sharding::kReplicated:
-    // ep experts: replicated over their group; numel is what the row holds (all E experts
-    // unless apply_expert_parallel ran: the plan does not divide by dist.ep yet)
+    // ep experts: replicated over their group; numel is what the row holds (E / ep experts:
+    // apply_expert_parallel, or `vlmtrain plan` splitting its meta model the same way)
     case Sharding::kExpert: m = {p * full, ddp_grad * full, optim_per_elem * full}; break;
     case Sharding::kShardOptimizer: m = {p * full, ddp_grad * full, optim_per_elem * shard}; break;
     case Sharding::kShardGradOp:
