@@ -8,6 +8,7 @@
 //                                 the recipe's precision, activation checkpointing, totals
 //                                 per rank, traffic per rank and link class (within a node /
 //                                 across nodes, app/plan/traffic_plan.h) and warnings.
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <iostream>
@@ -17,6 +18,7 @@
 #include "app/cli/commands.h"
 #include "app/config/sharding_options.h"
 #include "app/plan/step_memory.h"
+#include "sharding/parallel/expert_parallel.h"
 #include "sharding/parallel/sharded_model.h"
 #include "app/plan/activation_memory.h"
 #include "sharding/parallel/lora.h"
@@ -157,6 +159,8 @@ struct RecipePlan {
   StepMemory step;
   ActivationPlan act;
   int64_t total = 0;
+  int ep = 1;                  // dist.ep when an ep rule is present (the units hold E / ep experts)
+  double all_to_all_bytes = 0; // ep: planned all-to-all bytes per rank and micro-batch (see plan_experts)
 
   bool checkpointed(const std::string& path) const {
     for (const auto& u : units)
@@ -221,6 +225,42 @@ void plan_model_config(const PlanArgs& a, RecipePlan& p) {
   }
 }
 
+// Expert parallelism (an ep rule and dist.ep > 1): every sparse layer keeps E / ep experts
+// on the meta model, so the unit table and the memory plan show what one rank holds.
+void split_experts(RecipePlan& p) {
+  const bool rule = std::any_of(p.opts.rules.begin(), p.opts.rules.end(), [](const auto& r) { return r.policy == "ep"; });
+  if (!rule || p.recipe.dist.ep <= 1) return;
+  p.ep = static_cast<int>(p.recipe.dist.ep);
+  VLM_CHECK(p.world % p.ep == 0, p.recipe.source, ": dist.ep = ", p.ep, " does not divide the world size ", p.world,
+            " (hint: --world-size a multiple of dist.ep)");
+  for (const auto& [path, experts] : vlm::sharding::moe_experts(*p.model)) {
+    VLM_CHECK(experts->num_experts % p.ep == 0, p.recipe.source, ": ", path, " has ", experts->num_experts,
+              " experts, which dist.ep = ", p.ep, " does not divide");
+    experts->keep_experts(0, experts->num_experts / p.ep);  // rank 0's share; every rank holds as many
+  }
+}
+
+// Planned all-to-all bytes per rank and micro-batch of T tokens on the EP group
+// (sharding/parallel/expert_parallel.h), with uniform routing: per sparse layer, the counts
+// (ep-1) x H x 8, then (ep-1)/ep of the T*k rows leave the rank and as many results come
+// back, in forward and again in backward (x4 rows of d x param bytes); a checkpointed layer
+// runs the forward ones again.
+double plan_all_to_all(const RecipePlan& p) {
+  if (p.ep <= 1) return 0;
+  const auto& t = p.cfg.text;
+  const double n = p.ep, held = static_cast<double>(t.num_experts) / n;
+  const double rows = static_cast<double>(p.pb.shape.tokens()) * static_cast<double>(t.num_experts_per_tok);
+  const double row_bytes = static_cast<double>(t.hidden_size) * c10::elementSize(p.opts.param_dtype);
+  const double fwd = (n - 1) * held * 8 + 2 * rows * (n - 1) / n * row_bytes;
+  double total = 0;
+  for (int64_t i = 0; i < t.num_hidden_layers; ++i) {
+    if (!t.sparse_layer(i)) continue;
+    total += fwd + 2 * rows * (n - 1) / n * row_bytes;  // forward, then backward's two reverse
+    if (p.checkpointed(vlm::str("model.layers.", i))) total += fwd;
+  }
+  return total;
+}
+
 // The model on the meta device under the recipe's policies, and its memory, traffic and
 // activation plans for one micro-batch of the budget (app/plan/step_memory.h).
 RecipePlan make_recipe_plan(const PlanArgs& a) {
@@ -234,8 +274,15 @@ RecipePlan make_recipe_plan(const PlanArgs& a) {
   p.opts = sharding_options(p.recipe);
   p.model = vlm::VisionLanguageModel(p.cfg, torch::TensorOptions().device(torch::kMeta).dtype(p.opts.param_dtype));
   sh::attach_lora(*p.model, p.opts);
+  p.total = vlm::count_parameters(*p.model);  // the whole model, before the experts are split
+  split_experts(p);
   p.units = sh::resolve_units(*p.model, p.opts);
   p.counts = sh::count_params(p.units);
+  for (const auto& u : p.units)  // the experts other EP ranks hold count too
+    if (u.sharding == sh::Sharding::kExpert) {
+      p.counts.total += u.numel * (p.ep - 1);
+      p.counts.trainable += u.numel * (p.ep - 1);
+    }
   p.mem = plan_memory(p.units, p.world, p.opts.param_dtype, p.opts.reduce_dtype, p.opts.fsdp_accumulate_unsharded,
                       p.mesh.dp_shard);
   if (p.opts.optimizer_offload) plan_offload(p.mem, p.units);  // optimizer bytes -> host
@@ -251,7 +298,7 @@ RecipePlan make_recipe_plan(const PlanArgs& a) {
                                    p.recipe.data.prefetch * p.recipe.batch.samples_per_rank);
   p.step = step_model.step(p.pb.shape, 1, p.recipe.batch.samples_per_rank);
   p.act = plan_activations(*p.model, p.pb.shape, p.opts.param_dtype, apath);
-  p.total = vlm::count_parameters(*p.model);
+  p.all_to_all_bytes = plan_all_to_all(p);
   return p;
 }
 
@@ -264,6 +311,9 @@ nlohmann::json plan_json(const RecipePlan& p) {
   j["model"] = p.source;
   j["family"] = vlm::family_name(p.cfg.family);
   j["world_size"] = p.world;
+  if (p.ep > 1)
+    j["expert_parallel"] = {{"ep", p.ep}, {"experts_per_rank", p.cfg.text.num_experts / p.ep},
+                            {"all_to_all_bytes_per_micro_batch", p.all_to_all_bytes}};
   j["mesh"] = {{"nproc_per_node", p.local_world}, {"dp_shard", p.mesh.shard()}, {"dp_replicate", p.mesh.replicate()}};
   j["param_dtype"] = p.recipe.precision.param_dtype;
   j["reduce_dtype"] = p.recipe.precision.reduce_dtype;
@@ -417,6 +467,13 @@ int plan_recipe(const PlanArgs& a) {
   print_unit_table(p);
   print_memory(p);
   if (p.world > 1) print_traffic(p);
+  if (p.ep > 1)
+    std::printf("expert parallelism: dist.ep = %d, %lld of %lld experts per sparse layer and rank (the +experts "
+                "rows above: one rank's experts); all-to-all on the EP group %s per rank and micro-batch of %lld tokens (uniform "
+                "routing assumed; not in the totals above)\n",
+                p.ep, static_cast<long long>(p.cfg.text.num_experts / p.ep),
+                static_cast<long long>(p.cfg.text.num_experts), human_bytes(p.all_to_all_bytes).c_str(),
+                static_cast<long long>(p.pb.shape.tokens()));
   std::printf("\nparams: total %s, trainable %s (%.4f%%)\n", with_commas(p.total).c_str(),
               with_commas(p.counts.trainable).c_str(), p.total > 0 ? 100.0 * p.counts.trainable / p.total : 0.0);
   for (const auto& warning : p.mem.warnings) std::printf("warning: %s\n", warning.c_str());

@@ -264,12 +264,16 @@ struct ShardingRule {
 
   template <class V> void fields(V& v) {
     v("match", match, "globs on module paths, `|` = or, e.g. `visual.blocks.*|visual.patch_embed`");
-    v("policy", policy, Choice{{"freeze", "ddp", "fsdp", "lora"}}, "what the matched modules get");
+    v("policy", policy, Choice{{"freeze", "ddp", "fsdp", "lora", "ep"}},
+      "what the matched modules get; `ep` (expert parallelism) takes MoE experts only, e.g. match = "
+      "\"*.mlp.experts\": each rank of a group of dist.ep ranks holds E / dist.ep experts of every sparse layer, "
+      "tokens travel to them by all-to-all, their gradients are all-reduced over the ranks holding the same "
+      "experts; the rest of each layer keeps its own rule");
     v("strategy", strategy, Choice{{"", "full_shard", "shard_grad_op", "hybrid_shard", "no_shard", "shard_optimizer"}},
       "fsdp: full_shard, shard_grad_op, hybrid_shard (full_shard within groups of dist.dp_shard ranks, "
       "replicated across them) or no_shard; ddp: \"\" or shard_optimizer; freeze and lora: \"\" or no_shard "
       "(replicated), full_shard or hybrid_shard (the frozen weights sharded, gathered for forward and "
-      "backward)");
+      "backward); ep: \"\" only");
     v("r", r, Range{1, 1e6}, "lora only: adapter rank (PEFT `r`); unset = 8");
     v("alpha", alpha, Range{0, 1e9, true}, "lora only: scaling alpha / r (PEFT `lora_alpha`); unset = 16");
     v("dropout", dropout, Range{0, 0.999}, "lora only: dropout on the adapter input (PEFT `lora_dropout`); unset = 0");
@@ -312,6 +316,7 @@ struct DistSection {
   std::string device = "auto";
   double timeout_s = 600;
   int64_t dp_shard = 0;
+  int64_t ep = 1;
 
   template <class V> void fields(V& v) {
     v("backend", backend, Choice{{"auto", "gloo", "nccl"}},
@@ -321,6 +326,9 @@ struct DistSection {
     v("dp_shard", dp_shard, Range{0, 1e6},
       "hybrid_shard units: ranks per shard group (mesh dp_replicate x dp_shard); 0 = the ranks of one node "
       "(LOCAL_WORLD_SIZE); must divide the world size");
+    v("ep", ep, Range{1, 1e6},
+      "expert parallelism: ranks per EP group (consecutive ranks) splitting each MoE layer's experts, for the "
+      "`ep` sharding rules; must divide the world size and the experts per layer; 1 = none");
   }
 };
 

@@ -75,12 +75,13 @@ void Recipe::validate(Purpose purpose) const {
     else if (policy == "fsdp") ok = strategy.empty() || strategy == "full_shard" ||
                                    strategy == "shard_grad_op" || strategy == "hybrid_shard" ||
                                    strategy == "no_shard";
+    else if (policy == "ep") ok = strategy.empty();
     if (!ok)
       throw vlm::Error(location(where_key) + ": key '" + key + "': strategy \"" + strategy +
                        "\" does not apply to policy \"" + policy +
                        "\" (fsdp: full_shard | shard_grad_op | hybrid_shard | no_shard; ddp: shard_optimizer; "
                        "freeze and lora: full_shard (the frozen weights sharded) | hybrid_shard (sharded within "
-                       "groups of dist.dp_shard ranks) | no_shard)");
+                       "groups of dist.dp_shard ranks) | no_shard; ep: none)");
   };
   check_strategy(sharding.default_policy, sharding.default_strategy, "sharding.default_strategy",
                  "sharding.default_strategy");
@@ -93,7 +94,7 @@ void Recipe::validate(Purpose purpose) const {
                        "\"model.layers.*\")");
     if (rule.policy.empty())
       throw vlm::Error(location(base) + ": key '" + base +
-                       ".policy': missing (expected freeze, ddp, fsdp or lora)");
+                       ".policy': missing (expected freeze, ddp, fsdp, lora or ep)");
     check_strategy(rule.policy, rule.strategy, base + ".strategy", base);
     const std::pair<const char*, bool> lora_keys[] = {{"r", rule.r.has_value()},
                                                        {"alpha", rule.alpha.has_value()},

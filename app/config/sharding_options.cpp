@@ -57,6 +57,7 @@ vlm::sharding::ParallelOptions parallel_options(const Recipe& recipe) {
   po.backend = recipe.dist.backend;
   po.mesh = uses_hybrid_shard(recipe);
   po.dp_shard = static_cast<int>(recipe.dist.dp_shard);
+  po.ep = static_cast<int>(recipe.dist.ep);
   return po;
 }
 

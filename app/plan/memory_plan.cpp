@@ -28,7 +28,10 @@ UnitMemory unit_memory(Sharding sharding, int64_t numel, int world_size, torch::
     case Sharding::kFrozen: m.param_bytes = p * full; break;
     case Sharding::kFrozenSharded:
     case Sharding::kFrozenHybrid: m.param_bytes = p * shard; break;
-    case Sharding::kReplicated: m = {p * full, ddp_grad * full, optim_per_elem * full}; break;
+    case Sharding::kReplicated:
+    // ep experts: replicated over their group; numel is what the row holds (E / ep experts:
+    // apply_expert_parallel, or `vlmtrain plan` splitting its meta model the same way)
+    case Sharding::kExpert: m = {p * full, ddp_grad * full, optim_per_elem * full}; break;
     case Sharding::kShardOptimizer: m = {p * full, ddp_grad * full, optim_per_elem * shard}; break;
     case Sharding::kShardGradOp:
     case Sharding::kHybridShard:

@@ -16,6 +16,7 @@ const char* op_name(OpKind op) {
     case OpKind::kReduceScatter: return "reduce_scatter";
     case OpKind::kBroadcast: return "broadcast";
     case OpKind::kBarrier: return "barrier";
+    case OpKind::kAllToAll: return "all_to_all";
   }
   return "?";
 }

@@ -5,6 +5,9 @@
 //   all_gather      in [S] -> out [N*S]    out[k*S:(k+1)*S] = in of rank k
 //   reduce_scatter  in [N*S] -> out [S]    out = reduce over ranks of in[r*S:(r+1)*S]
 //   broadcast       t [*]                 in place, from `root`
+//   all_to_all      in [sum(in_splits), *] -> out [sum(out_splits), *]: in's k-th run of
+//                   in_splits[k] rows goes to rank k, out's k-th run of out_splits[k] rows
+//                   comes from rank k (variable splits, rows along dim 0; expert parallelism)
 //   barrier
 // Every op has an async form returning a Work; the sync form is async + wait(). Tensors
 // must be contiguous; out and in of all_gather / reduce_scatter have the same dtype
@@ -24,6 +27,11 @@
 //                               bf16 at world > 2, as on NCCL)
 //   * 2-byte floats in all-gather / broadcast travel bit-exact as raw bytes (uint8)
 //   * avg                    -> sum, then divide by N (every backend, for identical numerics)
+//   * all-to-all             -> Gloo's alltoall_base with split sizes on the raw bytes (uint8,
+//                               splits x row bytes; any dtype, bit-exact); NCCL's natively.
+//                               The shared-memory channel has no all-to-all: with it attached,
+//                               all-to-alls still go over the comm's own Gloo group (TCP),
+//                               which every rank does alike, so nothing mismatches or hangs
 // With NCCL the native flat ops are used. CUDA tensors on Gloo (two ranks sharing one GPU,
 // where NCCL refuses to run) are staged through host copies, synchronously, and copied back
 // when the op is waited.
@@ -37,11 +45,14 @@
 //   logical_bytes: what the op moves natively with a ring algorithm:
 //       all_reduce 2(N-1)/N * M, all_gather (N-1)/N * M, reduce_scatter (N-1)/N * M,
 //       broadcast M (each non-root rank receives the tensor once; root counts the same
-//       so all ranks agree), barrier 0. World size 1: 0 for every op.
+//       so all ranks agree), all_to_all: the bytes this rank sends to other ranks
+//       (sum over k != r of in_splits[k] x row bytes; the rows to itself are a local copy;
+//       ranks differ), barrier 0. World size 1: 0 for every op.
 //   wire_bytes: the same ring formulas applied to what was really issued. The
 //       reduce-scatter's all-to-all and the all-gather's broadcasts move the ring volume
 //       (N-1)/N * M (the broadcasts: per rank, averaged over the ranks). The shared-memory
 //       channel reads what the ring would send (its wire bytes equal the logical bytes).
+//       all_to_all's wire bytes equal its logical bytes.
 // Bytes are doubles (2(N-1)/N * M is not always an integer); exact below 2^53.
 //
 // Errors: a failure or timeout in issue or wait throws vlm::Error naming the op, rank,
@@ -64,6 +75,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "sharding/dist/parallel_dims.h"
 
@@ -76,8 +88,8 @@ namespace vlm::sharding {
 class ShmChannel;
 struct ShmTask;
 
-enum class OpKind { kAllReduce = 0, kAllGather, kReduceScatter, kBroadcast, kBarrier };
-constexpr int kNumOpKinds = 5;
+enum class OpKind { kAllReduce = 0, kAllGather, kReduceScatter, kBroadcast, kBarrier, kAllToAll };
+constexpr int kNumOpKinds = 6;
 const char* op_name(OpKind op);
 
 enum class ReduceOp { kSum, kAvg, kMax, kMin };
@@ -185,6 +197,17 @@ class Comm {
     broadcast_async(t, root, ctx).wait();
   }
   void barrier(const std::string& ctx);
+  // in: [sum(in_splits), *], out: [sum(out_splits), *] (same dtype, device and row shape;
+  // contiguous); in_splits / out_splits: world_size row counts each. Every rank must pass
+  // out_splits[k] == rank k's in_splits[r] (the caller exchanges counts first, e.g. with an
+  // all_to_all of the counts themselves); a rank with no rows still takes part. `in` must
+  // stay unmodified until wait(). (comm_all_to_all.cpp)
+  Work all_to_all_async(const torch::Tensor& out, const torch::Tensor& in, const std::vector<int64_t>& out_splits,
+                        const std::vector<int64_t>& in_splits, const std::string& ctx);
+  void all_to_all(const torch::Tensor& out, const torch::Tensor& in, const std::vector<int64_t>& out_splits,
+                  const std::vector<int64_t>& in_splits, const std::string& ctx) {
+    all_to_all_async(out, in, out_splits, in_splits, ctx).wait();
+  }
 
   // The store used to exchange last-op reports on failure (see the header comment);
   // null disables the exchange.

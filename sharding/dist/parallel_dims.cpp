@@ -224,6 +224,17 @@ struct ParallelDims::Init {
     }
     p.shard_lanes_ = {p.lanes_[static_cast<int>(Lane::kGather)], p.lanes_[static_cast<int>(Lane::kReduce)]};
     p.replicate_ = local_comm(opts);
+    p.ep_comm_ = local_comm(opts);
+    p.expert_replicate_ = local_comm(opts);
+  }
+
+  // The expert-parallel degree from the options.
+  void ep_shape() {
+    p.ep_ = opts.ep;
+    VLM_CHECK(opts.ep >= 1 && env.world_size % opts.ep == 0, "dist.ep = ", opts.ep,
+              " does not divide the world size ", env.world_size,
+              " (hint: expert parallelism splits the experts within groups of ep consecutive ranks and replicates "
+              "them across world / ep groups; pick a divisor of the world size, 1 for none)");
   }
 
   // The rendezvous store: rank 0 hosts it, or every rank joins the torchrun agent's (under
@@ -367,12 +378,38 @@ struct ParallelDims::Init {
     if (g) p.mesh_groups_.push_back(g);
   }
 
+  // Expert parallelism's groups (ParallelOptions::ep), after the mesh's: the EP groups are
+  // runs of ep consecutive ranks ("ep<g>"), the expert-replicate groups take every ep-th rank
+  // ("expert_replicate<j>"). The ranks agree on ep over the control plane first (a mismatch
+  // would otherwise hang in the groups' rendezvous). ep 1: both local.
+  void ep_groups() {
+    p.ep_comm_ = local_comm(opts);
+    p.ep_comm_->set_plane("data/ep", p.control_.get());
+    p.expert_replicate_ = local_comm(opts);
+    p.expert_replicate_->set_plane("data/expert_replicate", p.control_.get());
+    torch::Tensor d = torch::tensor({static_cast<double>(p.ep_), -static_cast<double>(p.ep_)}, torch::kFloat64);
+    p.control_->all_reduce(d, ReduceOp::kMax, "agree on expert parallelism (dist.ep)");
+    VLM_CHECK(d[0].item<double>() == -d[1].item<double>(), who, ": the ranks ask for different expert-parallel degrees: ",
+              "ep is ", p.ep_, " here, between ", -d[1].item<double>(), " and ", d[0].item<double>(),
+              " over the ranks (hint: every rank must run the same recipe)");
+    if (p.ep_ == 1) return;
+    const int group = p.ep_group(), ep_rank = p.ep_rank();
+    c10::intrusive_ptr<c10d::Backend> g;
+    p.ep_comm_ = make_comm(str("ep/", group), str("data/ep", group), ep_rank, p.ep_, &g);
+    if (g) p.mesh_groups_.push_back(g);
+    c10::intrusive_ptr<c10d::Backend> r;
+    p.expert_replicate_ = make_comm(str("ep_replicate/", ep_rank), str("data/expert_replicate", ep_rank), group,
+                                    env.world_size / p.ep_, &r);
+    if (r) p.mesh_groups_.push_back(r);
+  }
+
   // Every communicator created now, not at its first use: NCCL makes a group's communicator
   // lazily at its first collective, several of which would otherwise come inside backward on
   // the autograd thread, where a rank that reaches them differently waits for the watchdog.
   // Here every rank runs one all-reduce of a 1-element device tensor on each data-plane comm
-  // (then the control plane), in data_comms()' fixed order (lanes, shard lanes, replicate),
-  // waits for it and synchronises the device; the sum is checked and the time recorded.
+  // (then the control plane), in data_comms()' fixed order
+  // (lanes, shard lanes, replicate, EP, expert replicate), waits for it and synchronises the
+  // device; the sum is checked and the time recorded.
   void warm_up_comms() {
     std::vector<Comm*> comms = p.data_comms();
     comms.push_back(p.control_.get());
@@ -400,6 +437,7 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
   Init in(p, env, opts);
   const bool cuda = in.pick_device();
   in.mesh_shape();
+  in.ep_shape();
   if (env.world_size == 1) {
     in.local_comms();
     return p;
@@ -409,6 +447,7 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
   in.control_plane();
   in.lanes();
   in.mesh_groups();
+  in.ep_groups();
   in.warm_up_comms();
   if (p.backend_ == Backend::kNccl) p.start_watchdog();
   return p;
@@ -432,6 +471,8 @@ std::vector<Comm*> ParallelDims::data_comms() const {
   for (const auto& c : lanes_) add(c);  // lanes off: the main comm counted once
   for (const auto& c : shard_lanes_) add(c);
   add(replicate_);
+  add(ep_comm_);
+  add(expert_replicate_);
   return out;
 }
 

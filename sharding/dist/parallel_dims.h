@@ -78,6 +78,10 @@ struct ParallelOptions {
   // shard group is the world and there is one replica.
   bool mesh = false;
   int dp_shard = 0;
+  // Expert parallelism (recipe: dist.ep; sharding/parallel/expert_parallel.h): groups of `ep`
+  // consecutive ranks split each MoE layer's experts between them (a dimension inside data
+  // parallelism: it must divide the world size). 1: no expert parallelism.
+  int ep = 1;
 };
 
 // The NCCL environment vlmtrain runs with, set before the first NCCL process group unless
@@ -136,7 +140,16 @@ class ParallelDims {
   // shard_rank in the other replicas; local when dp_replicate is 1), all on the data plane.
   Comm& shard_comm(Lane lane) const { return *shard_lanes_[lane == Lane::kReduce ? 1 : 0]; }
   Comm& replicate_comm() const { return *replicate_; }
-  // Every distinct data-plane comm (lanes, mesh groups).
+  // Expert parallelism (ParallelOptions::ep): rank = ep_group() * ep() + ep_rank(). The EP
+  // group (ep consecutive ranks, its own process group: the all-to-alls of the token
+  // dispatch) and the expert-replicate group (the world / ep ranks with this ep_rank, which
+  // hold the same experts: their gradient all-reduce). Both local (size 1) when unused.
+  int ep() const { return ep_; }
+  int ep_rank() const { return env_.rank % ep_; }
+  int ep_group() const { return env_.rank / ep_; }
+  Comm& ep_comm() const { return *ep_comm_; }
+  Comm& expert_replicate_comm() const { return *expert_replicate_; }
+  // Every distinct data-plane comm (lanes, mesh groups, expert-parallel groups).
   std::vector<Comm*> data_comms() const;
   // The data plane's counters summed over its comms (lanes and mesh), and their reset.
   CommStats data_stats() const;
@@ -186,6 +199,9 @@ class ParallelDims {
   int dp_shard_ = 1;
   std::array<std::shared_ptr<Comm>, 2> shard_lanes_;  // kGather, kReduce
   std::shared_ptr<Comm> replicate_;
+  int ep_ = 1;
+  std::shared_ptr<Comm> ep_comm_;           // EP group: the dispatch all-to-alls
+  std::shared_ptr<Comm> expert_replicate_;  // same experts: their gradient all-reduce
   std::vector<c10::intrusive_ptr<c10d::Backend>> mesh_groups_;
   std::vector<CommWarmUp> warm_ups_;
 };

@@ -19,7 +19,7 @@ std::pair<int64_t, int64_t> owned_range(int64_t numel, int64_t world, int64_t ra
 }
 
 ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const AdamWOptions& opts,
-                           FsdpEngine* fsdp, Comm* control, bool offload)
+                           FsdpEngine* fsdp, Comm* control, bool offload, const Comm* expert_replicate)
     : comm_(comm), control_(control), opts_(opts), fsdp_(fsdp) {
   if (offload) queue_ = std::make_unique<HostUpdateQueue>();
   torch::NoGradGuard no_grad;
@@ -35,17 +35,26 @@ ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const
       VLM_CHECK(g.fsdp != nullptr, "optimizer: unit ", u.path, " has sharding ", sharding_name(u.sharding),
                 " but no FSDP unit (hint: build it through apply_policies, which creates the FsdpEngine)");
     }
-    VLM_CHECK(g.zero1 || g.fsdp != nullptr || u.sharding == Sharding::kReplicated,
+    g.experts = u.sharding == Sharding::kExpert;
+    VLM_CHECK(g.zero1 || g.fsdp != nullptr || u.sharding == Sharding::kReplicated || g.experts,
               "optimizer: unit ", u.path, " has sharding ", sharding_name(u.sharding),
-              "; expected replicated, ZeRO-1 or an FSDP unit");
+              "; expected replicated, ZeRO-1, experts (ep) or an FSDP unit");
+    VLM_CHECK(!g.experts || expert_replicate != nullptr || n == 1, "optimizer: unit ", u.path,
+              " holds expert-parallel experts but no expert-replicate comm was given (hint: build it through "
+              "apply_policies)");
     g.params = u.params;
     for (const auto& p : g.params) {
       g.offsets.push_back(g.numel);
       g.numel += p.param.numel();
     }
-    g.shard = (g.numel + n - 1) / n;
-    g.lo = std::min(r * g.shard, g.numel);
-    g.hi = std::min((r + 1) * g.shard, g.numel);
+    // R_r over the ranks holding the same values (the expert-replicate group for experts).
+    const int64_t gn = g.experts && expert_replicate != nullptr ? expert_replicate->world_size() : n;
+    const int64_t gr = g.experts && expert_replicate != nullptr ? expert_replicate->rank() : r;
+    g.rep_n = gn;
+    g.rep_r = gr;
+    g.shard = (g.numel + gn - 1) / gn;
+    g.lo = std::min(gr * g.shard, g.numel);
+    g.hi = std::min((gr + 1) * g.shard, g.numel);
     g.own_lo = g.lo;
     g.own_hi = g.hi;
     if (g.fsdp != nullptr) {  // the unit's own split (hybrid_shard: over its shard group)
@@ -86,6 +95,7 @@ ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const
       g.segments.push_back(std::move(s));
     }
     g.ddp_index.assign(g.params.size(), -1);
+    g.ddp_of.assign(g.params.size(), nullptr);
     g.param_steps.assign(g.params.size(), 0);
     g.active.assign(g.params.size(), 0);
     groups_.push_back(std::move(g));
@@ -109,21 +119,26 @@ void ShardedAdamW::wait_unsharded() const {
 }
 
 void ShardedAdamW::attach_ddp(DdpReducer* ddp) {
-  ddp_ = ddp;
+  if (ddp == nullptr) return;
+  ddps_.push_back(ddp);
   for (auto& g : groups_)
-    for (size_t k = 0; k < g.params.size(); ++k)
-      g.ddp_index[k] = (ddp != nullptr && g.fsdp == nullptr) ? ddp->index_of(g.params[k].param) : -1;
+    for (size_t k = 0; k < g.params.size(); ++k) {
+      const int64_t i = g.fsdp == nullptr ? ddp->index_of(g.params[k].param) : -1;
+      if (i < 0) continue;
+      g.ddp_index[k] = i;
+      g.ddp_of[k] = ddp;
+    }
 }
 
 bool ShardedAdamW::local_had_grad(const Group& g, size_t k) const {
   if (g.fsdp != nullptr) return g.fsdp->had_grad(k);
-  if (ddp_ != nullptr && g.ddp_index[k] >= 0) return ddp_->had_grad(g.ddp_index[k]);
+  if (g.ddp_of[k] != nullptr) return g.ddp_of[k]->had_grad(g.ddp_index[k]);
   return g.params[k].param.grad().defined();
 }
 
 torch::Tensor ShardedAdamW::param_grad(const Group& g, size_t k) const {
   // DDP: the reducer's gradient (its fp32 bucket view when gradients accumulate there).
-  if (ddp_ != nullptr && g.ddp_index[k] >= 0) return ddp_->grad(g.ddp_index[k]);
+  if (g.ddp_of[k] != nullptr) return g.ddp_of[k]->grad(g.ddp_index[k]);
   return g.params[k].param.grad();
 }
 
@@ -413,7 +428,7 @@ void ShardedAdamW::zero_grad() {
   torch::NoGradGuard no_grad;
   for (auto& g : groups_)
     for (auto& p : g.params) p.param.mutable_grad() = torch::Tensor();
-  if (ddp_ != nullptr) ddp_->zero_grad();    // its bucket accumulation and had-gradient flags
+  for (DdpReducer* d : ddps_) d->zero_grad();  // bucket accumulation and had-gradient flags
   if (fsdp_ != nullptr) fsdp_->zero_grad();  // shard grads and their had-gradient flags
   agreed_ = false;
 }
@@ -431,10 +446,11 @@ std::vector<StateSlice> ShardedAdamW::state_slices() const {
   const auto host = torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(cuda_index >= 0);
   const bool async = cuda_index >= 0;
   for (const auto& g : groups_) {
+    if (g.experts) expert_slices(g, host, async, out);
     // Every rank holds state for at least [lo, hi) (replicated: all of [0, P)) and writes
     // [own_lo, own_hi): R_r, or under hybrid_shard its replica's share of it, so the ranks'
     // slices cover each vector once.
-    const int64_t lo = g.own_lo, hi = g.own_hi;
+    const int64_t lo = g.experts ? 0 : g.own_lo, hi = g.experts ? 0 : g.own_hi;  // experts: per parameter
     StateSlice master{g.path + "/master", g.numel, lo, hi, torch::empty({hi - lo}, host)};
     StateSlice m{g.path + "/exp_avg", g.numel, lo, hi, torch::empty({hi - lo}, host)};
     StateSlice v{g.path + "/exp_avg_sq", g.numel, lo, hi, torch::empty({hi - lo}, host)};
@@ -449,9 +465,11 @@ std::vector<StateSlice> ShardedAdamW::state_slices() const {
     }
     VLM_CHECK(covered == hi - lo, "optimizer state of unit ", g.path, ": segments cover ", covered,
               " of the written range's ", hi - lo, " elements (internal error)");
-    out.push_back(std::move(master));
-    out.push_back(std::move(m));
-    out.push_back(std::move(v));
+    if (!g.experts) {
+      out.push_back(std::move(master));
+      out.push_back(std::move(m));
+      out.push_back(std::move(v));
+    }
     // Step counts are the same on every rank; each writes its owned_range of them.
     const int64_t np = static_cast<int64_t>(g.params.size());
     const auto [slo, shi] = owned_range(np, comm_.world_size(), comm_.rank());
@@ -485,6 +503,11 @@ void ShardedAdamW::load_state(const StateReader& read, int64_t steps) {
   torch::NoGradGuard no_grad;
   wait();
   for (auto& g : groups_) {
+    if (g.experts) {
+      load_experts(g, read);
+      g.param_steps = read_param_steps(read, g.path, static_cast<int64_t>(g.params.size()), steps);
+      continue;
+    }
     // Parameters: every element, from the fp32 masters.
     torch::Tensor all = read(g.path + "/master", 0, g.numel).to(torch::kFloat32);
     VLM_CHECK(all.numel() == g.numel, "checkpoint: ", g.path, "/master has ", all.numel(), " elements, expected ",
@@ -506,6 +529,36 @@ void ShardedAdamW::load_state(const StateReader& read, int64_t steps) {
   }
   step_ = steps;
   agreed_ = false;
+}
+
+// Expert rows: per parameter, this rank's part (within the expert-replicate group) of its
+// held run [source_offset, source_offset + numel) of all E experts.
+void ShardedAdamW::expert_slices(const Group& g, const torch::TensorOptions& host, bool async,
+                                 std::vector<StateSlice>& out) const {
+  for (const auto& s : g.segments) {  // replicated: one whole-parameter segment each
+    const UnitParam& up = g.params[s.param];
+    const auto [a, b] = owned_range(s.len, g.rep_n, g.rep_r);
+    const int64_t full = up.source_numel > 0 ? up.source_numel : s.len;
+    for (const auto& [kind, t] : {std::pair<const char*, torch::Tensor>{"master", s.master}, {"exp_avg", s.m},
+                                  {"exp_avg_sq", s.v}}) {
+      StateSlice sl{up.name + "/" + kind, full, up.source_offset + a, up.source_offset + b,
+                    torch::empty({b - a}, host)};
+      sl.data.copy_(t.narrow(0, a, b - a), async);
+      out.push_back(std::move(sl));
+    }
+  }
+}
+
+void ShardedAdamW::load_experts(Group& g, const StateReader& read) {
+  for (auto& s : g.segments) {
+    const UnitParam& up = g.params[s.param];
+    const int64_t lo = up.source_offset, hi = up.source_offset + s.len;
+    const torch::Tensor all = read(up.name + "/master", lo, hi).to(torch::kFloat32);
+    up.param.detach().view({-1}).copy_(all);
+    s.master.copy_(all);  // a no-op copy onto itself for fp32 views
+    s.m.copy_(read(up.name + "/exp_avg", lo, hi));
+    s.v.copy_(read(up.name + "/exp_avg_sq", lo, hi));
+  }
 }
 
 int64_t ShardedAdamW::state_numel() const {

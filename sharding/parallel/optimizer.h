@@ -17,7 +17,9 @@
 // buffers, accumulated over micro-batches in fp32 (ddp.h), which clipping scales in place.
 // State per parameter segment: fp32 master (a view of the parameter itself when the
 // parameter is fp32, else an fp32 copy), m, v (fp32). Per parameter: its AdamW step count t.
-// Frozen units have no state.
+// Frozen units have no state. Expert rows (ep, policy.h: kExpert) are replicated over the
+// expert-replicate group: full state on every rank for its held experts, R_r taken over that
+// group for the norm (so each expert's gradient counts once in the world's sum).
 //
 // Update = LibTorch's torch::optim::AdamW (decoupled decay, then Adam with bias correction):
 //   master *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
@@ -86,6 +88,10 @@ enum class AdamWKernel { kAuto, kForeach, kFused, kBlocked };
 //   step        per-parameter AdamW step counts (int64 [number of the unit's parameters],
 //               not [P]; checkpoints written before it existed load with every count =
 //               the global optimizer step count)
+// Expert rows (ep) are keyed per parameter over all E experts instead, so that they do not
+// depend on dist.ep: "<parameter name>/<kind>" (model.layers.1.mlp.experts.down_proj/master)
+// of UnitParam::source_numel elements; a rank holds [source_offset, + numel) and writes its
+// part of it within the expert-replicate group. "<unit>+experts/step" as above.
 // A slice is the owned range R_r = [r*S, min((r+1)*S, P)), S = ceil(P/N), of one vector:
 // the N ranks' slices cover each vector exactly once, whatever the unit's sharding.
 struct StateSlice {
@@ -109,12 +115,17 @@ class ShardedAdamW {
   // kFullShard / kShardGradOp (required when there are any). control: the comm for the
   // grad-norm / flag all-reduce (a CPU fp64 tensor); null: `comm`.
   // offload: state in host memory, updated there asynchronously (see the header comment).
+  // expert_replicate: the group over which kExpert rows (ep, policy.h) are replicated; their
+  // R_r for the norm is taken over it, since the ranks of an EP group hold different
+  // experts (null: none; required when there are kExpert rows and the world is > 1).
   ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const AdamWOptions& opts,
-               FsdpEngine* fsdp = nullptr, Comm* control = nullptr, bool offload = false);
+               FsdpEngine* fsdp = nullptr, Comm* control = nullptr, bool offload = false,
+               const Comm* expert_replicate = nullptr);
   ~ShardedAdamW();  // waits for the host updates still queued
   // The reducer of the replicated / ZeRO-1 units: their gradients (DdpReducer::grad: the
   // fp32 bucket view for low-precision parameters, else the .grad its finish_backward
   // fills) and which of them had a gradient this step come from it; zero_grad() clears it.
+  // May be called once per reducer (the experts of ep rows have one of their own).
   void attach_ddp(DdpReducer* ddp);
   void set_kernel(AdamWKernel k) { kernel_ = k; }
   AdamWKernel kernel() const { return kernel_; }
@@ -177,7 +188,10 @@ class ShardedAdamW {
     int64_t own_lo = 0, own_hi = 0;  // the part of R_r this rank counts in the norm and writes:
                                      // R_r, or under hybrid_shard its replica's share (fsdp.h)
     std::vector<Segment> segments; // parameters ∩ state range ([0,P) or R_r)
-    std::vector<int64_t> ddp_index;   // per parameter: index in the DDP reducer, or -1
+    bool experts = false;             // a kExpert row (ep): state keyed per parameter over all E
+    int64_t rep_n = 1, rep_r = 0;     // the group its values are replicated over (size, rank)
+    std::vector<int64_t> ddp_index;   // per parameter: index in its DDP reducer, or -1
+    std::vector<DdpReducer*> ddp_of;  // per parameter: that reducer (null: none)
     std::vector<int64_t> param_steps; // per parameter: AdamW step count t
     std::vector<char> active;         // per parameter: had a gradient on some rank (agreed)
     int64_t ticket = 0;               // offload: the queue ticket of its last host update
@@ -204,11 +218,13 @@ class ShardedAdamW {
   void update_host(Batch& b);  // offload: fused where every segment fits it, else blocked
   static bool fused_fits(const torch::Tensor& master, const torch::Tensor& grad);
   void zero1_gather(Group& g, const std::string& ctx);
+  void expert_slices(const Group& g, const torch::TensorOptions& host, bool async, std::vector<StateSlice>& out) const;
+  void load_experts(Group& g, const StateReader& read);
   void step_offload(double lr_scale, const std::string& ctx);
 
   Comm& comm_;
   Comm* control_ = nullptr;
-  DdpReducer* ddp_ = nullptr;
+  std::vector<DdpReducer*> ddps_;  // attached reducers (zero_grad clears them)
   AdamWOptions opts_;
   FsdpEngine* fsdp_ = nullptr;
   AdamWKernel kernel_ = AdamWKernel::kAuto;

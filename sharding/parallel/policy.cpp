@@ -3,7 +3,9 @@
 
 #include <map>
 #include <set>
+#include <tuple>
 
+#include "vlm/model/moe.h"
 #include "vlm/runtime/check.h"
 
 namespace vlm::sharding {
@@ -14,6 +16,7 @@ const char* policy_name(Policy p) {
     case Policy::kDdp: return "ddp";
     case Policy::kFsdp: return "fsdp";
     case Policy::kLora: return "lora";
+    case Policy::kEp: return "ep";
   }
   return "?";
 }
@@ -40,6 +43,7 @@ const char* sharding_name(Sharding s) {
     case Sharding::kShardGradOp: return "ZeRO-2";
     case Sharding::kFullShard: return "ZeRO-3";
     case Sharding::kHybridShard: return "ZeRO-3 hybrid";
+    case Sharding::kExpert: return "experts (ep)";
   }
   return "?";
 }
@@ -49,7 +53,8 @@ Policy parse_policy(const std::string& s) {
   if (s == "ddp") return Policy::kDdp;
   if (s == "fsdp") return Policy::kFsdp;
   if (s == "lora") return Policy::kLora;
-  throw Error(str("sharding policy: expected one of freeze | ddp | fsdp | lora, got '", s, "'"));
+  if (s == "ep") return Policy::kEp;
+  throw Error(str("sharding policy: expected one of freeze | ddp | fsdp | lora | ep, got '", s, "'"));
 }
 
 Strategy parse_strategy(const std::string& s) {
@@ -82,10 +87,13 @@ Sharding sharding_of(Policy p, Strategy s) {
       if (s == Strategy::kNoShard) return Sharding::kReplicated;
       if (s == Strategy::kShardOptimizer) return Sharding::kShardOptimizer;
       break;
+    case Policy::kEp:
+      if (s == Strategy::kDefault) return Sharding::kExpert;
+      break;
   }
   throw Error(str("sharding: policy '", policy_name(p), "' does not take strategy '", strategy_name(s),
                   "' (hint: ddp takes \"\" or shard_optimizer; fsdp takes full_shard, shard_grad_op, "
-                  "hybrid_shard, no_shard; freeze and lora take \"\", full_shard or hybrid_shard)"));
+                  "hybrid_shard, no_shard; freeze and lora take \"\", full_shard or hybrid_shard; ep takes none)"));
 }
 
 namespace {
@@ -163,6 +171,24 @@ std::string adapted_module_of(const std::string& name, const std::map<std::strin
   return "";
 }
 
+// Full names of the MoE experts' parameters inside `unit` (vlm/model/moe.h), the only ones
+// an ep rule may take, with the flat offset of the held experts in the full tensor
+// (first_expert x elements per expert; 0 when every expert is held) and its numel (all E).
+std::map<std::string, std::pair<int64_t, int64_t>> expert_param_names(torch::nn::Module& unit,
+                                                                      const std::string& unit_path) {
+  std::map<std::string, std::pair<int64_t, int64_t>> out;
+  for (const auto& m : unit.named_modules("", /*include_self=*/true)) {
+    const auto* experts = m.value()->as<vlm::MoeExpertsImpl>();
+    if (experts == nullptr) continue;
+    for (const auto& p : m.value()->named_parameters(/*recurse=*/false)) {
+      const int64_t per = p.value().numel() / experts->held();
+      out[unit_path + "." + (m.key().empty() ? "" : m.key() + ".") + p.key()] = {experts->first_expert * per,
+                                                                                 experts->num_experts * per};
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<UnitPlan> resolve_units(vlm::VisionLanguageModelImpl& model, const ShardingOptions& opts) {
@@ -196,8 +222,10 @@ std::vector<UnitPlan> resolve_units(vlm::VisionLanguageModelImpl& model, const S
   std::set<const void*> seen;  // parameter storage identity: each parameter in one unit
   for (const auto& u : units) {
     if (!u.shares_params_with.empty()) continue;
-    UnitPlan plan, adapters;
+    UnitPlan plan, adapters, experts;
     plan.path = u.path;
+    const auto expert_names = expert_param_names(*u.module, u.path);
+    int ep_rule = -1;
     std::vector<std::string> unit_names{u.path};
     for (const auto& a : aliases[u.path]) {
       unit_names.push_back(a);
@@ -228,11 +256,24 @@ std::vector<UnitPlan> resolve_units(vlm::VisionLanguageModelImpl& model, const S
       std::vector<std::string> names = unit_names;
       names.push_back(p.name);
       for (const auto& a : aliases[u.path]) names.push_back(a + "." + item.key());
+      // An expert parameter also answers to its module's path ("model.layers.1.mlp.experts").
+      if (expert_names.count(p.name)) {
+        names.push_back(p.name.substr(0, p.name.rfind('.')));
+        std::tie(p.source_offset, p.source_numel) = expert_names.at(p.name);
+      }
       const std::string module = adapted_module_of(p.name, adapted);
       const bool is_adapter = !module.empty() && vlm::is_lora_param(p.name);
       int rule = module.empty() ? first_rule(opts, names, /*lora_rules=*/false) : adapted[module];
       if (rule >= 0) ++rule_hits[rule];
-      if (!adapted.empty() && module.empty()) {
+      const bool is_expert = rule >= 0 && rule_policy[rule] == Policy::kEp;
+      if (is_expert) {
+        VLM_CHECK(expert_names.count(p.name), "sharding: ", describe_rule(rule), " (policy = \"ep\") matches ", p.name,
+                  ", which is not an MoE expert parameter (hint: match the experts only, e.g. \"*.mlp.experts\"; the "
+                  "router mlp.gate and a shared expert keep the unit's own rule)");
+        VLM_CHECK(adapted.empty(), "sharding: unit ", u.path, " has LoRA adapters and ep experts (hint: not supported "
+                  "together yet)");
+        if (ep_rule < 0) ep_rule = rule;
+      } else if (!adapted.empty() && module.empty()) {
         VLM_CHECK(policy_of(rule) == Policy::kFreeze, "sharding: unit ", u.path, " has LoRA adapters (",
                   describe_rule(lora_rule), ") but ", p.name, " gets ", describe_rule(rule), " = ",
                   policy_name(policy_of(rule)), " (hint: the rest of a unit with adapters must be frozen; "
@@ -256,7 +297,7 @@ std::vector<UnitPlan> resolve_units(vlm::VisionLanguageModelImpl& model, const S
           break;
         }
       p.weight_decay = (!opts.optim.no_decay.empty() && glob_match(opts.optim.no_decay, p.name)) ? 0.0 : wd;
-      UnitPlan& dest = is_adapter ? adapters : plan;
+      UnitPlan& dest = is_adapter ? adapters : is_expert ? experts : plan;
       dest.numel += p.param.numel();
       dest.params.push_back(std::move(p));
     }
@@ -268,7 +309,19 @@ std::vector<UnitPlan> resolve_units(vlm::VisionLanguageModelImpl& model, const S
     plan.rule = describe_rule(unit_rule);
     plan.checkpointed = !opts.checkpoint_match.empty() && matches_any(opts.checkpoint_match, unit_names);
     plan.has_adapters = !adapted.empty();
+    plan.has_experts = !experts.params.empty();
+    VLM_CHECK(!plan.has_experts || plan.policy != Policy::kLora, "sharding: unit ", u.path,
+              " mixes lora and ep (hint: not supported together yet)");
     out.push_back(std::move(plan));
+    if (!experts.params.empty()) {
+      experts.path = u.path + "+experts";
+      experts.experts_of = u.path;
+      experts.policy = Policy::kEp;
+      experts.sharding = Sharding::kExpert;
+      experts.rule = describe_rule(ep_rule);
+      experts.checkpointed = out.back().checkpointed;
+      out.push_back(std::move(experts));
+    }
     if (adapted.empty()) continue;
     adapters.path = u.path + "+lora";
     adapters.adapter_of = u.path;

@@ -26,6 +26,18 @@
 //   <unit>+lora   the adapters: trained, replicated, gradients all-reduced (DDP buckets),
 //                 fp32 masters; adapter_of = <unit> (the runner unit they compute in)
 //
+// Expert parallelism (policy = "ep", sharding/parallel/expert_parallel.h): the rule selects
+// MoE experts (`*.mlp.experts`, or their parameters); their unit becomes two rows as with LoRA:
+//   <unit>          the rest of the unit (attention, router mlp.gate, shared expert, norms)
+//                   with its own rule (any policy but lora)
+//   <unit>+experts  policy ep, sharding "experts (ep)": the experts this rank holds
+//                   (E / dist.ep of them, MoeExpertsImpl::keep_experts), trained,
+//                   replicated over the expert-replicate group (the world / ep ranks holding
+//                   the same experts), gradients all-reduced there only (a DDP reducer of
+//                   their own), fp32 masters and AdamW on the held slice; experts_of = <unit>
+// The ep rule takes no strategy. numel of the row counts the held experts, so resolve before
+// apply_expert_parallel (or on the meta model for a plan) shows all E.
+//
 // This header is sharding's own plain option struct: app/ converts the recipe into it.
 #pragma once
 #include <torch/torch.h>
@@ -39,7 +51,7 @@
 
 namespace vlm::sharding {
 
-enum class Policy { kFreeze, kDdp, kFsdp, kLora };
+enum class Policy { kFreeze, kDdp, kFsdp, kLora, kEp };
 // kDefault: the policy's default (ddp: replicate everything; fsdp: full_shard).
 enum class Strategy { kDefault, kFullShard, kShardGradOp, kNoShard, kShardOptimizer, kHybridShard };
 
@@ -61,6 +73,8 @@ enum class Sharding {
   kHybridShard,     // ZeRO-3 within a shard group (dp_shard ranks, by default a node),
                     // replicated across the dp_replicate groups: gradients reduce-scattered
                     // in the group, then all-reduced across the replicas (HSDP)
+  kExpert,          // ep: this rank's experts (E / ep of each layer), params, grads and
+                    // optimizer state replicated over the expert-replicate group only
 };
 const char* sharding_name(Sharding s);
 // (policy, strategy) -> memory layout; throws for combinations that mean nothing
@@ -72,7 +86,7 @@ Sharding sharding_of(Policy p, Strategy s);
 // One `[[sharding.module]]` row.
 struct PolicyRule {
   std::string match;     // globs, '|' = or
-  std::string policy;    // freeze | ddp | fsdp | lora
+  std::string policy;    // freeze | ddp | fsdp | lora | ep
   std::string strategy;  // "" | full_shard | shard_grad_op | no_shard | shard_optimizer | hybrid_shard
   vlm::LoraOptions lora; // policy = "lora": r, alpha, dropout, rslora, init
 };
@@ -120,6 +134,9 @@ bool glob_match(const std::string& pattern, const std::string& name);
 struct UnitParam {
   std::string name;     // full HF name, e.g. "model.layers.0.mlp.up_proj.weight"
   torch::Tensor param;  // the model's parameter (shared handle)
+  int64_t source_offset = 0;  // flat element of the checkpoint tensor where this parameter
+                              // starts: ep experts skip the experts held before this rank's
+  int64_t source_numel = 0;   // elements of that whole tensor (ep experts: all E); 0 = numel
   double lr = 0;
   double weight_decay = 0;
 };
@@ -137,6 +154,8 @@ struct UnitPlan {
   bool checkpointed = false;   // activation checkpointing on this unit
   std::string adapter_of;      // LoRA adapter row: the unit whose forward computes with it
   bool has_adapters = false;   // LoRA base row: its adapters are the next row
+  std::string experts_of;      // ep row (<unit>+experts): the unit whose forward computes with it
+  bool has_experts = false;    // base row of an ep unit: its experts are the next row
   bool trainable() const {
     return sharding != Sharding::kFrozen && sharding != Sharding::kFrozenSharded && sharding != Sharding::kFrozenHybrid;
   }

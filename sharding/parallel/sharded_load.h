@@ -16,7 +16,8 @@
 // gather buffer, so it takes memory only while the unit is gathered. The rank's [S] shard,
 // elements [r*S, (r+1)*S) filled from the source (padding past numel zeroed), is the only
 // device memory a sharded unit gets here, and the engine keeps it as its local shard. Any
-// other unit gets each parameter whole (every rank keeps all of it). Start-up peak on the
+// other unit gets each parameter whole (every rank keeps all of it). ep experts rows
+// (policy.h) are not for this function: apply_expert_parallel reads them (expert_parallel.h). Start-up peak on the
 // device: the shards plus the whole units (app/plan/memory_plan.h startup_peak_bytes).
 #pragma once
 #include <torch/torch.h>

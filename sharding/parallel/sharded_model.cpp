@@ -40,7 +40,7 @@ bool contains(const std::vector<std::string>& v, const std::string& s) {
 
 PolicyRunner::PolicyRunner(const std::vector<UnitPlan>& units, FsdpEngine* fsdp) : fsdp_(fsdp) {
   for (const auto& u : units) {
-    if (!u.trainable() && !u.has_adapters) add_names(frozen_, u);
+    if (!u.trainable() && !u.has_adapters && !u.has_experts) add_names(frozen_, u);
     if (u.checkpointed) add_names(checkpointed_, u);
   }
 }
@@ -87,11 +87,13 @@ ShardedModel::~ShardedModel() {
 
 void ShardedModel::set_sync(bool sync) {
   if (reducer_) reducer_->set_sync(sync);
+  if (expert_reducer_) expert_reducer_->set_sync(sync);
   if (fsdp_) fsdp_->set_sync(sync);
 }
 
 void ShardedModel::finish_backward(const std::string& ctx) {
   if (reducer_) reducer_->finish_backward(ctx);
+  if (expert_reducer_) expert_reducer_->finish_backward(ctx + ", experts");
   if (fsdp_) fsdp_->finish_backward(ctx);
 }
 
@@ -110,6 +112,7 @@ MemoryReport ShardedModel::memory() const {
   // Trainable replicated / ZeRO-1 units: the DDP bucket buffers (reduce dtype) plus the .grad
   // it keeps (param dtype; none when the gradients accumulate in the buckets, ddp.h).
   if (reducer_) m.grad_bytes += reducer_->buffer_bytes() + reducer_->kept_grad_bytes();
+  if (expert_reducer_) m.grad_bytes += expert_reducer_->buffer_bytes() + expert_reducer_->kept_grad_bytes();
   const double optim = 4.0 * static_cast<double>(optimizer_->state_numel());
   if (optimizer_->offload_queue() != nullptr) {  // master + m + v, plus grad staging of master's size
     m.host_optim_bytes = optim * 4.0 / 3.0;
@@ -184,6 +187,16 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model
   sm->world_ = comm.world_size();
   // 0. LoRA adapters on the Linear modules the lora rules select.
   attach_lora(model, opts);
+  // 0b. Expert parallelism: this rank's experts and the dispatcher.
+  const bool ep_rules = std::any_of(opts.rules.begin(), opts.rules.end(), [](const PolicyRule& r) { return r.policy == "ep"; });
+  VLM_CHECK(!ep_rules || dims.ep() > 1, "apply_policies: a sharding rule has policy = \"ep\" but dist.ep is ", dims.ep(),
+            " (hint: set dist.ep to the ranks that split the experts, a divisor of the world size and of the experts "
+            "per layer; or use ddp / fsdp for the experts)");
+  VLM_CHECK(ep_rules || dims.ep() == 1, "apply_policies: dist.ep = ", dims.ep(), " but no sharding rule has policy = "
+            "\"ep\" (hint: add [[sharding.module]] match = \"*.mlp.experts\", policy = \"ep\")");
+  ShardedLoadStats expert_load;
+  const ExpertLoad eload{source, dims.device(), opts.param_dtype, &expert_load};
+  if (ep_rules) sm->dispatcher_ = apply_expert_parallel(model, dims, source != nullptr ? &eload : nullptr);
   // 1. Policy table.
   sm->units_ = resolve_units(model, opts);
   for (const auto& u : sm->units_)
@@ -193,9 +206,15 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model
               "with dp_shard = the ranks per shard group; the trainer sets it from the recipe)");
   ShardedLoad loaded;
   if (source != nullptr) {  // 1b. sharded loading: real memory for what this rank keeps
-    loaded = materialize_units(model, sm->units_, sm->rank_, sm->world_, dims.device(), opts.param_dtype, *source,
+    std::vector<UnitPlan> rest;  // the experts rows were read in step 0b
+    for (const auto& u : sm->units_)
+      if (u.sharding != Sharding::kExpert) rest.push_back(u);
+    loaded = materialize_units(model, rest, sm->rank_, sm->world_, dims.device(), opts.param_dtype, *source,
                                dims.shard_rank(), dims.dp_shard());
     sm->load_stats_ = loaded.stats;
+    sm->load_stats_.elements_filled += expert_load.elements_filled;
+    sm->load_stats_.whole_units += expert_load.whole_units;
+    sm->load_stats_.bytes_read += expert_load.bytes_read;
     sm->units_ = resolve_units(model, opts);  // the new parameter handles
   }
   for (const auto& u : sm->units_)
@@ -213,11 +232,14 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model
   apply_freeze(sm->units_);
   // 3. Same starting point on every rank (sharded loading: by construction, every rank read
   //    its ranges from the same source).
+  //    Experts: from the first rank holding the same ones (the expert-replicate group).
   if (source == nullptr) {
-    std::vector<torch::Tensor> all;
+    std::vector<torch::Tensor> all, experts;
     for (const auto& u : sm->units_)
-      for (const auto& p : u.params) all.push_back(p.param.detach());
+      for (const auto& p : u.params) (u.sharding == Sharding::kExpert ? experts : all).push_back(p.param.detach());
     broadcast_from_rank0(comm, all, "broadcast parameters from rank 0");
+    if (!experts.empty())
+      broadcast_from_rank0(dims.expert_replicate_comm(), experts, "broadcast experts within the expert-replicate group");
   }
   // 4. FSDP units (flat buffers, local shards, gradient hooks).
   std::vector<std::pair<std::string, std::string>> call_order;
@@ -230,25 +252,31 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model
   fsdp->skip_backward_gather(calls_without_backward_gather(model, sm->units_));
   if (!fsdp->units().empty()) sm->fsdp_ = std::move(fsdp);
   // 5. DDP buckets over the trainable replicated / ZeRO-1 units (forward registration order).
-  std::vector<torch::Tensor> params;
-  std::vector<std::string> names;
-  for (const auto& u : sm->units_)
-    if (u.trainable() && (u.sharding == Sharding::kReplicated || u.sharding == Sharding::kShardOptimizer))
-      for (const auto& p : u.params) {
-        params.push_back(p.param);
-        names.push_back(p.name);
-      }
-  if (!params.empty()) {
-    const double bucket_bytes = opts.ddp_bucket_mb * 1024.0 * 1024.0;
-    sm->reducer_ = std::make_unique<DdpReducer>(dims.comm(Lane::kDdp), params, names, bucket_bytes, opts.reduce_dtype);
+  std::vector<torch::Tensor> params, expert_params;
+  std::vector<std::string> names, expert_names;
+  for (const auto& u : sm->units_) {
+    const bool expert = u.sharding == Sharding::kExpert;
+    if (!expert && !(u.trainable() && (u.sharding == Sharding::kReplicated || u.sharding == Sharding::kShardOptimizer)))
+      continue;
+    for (const auto& p : u.params) {
+      (expert ? expert_params : params).push_back(p.param);
+      (expert ? expert_names : names).push_back(p.name);
+    }
   }
+  const double bucket_bytes = opts.ddp_bucket_mb * 1024.0 * 1024.0;
+  if (!params.empty())
+    sm->reducer_ = std::make_unique<DdpReducer>(dims.comm(Lane::kDdp), params, names, bucket_bytes, opts.reduce_dtype);
+  if (!expert_params.empty())
+    sm->expert_reducer_ = std::make_unique<DdpReducer>(dims.expert_replicate_comm(), expert_params, expert_names,
+                                                       bucket_bytes, opts.reduce_dtype);
   // 6. Runner.
   sm->runner_ = std::make_shared<PolicyRunner>(sm->units_, sm->fsdp_.get());
   model.set_runner(sm->runner_);
   // 7. Optimizer.
   sm->optimizer_ = std::make_unique<ShardedAdamW>(comm, sm->units_, opts.optim, sm->fsdp_.get(), &dims.control(),
-                                                  opts.optimizer_offload);
+                                                  opts.optimizer_offload, &dims.expert_replicate_comm());
   sm->optimizer_->attach_ddp(sm->reducer_.get());
+  sm->optimizer_->attach_ddp(sm->expert_reducer_.get());
   if (opts.optimizer_offload) {  // offload.h: each read of parameters waits for its update
     ShardedAdamW* opt = sm->optimizer_.get();
     sm->runner_->set_before_call([opt] { opt->wait_unsharded(); });

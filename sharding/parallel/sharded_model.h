@@ -14,6 +14,10 @@
 //
 // Order in which the techniques are applied (each step a free function below):
 //   0. attach_lora        adapters on the Linear modules of the lora rules (lora.h)
+//   0b. apply_expert_parallel  with ep rules (policy.h): every sparse layer keeps its
+//                         E / dist.ep experts and gets the all-to-all dispatcher
+//                         (expert_parallel.h); dims.ep() must be > 1. With a ParamSource
+//                         the held experts are read here (step 1b skips them)
 //   1. resolve_units      policy table + optimizer groups -> unit table (policy.h)
 //   1b. materialize_units with a ParamSource (model built on meta): each rank allocates and
 //                         reads only what it keeps (sharded_load.h)
@@ -23,7 +27,9 @@
 //   4. FsdpEngine         fsdp full_shard / shard_grad_op units and frozen full_shard units:
 //                         flat parameters, 1/N shard per rank (fsdp.h)
 //   5. DdpReducer         gradient buckets over the trainable replicated / ZeRO-1 units
-//                         (ddp, ddp shard_optimizer, fsdp no_shard)
+//                         (ddp, ddp shard_optimizer, fsdp no_shard); a second one over the
+//                         `+experts` rows on the expert-replicate group (its own comm), whose
+//                         step-3 broadcast also runs there, not over the world
 //   6. runner             installed on the model, per unit call: FSDP gather (+ prefetch of
 //                         the next unit); frozen units whose input needs no grad run under
 //                         NoGradGuard (the frozen vision tower builds no graph); activation
@@ -53,6 +59,7 @@
 #include <vector>
 
 #include "sharding/parallel/ddp.h"
+#include "sharding/parallel/expert_parallel.h"
 #include "sharding/parallel/optimizer.h"
 #include "sharding/dist/parallel_dims.h"
 #include "sharding/parallel/policy.h"
@@ -120,6 +127,9 @@ class ShardedModel {
   std::shared_ptr<PolicyRunner> runner() const { return runner_; }
   ShardedAdamW& optimizer() { return *optimizer_; }
   DdpReducer* reducer() { return reducer_.get(); }  // null when nothing is trainable
+  // The `+experts` rows' reducer (expert-replicate group) and dispatcher; null without ep.
+  DdpReducer* expert_reducer() { return expert_reducer_.get(); }
+  ExpertParallelDispatcher* dispatcher() { return dispatcher_.get(); }
   // false during gradient-accumulation micro-batches (no_sync), true on the last one.
   void set_sync(bool sync);
   // Waits the gradient reduction of a synced micro-batch; a no-op under no_sync.
@@ -153,6 +163,8 @@ class ShardedModel {
   std::shared_ptr<PolicyRunner> runner_;
   std::unique_ptr<FsdpEngine> fsdp_;  // before optimizer_: the optimizer points into it
   std::unique_ptr<DdpReducer> reducer_;
+  std::unique_ptr<DdpReducer> expert_reducer_;
+  std::shared_ptr<ExpertParallelDispatcher> dispatcher_;
   std::unique_ptr<ShardedAdamW> optimizer_;
   std::vector<std::string> notes_;
   int64_t rank_ = 0, world_ = 1;

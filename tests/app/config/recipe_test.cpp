@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "app/config/recipe.h"
+#include "app/config/sharding_options.h"
 #include "tests/testing.h"
 #include "vlm/runtime/check.h"
 
@@ -60,6 +61,19 @@ TEST(Recipe, DefaultsAndRunName) {
   EXPECT_EQ(r.data.train, std::vector<std::string>{"a.jsonl"});
 }
 
+// Expert parallelism: dist.ep reaches ParallelOptions, an ep rule the policy table.
+TEST(Recipe, ExpertParallelKeys) {
+  Recipe r = vlm::app::parse_recipe(std::string(kMinimal) + "[dist]\nep = 2\n[[sharding.module]]\nmatch = "
+                                    "\"*.mlp.experts\"\npolicy = \"ep\"\n", "ep.toml");
+  r.validate(Purpose::train);
+  EXPECT_EQ(r.dist.ep, 2);
+  EXPECT_EQ(vlm::app::parallel_options(r).ep, 2);
+  const auto so = vlm::app::sharding_options(r);
+  ASSERT_EQ(so.rules.size(), 1u);
+  EXPECT_EQ(so.rules[0].policy, "ep");
+  EXPECT_EQ(vlm::app::parallel_options(vlm::app::parse_recipe(kMinimal, "a.toml")).ep, 1) << "default: none";
+}
+
 struct BrokenCase {
   const char* name;
   std::string text;
@@ -113,6 +127,10 @@ TEST(Recipe, BrokenRecipesNameFileLineAndKey) {
        "expected true or false"},
       {"misspelt generation key", base + "[eval]\nrepetition_penalti = 1.1\n", "bad.toml:9",
        "eval.repetition_penalti", "did you mean 'eval.repetition_penalty'"},
+      {"strategy for ep",
+       base + "[[sharding.module]]\nmatch = \"*.mlp.experts\"\npolicy = \"ep\"\nstrategy = \"full_shard\"\n",
+       "bad.toml:8", "sharding.module[0].strategy", "does not apply"},
+      {"ep of zero", base + "[dist]\nep = 0\n", "bad.toml:9", "dist.ep", "out of range"},
   };
   // Cases whose text is easier to write whole.
   cases[4] = {"bad enum", std::string("[model]\npreset = \"tiny\"\n[data]\ntrain = [\"a\"]\n[schedule]\nsteps = 10\n") +

@@ -133,4 +133,42 @@ TEST(Plan, RuleMatchingNothingFailsNamingTheRule) {
   EXPECT_NE(r.output.find("rule 1 (match = \"visual.mergr\") matches no parameter"), std::string::npos) << r.output;
 }
 
+// Expert parallelism: tiny-qwen3-moe (8 experts of [2I, d] + [d, I], I = 128, d = 256, top-2,
+// layers 1-3 sparse) at world 4, dist.ep = 2, DDP elsewhere: each +experts row holds 4
+// experts (4 x 3 x 128 x 256 = 393,216 params, replicated fp32: 4 + 8 + 8 bytes each for the
+// params, the .grad and its DDP bucket, AdamW's m and v), total_params still counts all 8;
+// the all-to-all per micro-batch of
+// T tokens is 3 layers x ((ep-1) x 4 x 8 + 4 x T x 2 x (ep-1)/ep x 256 x 4).
+TEST(Plan, ExpertParallelHalvesTheExpertsAndPlansTheAllToAll) {
+  const std::string path = vlm::test::binary_dir() + "/plan_ep.toml";
+  FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("[model]\npreset = \"tiny-qwen3-moe\"\n[dist]\nep = 2\n[[sharding.module]]\nmatch = "
+             "\"*.mlp.experts\"\npolicy = \"ep\"\n", f);
+  std::fclose(f);
+  auto r = vlm::test::run({vlm::test::vlmtrain_bin(), "plan", path, "--world-size", "4", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = nlohmann::json::parse(r.output);
+  int rows = 0;
+  for (const auto& u : j["units"]) {
+    if (u["sharding"] != "experts (ep)") continue;
+    ++rows;
+    EXPECT_EQ(u["params"].get<double>(), 4 * 3 * 128 * 256.0) << u["path"];
+    EXPECT_EQ(u["total_bytes"].get<double>(), 20 * 4 * 3 * 128 * 256.0) << u["path"];
+  }
+  EXPECT_EQ(rows, 3);
+  const auto full = nlohmann::json::parse(
+      vlm::test::run({vlm::test::vlmtrain_bin(), "plan", "--preset", "tiny-qwen3-moe", "--json"}).output);
+  EXPECT_EQ(j["total_params"], full["total_params"]) << "the experts of the other EP rank count too";
+  ASSERT_TRUE(j.contains("expert_parallel")) << r.output;
+  EXPECT_EQ(j["expert_parallel"]["ep"], 2);
+  EXPECT_EQ(j["expert_parallel"]["experts_per_rank"], 4);
+  const double t = j["activations"]["tokens"].get<double>();
+  EXPECT_EQ(j["expert_parallel"]["all_to_all_bytes_per_micro_batch"].get<double>(),
+            3 * (1 * 4 * 8 + 4 * t * 2 * 0.5 * 256 * 4));
+  auto bad = vlm::test::run({vlm::test::vlmtrain_bin(), "plan", path, "--world-size", "3"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("dist.ep = 2 does not divide the world size 3"), std::string::npos) << bad.output;
+}
+
 }  // namespace
