@@ -19,6 +19,7 @@
 
 #include <cmath>
 
+#include "vlm/runtime/check.h"
 #include "sharding/dist/comm.h"
 #include "sharding/parallel/ddp.h"
 #include "sharding/dist/parallel_dims.h"
