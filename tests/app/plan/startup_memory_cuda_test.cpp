@@ -1,11 +1,16 @@
 // Sharded loading on a GPU (sharding/parallel/sharded_load.h): the caching allocator's bytes
 // after materialising Qwen2-VL-2B's geometry in bf16 as rank 3 of 8 equal the memory plan's
-// persistent parameter bytes (app/plan/memory_plan.h; up to the allocator's 512-byte
-// rounding per tensor), and its peak stays there: FSDP's [N*S] gather buffers get no device
-// memory, and the random init computes on the host. The CPU twin is startup_memory_test.cpp.
+// persistent parameter bytes (app/plan/memory_plan.h) up to the allocator's rounding per
+// tensor, and its peak stays there: FSDP's [N*S] gather buffers get no device memory, and the
+// random init computes on the host. The CPU twin is startup_memory_test.cpp.
+// The caching allocator's rounding (allocated_bytes counts whole blocks): a tensor of at most
+// 1 MiB takes a multiple of 512 B; a larger one can also take the rest of its segment when
+// that rest would be 1 MiB or less (blocks are split only above that), so up to 1 MiB more.
+// Measured on an H200 (2026-11-28): 25.0 MiB over the plan in all for this rank's tensors.
 // Label cuda: skipped where no GPU is visible; the GPU run runs it.
 #include <gtest/gtest.h>
 
+#include <ATen/Context.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 
 #include "app/plan/memory_plan.h"
@@ -37,9 +42,22 @@ TEST(StartupMemoryCuda, ShardedLoadAllocatesOnlyWhatTheRankKeeps) {
                                  torch::TensorOptions().device(torch::kMeta).dtype(torch::kBFloat16));
   const auto units = sh::resolve_units(*model, o);
   const vlm::app::MemoryPlan plan = vlm::app::plan_memory(units, kWorld, torch::kBFloat16);
-  size_t tensors = 0;
-  for (const auto& u : units) tensors += sh::shards_params(u.sharding) ? 1 : u.params.size();
+  // The allocator's slack over the rank's tensors: a shard [ceil(numel / N)] per sharded unit,
+  // the parameters of the others.
+  const double elem = 2.0, mib = 1024.0 * 1024.0;
+  auto slack_of = [&](double bytes) { return bytes > mib ? mib : 512.0; };
+  double slack = 0;
+  for (const auto& u : units) {
+    if (sh::shards_params(u.sharding)) {
+      slack += slack_of(elem * static_cast<double>((u.numel + kWorld - 1) / kWorld));
+    } else {
+      for (const auto& p : u.params) slack += slack_of(elem * static_cast<double>(p.param.numel()));
+    }
+  }
   auto source = vlm::init_param_source(*model, {torch::kCPU, torch::kBFloat16, 7});
+  // The caching allocator sizes its per-device table at CUDA's lazy init, which nothing has
+  // run yet in this process: its stats of device 0 throw "Invalid device argument" until then.
+  at::globalContext().lazyInitDevice(at::kCUDA);
   torch::cuda::synchronize();
   const int64_t before = allocated_stat().current;
   c10::cuda::CUDACachingAllocator::resetPeakStats(0);
@@ -48,11 +66,11 @@ TEST(StartupMemoryCuda, ShardedLoadAllocatesOnlyWhatTheRankKeeps) {
   torch::cuda::synchronize();
   const double kept = static_cast<double>(allocated_stat().current - before);
   const double peak = static_cast<double>(allocated_stat().peak - before);
-  std::printf("start-up on CUDA, rank %d of %d: kept %.0f B, peak %.0f B, plan %.0f B, whole model %.0f B\n", kRank,
-              kWorld, kept, peak, plan.total.param_bytes, plan.whole_params_bytes);
+  std::printf("start-up on CUDA, rank %d of %d: kept %.0f B, peak %.0f B, plan %.0f B (+ allocator slack up to %.0f B), "
+              "whole model %.0f B\n", kRank, kWorld, kept, peak, plan.total.param_bytes, slack, plan.whole_params_bytes);
   EXPECT_GE(kept, plan.total.param_bytes);
-  EXPECT_LE(kept, plan.total.param_bytes + 512.0 * static_cast<double>(tensors));
-  EXPECT_LE(peak, kept + 512.0 * static_cast<double>(tensors));
+  EXPECT_LE(kept, plan.total.param_bytes + slack);
+  EXPECT_LE(peak, kept + slack);
   EXPECT_EQ(loaded.shards.size(), units.size() - 1);
 }
 

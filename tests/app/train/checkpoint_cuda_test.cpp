@@ -40,7 +40,8 @@ namespace {
                       "the GPU run executes the cuda label on a lent GPU";                          \
   } while (0)
 
-// A world-1 tiny model on the CPU: the checkpoint's state slices; only the RNG device is CUDA.
+// A world-1 tiny model on the rank's device (cuda:0 where a GPU is visible: apply_policies
+// refuses parameters that are not on ParallelDims::device()): the checkpoint's state slices.
 struct CudaCkptWorld {
   vlm::sharding::ParallelDims dims =
       vlm::sharding::ParallelDims::init(vlm::sharding::DistEnv{}, vlm::sharding::ParallelOptions{});
@@ -48,7 +49,7 @@ struct CudaCkptWorld {
   std::unique_ptr<vlm::sharding::ShardedModel> sm;
   CudaCkptWorld() {
     model = vlm::VisionLanguageModel(vlm::preset("tiny"), torch::TensorOptions().device(torch::kMeta));
-    vlm::materialize(*model, {torch::kCPU, torch::kFloat32, 5});
+    vlm::materialize(*model, {dims.device(), torch::kFloat32, 5});
     vlm::sharding::ShardingOptions o;
     o.rules = {{"visual.patch_embed|visual.blocks.*", "freeze", ""}};
     sm = vlm::sharding::apply_policies(*model, o, dims);
