@@ -69,6 +69,7 @@
 #include "sharding/dist/comm.h"
 #include "sharding/parallel/ddp.h"
 #include "app/plan/memory_plan.h"
+#include "sharding/dist/device_context.h"
 #include "sharding/dist/parallel_dims.h"
 #include "sharding/parallel/sharded_model.h"
 #include "vlm/runtime/check.h"
@@ -332,6 +333,7 @@ int run_rank(const Options& o) {
   }
   if (!o.profile.empty()) torch::autograd::profiler::disableProfiler()->save(o.profile);
   const vlm::sharding::CommStats end = dims.data_stats();  // every lane of the data plane
+  const vlm::sharding::DeviceMemory blas = dims.device_context().memory();
   // Peak memory and the slowest rank's step times (ranks are in lockstep through the
   // collectives; the max guards against a rank that waits less).
   torch::Tensor agg = torch::tensor({static_cast<double>(peak_rss()), static_cast<double>(peak_device_bytes(dev))},
@@ -388,6 +390,8 @@ int run_rank(const Options& o) {
       {"peak_rss_bytes", agg[0].item<double>()},
       {"peak_device_bytes", agg[1].item<double>()},
       {"planned_peak_bytes", planned},  // rank 0's plan (app/plan/step_memory.h)
+      {"blas_workspaces", blas.blas_workspaces},  // rank 0's cuBLAS workspaces (CUDA; 0 on the CPU)
+      {"blas_workspace_bytes", blas.blas_workspace_bytes},
       {"flops_per_rank_step", flops},
       {"mfu", o.peak_tflops > 0 ? flops / step_s / (o.peak_tflops * 1e12) : 0.0},
       {"mfu_convention", "PaLM: 6P trained / 2P frozen per token or patch + 12*layers*ctx*width attention; no recompute"},

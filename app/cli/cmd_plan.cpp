@@ -424,7 +424,7 @@ void print_memory(const RecipePlan& p) {
               "max(loss backward %s, reduce-scatter buffers %s + unit backward %s) + a unit's parameter gradient %s, "
               "gradients until the optimizer %s) = %s\n",
               human_bytes(step.persistent).c_str(), human_bytes(step.inputs).c_str(),
-              step.workspace > 0 ? (" + cuBLAS workspace " + human_bytes(step.workspace)).c_str() : "",
+              step.workspace > 0 ? (" + cuBLAS workspaces " + human_bytes(step.workspace)).c_str() : "",
               human_bytes(step.gathered).c_str(),
               human_bytes(step.act_head).c_str(), human_bytes(step.reduce).c_str(), human_bytes(step.act_units).c_str(),
               human_bytes(step.grads).c_str(), human_bytes(step.step_grads).c_str(), human_bytes(step.total()).c_str());

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace vlm::app {
@@ -28,6 +29,17 @@ double cublas_workspace_bytes(int sm_major) {
   return sm_major >= 9 ? 4096.0 * 1024 * 8 : 4096.0 * 1024 * 2 + 16.0 * 1024 * 8;
 }
 
+double cublaslt_workspace_bytes() {
+  if (const char* u = std::getenv("TORCH_CUBLASLT_UNIFIED_WORKSPACE"); u != nullptr && std::string(u) == "1") return 0;
+  if (const char* kib = std::getenv("CUBLASLT_WORKSPACE_SIZE"); kib != nullptr && *kib != '\0')
+    return std::strtod(kib, nullptr) * 1024;
+  return 1024.0 * 1024;
+}
+
+double training_blas_workspace_bytes(int sm_major) {
+  return kTrainingBlasWorkspaces * (cublas_workspace_bytes(sm_major) + cublaslt_workspace_bytes());
+}
+
 StepMemoryModel::StepMemoryModel(vlm::VisionLanguageModelImpl& model, const vlm::app::MemoryPlan& plan,
                                  const std::vector<vlm::sharding::UnitPlan>& units, torch::Dtype param_dtype,
                                  vlm::app::AttentionPath path, int64_t prefetch_samples)
@@ -42,7 +54,7 @@ StepMemoryModel::StepMemoryModel(vlm::VisionLanguageModelImpl& model, const vlm:
     persistent_ += plan.total.host_optim_bytes;
     prefetch_samples_ = prefetch_samples;
   } else {
-    workspace_ = cublas_workspace_bytes();
+    workspace_ = training_blas_workspace_bytes();
   }
   const double p = static_cast<double>(c10::elementSize(param_dtype));
   for (const auto& u : units) {

@@ -17,8 +17,12 @@
 //            several micro-batches, the gradients accumulating across them
 //          the end of backward: the reduce-scatter buffers and the step's gradients (DDP
 //            .grad in param dtype, FSDP unsharded sums), activations gone
-//        + on CUDA the cuBLAS workspace of the compute stream (allocated through the caching
-//          allocator at the first matmul and kept: cublas_workspace_bytes)
+//        + on CUDA the cuBLAS and cuBLASLt workspaces of the compute stream, allocated through
+//          the caching allocator at the first matmul and kept: PyTorch keys them by (handle,
+//          stream) and gives each thread its own handle, so the forward's thread and
+//          autograd's device thread hold a pair each (kTrainingBlasWorkspaces x
+//          (cublas_workspace_bytes + cublaslt_workspace_bytes); on an H200 with PyTorch 2.11,
+//          DeviceMemory::blas_workspaces measured 3 (65 MiB), 4 (66 MiB) with checkpointing)
 //
 // Peaks of parts that need not coincide are added, so the plan leans high; the bench row
 // (scripts/bench/memory_plan.py) measures how close it comes for each policy mix.
@@ -42,7 +46,7 @@ struct StepMemory {
   double act_units = 0;    // ... and through the largest unit backward
   double grads = 0;        // the largest unit's parameter gradient in param_dtype
   double step_grads = 0;   // gradients alive until the optimizer: DDP .grad, FSDP unsharded sums
-  double workspace = 0;     // CUDA: the cuBLAS workspace (cublas_workspace_bytes)
+  double workspace = 0;     // CUDA: the cuBLAS / cuBLASLt workspaces (training_blas_workspace_bytes)
   int64_t micro_batches = 1;
   double activations() const { return std::max(act_head, act_units); }
   double total() const {
@@ -58,6 +62,15 @@ struct StepMemory {
 // else PyTorch's default: 4096 KiB x 8 = 32 MiB from Hopper (9.x) on, 4096 x 2 + 16 x 8 KiB
 // = 8.125 MiB before. cuBLASLt shares it.
 double cublas_workspace_bytes(int sm_major = 9);
+// Bytes of the cuBLASLt workspace beside it: CUBLASLT_WORKSPACE_SIZE (KiB) when set, else
+// 1024 KiB (PyTorch 2.11's default, measured on an H200); 0 with TORCH_CUBLASLT_UNIFIED_WORKSPACE=1
+// (cuBLASLt then uses the cuBLAS workspace).
+double cublaslt_workspace_bytes();
+// Threads whose handles hold workspaces in a training step on CUDA: the forward's and
+// autograd's device thread (the backward's).
+constexpr int kTrainingBlasWorkspaces = 2;
+// kTrainingBlasWorkspaces x (cublas_workspace_bytes + cublaslt_workspace_bytes).
+double training_blas_workspace_bytes(int sm_major = 9);
 
 class StepMemoryModel {
  public:
@@ -68,8 +81,8 @@ class StepMemoryModel {
                   const std::vector<vlm::sharding::UnitPlan>& units, torch::Dtype param_dtype,
                   vlm::app::AttentionPath path, int64_t prefetch_samples);
 
-  // The CUDA workspace term (default: cublas_workspace_bytes() with path cuda, 0 on the CPU);
-  // the trainer sets its GPU's.
+  // The CUDA workspace term (default: training_blas_workspace_bytes() with path cuda, 0 on
+  // the CPU); the trainer sets its GPU's.
   void set_workspace(double bytes) { workspace_ = bytes; }
 
   // A step of these micro-batches.

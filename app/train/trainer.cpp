@@ -136,7 +136,8 @@ TrainModel build_model(const Recipe& recipe, vlm::sharding::ParallelDims& dims) 
       dims.device().is_cuda() ? AttentionPath::cuda : AttentionPath::cpu,
       recipe.data.prefetch * recipe.batch.samples_per_rank);
   if (dims.device().is_cuda())
-    m.step_memory->set_workspace(cublas_workspace_bytes(at::cuda::getDeviceProperties(dims.device().index())->major));
+    m.step_memory->set_workspace(
+        training_blas_workspace_bytes(at::cuda::getDeviceProperties(dims.device().index())->major));
   log_unit_table(*m.sm, plan, main);
   return m;
 }
@@ -259,6 +260,7 @@ struct Trainer {
   const int64_t steps_total;
   const bool main, tty;
   const std::string out_dir;
+  bool blas_logged = false;  // the cuBLAS workspaces line (CUDA, first logged step)
   CheckpointFiles files;
   Checkpointer checkpointer;
   TrainerState st;
@@ -428,7 +430,13 @@ StepResult Trainer::train_step(StagedStep& in, const std::string& ctx) {
 // The window's line (rank 0) and metrics.jsonl object; then a new window of device peaks.
 void Trainer::log_step(const StepResult& r, const StepData& sd) {
   const vlm::sharding::MemoryReport mem = m.sm->memory();  // this rank's bytes (rank 0 logs)
-  const int64_t tensor_peak = device.memory().peak_allocated;  // device tensors, this window
+  const vlm::sharding::DeviceMemory dm = device.memory();
+  const int64_t tensor_peak = dm.peak_allocated;  // device tensors, this window
+  if (main && dm.blas_workspaces > 0 && !blas_logged) {  // CUDA: the plan's workspace term, measured
+    spdlog::info("cuBLAS / cuBLASLt workspaces held: {} ({}); the memory plan counts {}", dm.blas_workspaces,
+                 human_bytes(static_cast<double>(dm.blas_workspace_bytes)), human_bytes(r.planned.workspace));
+    blas_logged = true;
+  }
   StepFacts f;
   f.step = st.step;
   f.epoch = static_cast<double>(st.cursor.epoch) +

@@ -1,11 +1,14 @@
 // DeviceContext (see device_context.h).
 #include "sharding/dist/device_context.h"
 
+#include <ATen/cuda/CUDAContextLight.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+
+#include <shared_mutex>
 
 #include "vlm/runtime/check.h"
 #include "vlm/runtime/tensor_memory.h"
@@ -38,7 +41,20 @@ DeviceMemory DeviceContext::memory() const {
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
   const auto& all = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
   const auto& reserved = stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
-  return {all.current, all.peak, reserved.current};
+  DeviceMemory m{all.current, all.peak, reserved.current};
+  // PyTorch keys each workspace by (handle, stream); handles are per thread, so the forward's
+  // thread and autograd's device thread hold one each (CublasHandlePool.cpp).
+  // cuBLASLt's map stays empty where it shares cuBLAS' workspace (TORCH_CUBLASLT_UNIFIED_WORKSPACE).
+  auto count = [](at::cuda::WorkspaceMapWithMutex& ws) {
+    std::shared_lock<std::shared_mutex> lock(ws.mutex);
+    return static_cast<int64_t>(ws.map.size());
+  };
+  const int64_t blas = count(at::cuda::cublas_handle_stream_to_workspace());
+  const int64_t lt = count(at::cuda::cublaslt_handle_stream_to_workspace());
+  m.blas_workspaces = blas + lt;
+  m.blas_workspace_bytes = blas * static_cast<int64_t>(at::cuda::getChosenWorkspaceSize()) +
+                           lt * static_cast<int64_t>(at::cuda::getCUDABlasLtWorkspaceSize());
+  return m;
 }
 
 void DeviceContext::reset_peak() const {

@@ -30,6 +30,10 @@ struct DeviceMemory {
   int64_t allocated = 0;       // bytes in tensors now
   int64_t peak_allocated = 0;  // their peak since the process started or reset_peak()
   int64_t reserved = 0;        // bytes the allocator holds from the driver now
+  // CUDA: the cuBLAS / cuBLASLt workspaces PyTorch holds (part of `allocated`), one per
+  // (thread's handle, stream) that has run a matmul: their bytes and count.
+  int64_t blas_workspace_bytes = 0;
+  int64_t blas_workspaces = 0;
 };
 
 class DeviceContext {

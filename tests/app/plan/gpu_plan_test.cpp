@@ -2,13 +2,20 @@
 // the name CUDA reports, per matmul dtype (app/plan/flop_model.h gpu_peak_tflops), and the
 // environment override; expected values from NVIDIA's data sheets (dense = half the "with
 // sparsity" figure). The cuBLAS workspace term of the step plan (app/plan/step_memory.h):
-// PyTorch's defaults and CUBLAS_WORKSPACE_CONFIG's format.
+// PyTorch's defaults and CUBLAS_WORKSPACE_CONFIG's format, the cuBLASLt one beside it, and
+// two pairs of them in a training step on CUDA (the forward's thread and autograd's device
+// thread each hold a pair: measured on an H200, 3 or 4 workspaces, 65-66 MiB, where a plan of
+// one cuBLAS workspace came out 25-30 MiB under the measured peak), none on the CPU.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 
 #include "app/plan/flop_model.h"
+#include "app/plan/memory_plan.h"
 #include "app/plan/step_memory.h"
+#include "sharding/parallel/policy.h"
+#include "vlm/model/config.h"
+#include "vlm/model/vision_language_model.h"
 
 namespace {
 
@@ -55,6 +62,41 @@ TEST(CublasWorkspace, DefaultsAndConfig) {
   ::setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8", 1);  // the deterministic-mode setting
   EXPECT_DOUBLE_EQ(vlm::app::cublas_workspace_bytes(9), 128.0 * 1024);
   if (before) ::setenv("CUBLAS_WORKSPACE_CONFIG", saved.c_str(), 1); else ::unsetenv("CUBLAS_WORKSPACE_CONFIG");
+}
+
+TEST(CublasWorkspace, CublasLtDefaultsAndConfig) {
+  ::unsetenv("CUBLASLT_WORKSPACE_SIZE");
+  ::unsetenv("TORCH_CUBLASLT_UNIFIED_WORKSPACE");
+  EXPECT_DOUBLE_EQ(vlm::app::cublaslt_workspace_bytes(), 1024.0 * 1024);  // 1024 KiB
+  ::setenv("CUBLASLT_WORKSPACE_SIZE", "32768", 1);
+  EXPECT_DOUBLE_EQ(vlm::app::cublaslt_workspace_bytes(), 32.0 * 1024 * 1024);
+  ::setenv("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "1", 1);
+  EXPECT_DOUBLE_EQ(vlm::app::cublaslt_workspace_bytes(), 0.0);
+  ::unsetenv("CUBLASLT_WORKSPACE_SIZE");
+  ::unsetenv("TORCH_CUBLASLT_UNIFIED_WORKSPACE");
+}
+
+TEST(CublasWorkspace, TrainingStepOnCudaCountsTwoPairs) {
+  const char* before = std::getenv("CUBLAS_WORKSPACE_CONFIG");
+  const std::string saved = before ? before : "";
+  ::unsetenv("CUBLAS_WORKSPACE_CONFIG");
+  ::unsetenv("CUBLASLT_WORKSPACE_SIZE");
+  ::unsetenv("TORCH_CUBLASLT_UNIFIED_WORKSPACE");
+  vlm::VisionLanguageModel model(vlm::preset("tiny"), torch::TensorOptions().device(torch::kMeta));
+  const vlm::sharding::ShardingOptions o;
+  const auto units = vlm::sharding::resolve_units(*model, o);
+  const vlm::app::MemoryPlan plan = vlm::app::plan_memory(units, 1, torch::kFloat32);
+  vlm::app::MicroBatchShape shape;
+  shape.rows = 1;
+  shape.seq_len = 64;
+  shape.patches = 16;
+  shape.loss_rows = 32;
+  const vlm::app::StepMemoryModel cuda(*model, plan, units, torch::kFloat32, vlm::app::AttentionPath::cuda, 0);
+  const vlm::app::StepMemoryModel cpu(*model, plan, units, torch::kFloat32, vlm::app::AttentionPath::cpu, 0);
+  const vlm::app::StepMemory on_cuda = cuda.step(shape, 1, 1), on_cpu = cpu.step(shape, 1, 1);
+  EXPECT_DOUBLE_EQ(on_cuda.workspace, 2 * (32.0 + 1.0) * 1024 * 1024);  // H200: 65-66 MiB measured
+  EXPECT_DOUBLE_EQ(on_cpu.workspace, 0.0);
+  if (before) ::setenv("CUBLAS_WORKSPACE_CONFIG", saved.c_str(), 1);
 }
 
 }  // namespace
