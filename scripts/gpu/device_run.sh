@@ -29,11 +29,14 @@
 #          -> tiny.log, tiny_curves.md, tiny_cuda.jsonl, tiny_cpu.jsonl (metrics)
 #   bench  Qwen2-VL-2B (preset, random init), bf16, world 1, 2,048 tokens a step (1 sample of
 #          1,022 text + 1,024 image tokens = 4,096 patches): vlmtrain (bench/step_bench) and HF
-#          transformers (scripts/gpu/hf_qwen2vl_bench.py) interleaved (BENCH_SAMPLES=2: two such
+#          transformers (scripts/gpu/hf_vlm_bench.py) interleaved (BENCH_SAMPLES=2: two such
 #          samples a step; `vlmtrain plan` puts the full fine-tune at 52 GB for one sample without
 #          checkpointing, 47 GB with, 37 GB of it persistent), BENCH_ROUNDS rounds
 #          (default 1) of the rows BENCH_ROWS (default "full full-ckpt lora"), then one
-#          profiled vlmtrain step (PROFILE=0 skips it)
+#          profiled vlmtrain step (PROFILE=0 skips it). BENCH_PRESET: another preset of the
+#          same shape (e.g. qwen3.5-2b; the HF side is AutoModelForImageTextToText of its
+#          config, its MFU from vlmtrain's FLOPs); BENCH_LABEL: appended to the rows' names, so
+#          that several settings can share one bench.jsonl (rows are appended to it)
 #          -> bench.log (stderr), bench.jsonl, bench.md, profile.md, trace.json.gz
 #   all    env, tests, tiny, bench in one call, against a deadline of ALL_BUDGET_S seconds
 #          (default 500) from this script's start (the unpack included):
@@ -127,7 +130,7 @@ if [[ $CHECK == 1 ]]; then
 else
   DEV=cuda
   TEST_SPECS=("app_tests:TrainCuda.*:CheckpointCuda*:StartupMemoryCuda.*" "vlm_tests:VarlenCuda.*:*HostSyncCuda*:ChunkedCrossEntropyCuda.*" "sharding_tests:OffloadCuda.*")
-  BPRESET=qwen2-vl-2b
+  BPRESET=${BENCH_PRESET:-qwen2-vl-2b}
   BSHAPE=(--samples "${BENCH_SAMPLES:-1}" --text 1022 --image-tokens 1024 --steps "${BENCH_STEPS:-10}" --warmup 3
           --peak-tflops "$PEAK")
   PSHAPE=(--samples 1 --text 1022 --image-tokens 1024 --steps 2 --warmup 2 --peak-tflops "$PEAK")
@@ -271,13 +274,18 @@ bench_row() {  # bench_row ROW ROUND: vlmtrain, then HF transformers, on the row
     lora) vl=(--mix lora --lora-r 8) hf=(--lora 8) ;;
     *) echo "device_run: unknown bench row $row (full, full-ckpt, lora)" >&2; return 2 ;;
   esac
-  local tag="{\"row\": \"$row\", \"round\": $r, "
+  # BENCH_LABEL (e.g. "qwen3.5-2b" or "x4"): the table's row name is "$row $BENCH_LABEL", so the
+  # rows of several settings appended to one bench.jsonl stay apart.
+  local tag="{\"row\": \"$row${BENCH_LABEL:+ $BENCH_LABEL}\", \"round\": $r, "
   echo "== vlmtrain $row round $r" >> "$OUT/bench.log"
   timeout -k 5 "$(until_s "${BENCH_UNTIL:-}" 0)" "$BIN/step_bench" --json --preset "$BPRESET" "${BVL_DEV[@]}" "${vl[@]}" \
     "${BSHAPE[@]}" 2>> "$OUT/bench.log" | sed "s/^{/$tag/" | tee -a "$jsonl" || { rc=1; echo "== vlmtrain $row failed" >> "$OUT/bench.log"; }
   echo "== hf $row round $r" >> "$OUT/bench.log"
-  timeout -k 5 "$(until_s "${BENCH_UNTIL:-}" 0)" "$PY" scripts/gpu/hf_qwen2vl_bench.py --config "$RUN/work/$BPRESET.json" \
-    "${BHF_DEV[@]}" "${hf[@]}" "${BSHAPE[@]}" 2>> "$OUT/bench.log" | sed "s/^{/$tag/" | tee -a "$jsonl" ||
+  # The HF side's MFU counts vlmtrain's FLOPs of the same batch (its own formula is Qwen2-VL's).
+  local flops
+  flops=$(tail -n 1 "$jsonl" | "$PY" -c 'import json, sys; r = json.loads(sys.stdin.read() or "{}"); print(r.get("flops_per_rank_step", 0) if r.get("impl", "vlmtrain") == "vlmtrain" else 0)' 2>/dev/null || echo 0)
+  timeout -k 5 "$(until_s "${BENCH_UNTIL:-}" 0)" "$PY" scripts/gpu/hf_vlm_bench.py --config "$RUN/work/$BPRESET.json" \
+    --flops-per-step "$flops" "${BHF_DEV[@]}" "${hf[@]}" "${BSHAPE[@]}" 2>> "$OUT/bench.log" | sed "s/^{/$tag/" | tee -a "$jsonl" ||
     { rc=1; echo "== hf $row failed" >> "$OUT/bench.log"; }
   return $rc
 }
