@@ -325,6 +325,17 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
   }
   for (auto& [key, ps] : pieces_)
     std::sort(ps.begin(), ps.end(), [](const Piece& a, const Piece& b) { return a.lo < b.lo; });
+  // Each parameter's place, from the unit layout.
+  for (const auto& u : meta_.value("units", nlohmann::json::array())) {
+    int64_t off = 0, index = 0;
+    for (const auto& p : u.at("params")) {
+      int64_t n = 1;
+      for (int64_t d : p.at("shape").get<std::vector<int64_t>>()) n *= d;
+      const std::string name = p.at("name");
+      params_[name] = {u.at("path").get<std::string>(), off, n, index++, pieces_.count(name + "/master") > 0};
+      off += n;
+    }
+  }
 }
 
 TrainerState CheckpointReader::state() const {
@@ -335,7 +346,35 @@ std::string CheckpointReader::recipe_hash() const { return meta_.value("recipe_h
 std::string CheckpointReader::config_json() const { return read_text((fs::path(dir_) / "config.json").string()); }
 std::string CheckpointReader::tokenizer_path() const { return meta_.value("tokenizer", ""); }
 
+std::pair<std::string, int64_t> CheckpointReader::resolve(const std::string& key) const {
+  const size_t slash = key.rfind('/');
+  if (slash == std::string::npos) return {"", 0};
+  auto it = params_.find(key.substr(0, slash));
+  if (it == params_.end()) return {"", 0};
+  const ParamAt& at = it->second;
+  const std::string kind = key.substr(slash + 1);
+  if (kind == "step") return {at.row + "/step", at.index};
+  if (at.own_keys || (kind != "master" && kind != "exp_avg" && kind != "exp_avg_sq" && kind != "param")) return {"", 0};
+  return {at.row + "/" + kind, at.offset};
+}
+
+int64_t CheckpointReader::numel(const std::string& key) const {
+  if (auto it = numel_.find(key); it != numel_.end()) return it->second;
+  const auto [stored, offset] = resolve(key);
+  if (stored.empty() || !numel_.count(stored)) return -1;
+  return key.compare(key.size() - 5, 5, "/step") == 0 ? 1 : params_.at(key.substr(0, key.rfind('/'))).numel;
+}
+
 torch::Tensor CheckpointReader::read(const std::string& key, int64_t lo, int64_t hi) const {
+  if (!pieces_.count(key)) {  // a parameter's part of its unit's vector
+    const auto [stored, offset] = resolve(key);
+    const int64_t n = numel(key);
+    if (n >= 0) {
+      VLM_CHECK(0 <= lo && lo <= hi && hi <= n, "checkpoint ", dir_, ": range [", lo, ", ", hi, ") of ", key,
+                " is outside its ", n, " elements (hint: a different model shape)");
+      return read(stored, offset + lo, offset + hi);
+    }
+  }
   auto it = pieces_.find(key);
   VLM_CHECK(it != pieces_.end(), "checkpoint ", dir_, ": no state named ", key,
             " (hint: the model's units or policies differ from the run that wrote it)");
@@ -358,7 +397,8 @@ torch::Tensor CheckpointReader::read(const std::string& key, int64_t lo, int64_t
 }
 
 vlm::sharding::StateReader CheckpointReader::reader() const {
-  return [this](const std::string& key, int64_t lo, int64_t hi) { return read(key, lo, hi); };
+  return {[this](const std::string& key, int64_t lo, int64_t hi) { return read(key, lo, hi); },
+          [this](const std::string& key) { return numel(key); }};
 }
 
 torch::Tensor CheckpointReader::rng_state(int64_t rank, const std::string& key) const {
@@ -382,13 +422,22 @@ vlm::NamedTensors CheckpointReader::consolidated() const {
     const std::string path = u.at("path");
     const int64_t numel = u.at("numel");
     if (!u.value("stored", true)) continue;  // LoRA checkpoint: the frozen base is not in it
-    torch::Tensor flat = read(path + (u.at("trainable").get<bool>() ? "/master" : "/param"), 0, numel);
+    const char* kind = u.at("trainable").get<bool>() ? "/master" : "/param";
+    torch::Tensor flat;
     int64_t off = 0;
     for (const auto& p : u.at("params")) {
+      const std::string name = p.at("name");
       std::vector<int64_t> shape = p.at("shape");
       int64_t n = 1;
       for (int64_t d : shape) n *= d;
-      out.emplace_back(p.at("name").get<std::string>(), flat.narrow(0, off, n).view(shape));
+      if (params_.at(name).own_keys) {  // expert parallel: all E experts, the row's shape has the rank's
+        const int64_t all = numel_.at(name + "/master"), per_expert = n / std::max<int64_t>(1, shape.at(0));
+        shape[0] = all / per_expert;
+        out.emplace_back(name, read(name + "/master", 0, all).view(shape));
+        continue;
+      }
+      if (!flat.defined()) flat = read(path + kind, 0, numel);
+      out.emplace_back(name, flat.narrow(0, off, n).view(shape));
       off += n;
     }
   }

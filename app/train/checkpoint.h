@@ -140,9 +140,15 @@ class CheckpointReader {
   std::string tokenizer_path() const;
 
   // Elements [lo, hi) of vector `key` (the dtype it was saved in). Throws naming the key
-  // when the checkpoint does not hold it or does not cover the range.
+  // when the checkpoint does not hold it or does not cover the range. Besides the stored
+  // vectors, every parameter's "<param>/<kind>" (master, exp_avg, exp_avg_sq, param: its part
+  // of its unit's vector; step: [1], its entry of the unit's step vector) wherever the run
+  // stored it, so that a run splitting units another way (expert parallelism on or off)
+  // resumes parameter by parameter.
   torch::Tensor read(const std::string& key, int64_t lo, int64_t hi) const;
-  vlm::sharding::StateReader reader() const;
+  // Elements of `key` as read() serves it, -1 when it cannot.
+  int64_t numel(const std::string& key) const;
+  vlm::sharding::StateReader reader() const;  // read() and numel()
   // Rank `rank`'s generator state under `key` (kRngCpuKey or kRngCudaKey, rng_state.h); an
   // undefined tensor when the checkpoint does not hold it (no such rank; "rng/cuda" of a
   // checkpoint written on CPU). Any other key throws, naming the two.
@@ -160,11 +166,22 @@ class CheckpointReader {
     size_t file;
     int64_t lo, hi;
   };
+  // Where a parameter's values are: in unit vector "<row>/<kind>" at offset (numel
+  // elements), or (expert-parallel rows) in its own "<param>/<kind>"; index: its entry of
+  // "<row>/step".
+  struct ParamAt {
+    std::string row;
+    int64_t offset = 0, numel = 0, index = 0;
+    bool own_keys = false;
+  };
+  // The stored key behind "<param>/<kind>" and the offset of its element 0 there ({"", 0}: none).
+  std::pair<std::string, int64_t> resolve(const std::string& key) const;
   std::string dir_;
   nlohmann::json meta_;
   std::vector<vlm::SafetensorsFile> files_;
   std::map<std::string, std::vector<Piece>> pieces_;  // key -> pieces, by lo
   std::map<std::string, int64_t> numel_;
+  std::map<std::string, ParamAt> params_;             // HF parameter name -> where it is
 };
 
 }  // namespace vlm::app

@@ -481,15 +481,47 @@ std::vector<StateSlice> ShardedAdamW::state_slices() const {
 }
 
 namespace {
+bool no_state_named(const Error& e) { return std::string(e.what()).find("no state named") != std::string::npos; }
+
+// Does the checkpoint hold unit vector `key` with `numel` elements, as this model's unit? A
+// reader that cannot say is taken to hold the same layout.
+bool same_layout(const StateReader& read, const std::string& key, int64_t numel) {
+  return !read.numel || read.numel(key) == numel;
+}
+
+// Elements [lo, hi) of a group's flat `kind` vector, parameter by parameter ("<param>/<kind>"):
+// the checkpoint split the unit another way (expert parallelism on or off).
+torch::Tensor read_by_param(const StateReader& read, const std::vector<UnitParam>& params,
+                            const std::vector<int64_t>& offsets, const std::string& kind, int64_t lo, int64_t hi) {
+  torch::Tensor out = torch::empty({hi - lo}, torch::kFloat32);
+  for (size_t k = 0; k < params.size(); ++k) {
+    const int64_t off = offsets[k], n = params[k].param.numel();
+    const int64_t a = std::max(lo, off), b = std::min(hi, off + n);
+    if (a >= b) continue;
+    const int64_t src = params[k].source_offset;  // ep experts: where the held ones start in all E
+    out.narrow(0, a - lo, b - a).copy_(read(params[k].name + "/" + kind, src + a - off, src + b - off));
+  }
+  return out;
+}
+
 // "<unit>/step" [np] from a checkpoint, or np x `fallback` when it has none (written before
-// per-parameter step counts; CheckpointReader says "no state named ..." then).
-std::vector<int64_t> read_param_steps(const StateReader& read, const std::string& unit, int64_t np,
-                                      int64_t fallback) {
+// per-parameter step counts; CheckpointReader says "no state named ..." then). A checkpoint
+// that split the unit another way: each parameter's "<param>/step" [1].
+std::vector<int64_t> read_param_steps(const StateReader& read, const std::string& unit,
+                                      const std::vector<UnitParam>& params, int64_t fallback) {
+  const auto np = static_cast<int64_t>(params.size());
   torch::Tensor t;
   try {
-    t = read(unit + "/step", 0, np);
+    const bool by_param = read.numel && read.numel(unit + "/step") != np && np > 0 &&
+                          read.numel(params[0].name + "/step") == 1;
+    if (!by_param) {
+      t = read(unit + "/step", 0, np);
+    } else {
+      t = torch::empty({np}, torch::kFloat64);
+      for (int64_t k = 0; k < np; ++k) t[k] = read(params[k].name + "/step", 0, 1).to(torch::kFloat64)[0];
+    }
   } catch (const Error& e) {
-    if (std::string(e.what()).find("no state named") == std::string::npos) throw;
+    if (!no_state_named(e)) throw;
     return std::vector<int64_t>(static_cast<size_t>(np), fallback);
   }
   VLM_CHECK(t.numel() == np, "checkpoint: ", unit, "/step has ", t.numel(), " elements, expected ", np,
@@ -505,11 +537,17 @@ void ShardedAdamW::load_state(const StateReader& read, int64_t steps) {
   for (auto& g : groups_) {
     if (g.experts) {
       load_experts(g, read);
-      g.param_steps = read_param_steps(read, g.path, static_cast<int64_t>(g.params.size()), steps);
+      g.param_steps = read_param_steps(read, g.path, g.params, steps);
       continue;
     }
+    // The checkpoint's unit vector, or (written with the unit split another way) its
+    // parameters one by one.
+    const bool whole = same_layout(read, g.path + "/master", g.numel);
+    auto vec = [&](const char* kind, int64_t lo, int64_t hi) {
+      return whole ? read(g.path + "/" + kind, lo, hi) : read_by_param(read, g.params, g.offsets, kind, lo, hi);
+    };
     // Parameters: every element, from the fp32 masters.
-    torch::Tensor all = read(g.path + "/master", 0, g.numel).to(torch::kFloat32);
+    torch::Tensor all = vec("master", 0, g.numel).to(torch::kFloat32);
     VLM_CHECK(all.numel() == g.numel, "checkpoint: ", g.path, "/master has ", all.numel(), " elements, expected ",
               g.numel);
     if (g.fsdp != nullptr) {
@@ -522,10 +560,10 @@ void ShardedAdamW::load_state(const StateReader& read, int64_t steps) {
     }
     for (auto& s : g.segments) {
       s.master.copy_(all.narrow(0, s.flat_offset, s.len));  // a no-op copy onto itself for fp32 views
-      s.m.copy_(read(g.path + "/exp_avg", s.flat_offset, s.flat_offset + s.len));
-      s.v.copy_(read(g.path + "/exp_avg_sq", s.flat_offset, s.flat_offset + s.len));
+      s.m.copy_(vec("exp_avg", s.flat_offset, s.flat_offset + s.len));
+      s.v.copy_(vec("exp_avg_sq", s.flat_offset, s.flat_offset + s.len));
     }
-    g.param_steps = read_param_steps(read, g.path, static_cast<int64_t>(g.params.size()), steps);
+    g.param_steps = read_param_steps(read, g.path, g.params, steps);
   }
   step_ = steps;
   agreed_ = false;

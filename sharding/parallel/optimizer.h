@@ -101,9 +101,26 @@ struct StateSlice {
   int64_t hi = 0;
   torch::Tensor data;  // [hi - lo] on CPU (a copy; pinned when the state is on a GPU)
 };
-// Returns elements [lo, hi) of the vector `key` (any dtype; the caller converts), reading
-// whatever slices a checkpoint holds. Throws vlm::Error when the range is not covered.
-using StateReader = std::function<torch::Tensor(const std::string& key, int64_t lo, int64_t hi)>;
+// A checkpoint's state as the optimizer reads it. read(key, lo, hi): elements [lo, hi) of
+// the vector `key` (any dtype; the caller converts), from whatever slices the checkpoint
+// holds; throws vlm::Error ("no state named ...") when it is not covered. Keys: a unit's
+// "<unit>/<kind>" (kind master, exp_avg, exp_avg_sq, param, step) and a parameter's
+// "<param>/<kind>" (expert-parallel rows store their parameters so). A reader with `numel`
+// says how long a vector is (-1: not held); it must then also serve every parameter's
+// "<param>/<kind>" wherever the writer stored it (the step vector at the parameter's index),
+// so that a unit split another way by the writer (expert parallelism on or off) loads
+// parameter by parameter. Without `numel` the layouts are assumed to be the same.
+struct StateReader {
+  using Read = std::function<torch::Tensor(const std::string& key, int64_t lo, int64_t hi)>;
+  using Numel = std::function<int64_t(const std::string& key)>;
+  Read read;
+  Numel numel;
+  StateReader(Read r, Numel n = nullptr) : read(std::move(r)), numel(std::move(n)) {}  // NOLINT: implicit
+  template <class F, class = std::enable_if_t<!std::is_same_v<std::decay_t<F>, StateReader> &&
+                                              std::is_invocable_r_v<torch::Tensor, F, const std::string&, int64_t, int64_t>>>
+  StateReader(F f) : read(std::move(f)) {}  // NOLINT: implicit, from a lambda
+  torch::Tensor operator()(const std::string& key, int64_t lo, int64_t hi) const { return read(key, lo, hi); }
+};
 
 // R_r of a vector of `numel` elements split over `world` ranks.
 std::pair<int64_t, int64_t> owned_range(int64_t numel, int64_t world, int64_t rank);
