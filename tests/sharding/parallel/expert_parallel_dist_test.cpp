@@ -15,7 +15,9 @@
 // Configurations: ep = world at world 2 and 4 with DDP for the rest; ep 2 with FSDP
 // full_shard for the rest at world 2 (also with activation checkpointing of the decoder
 // layers: the recompute dispatches again inside backward), and at world 4 (2 EP groups: the experts' gradients
-// all-reduced over the expert-replicate groups {0,2}, {1,3}).
+// all-reduced over the expert-replicate groups {0,2}, {1,3}); and at world 2 with the vision
+// tower frozen (patch_embed and blocks: no gradient, no state), the rest DDP. (LoRA on a
+// layer whose experts are ep is refused by the policy table, "not supported together yet".)
 // No hang: the router zeroed (every token ties and goes to the same two experts, which top-k
 // picks among the ties; at ep 4 the two ranks holding neither compute no row) and rank 1's
 // text micro-batch a filler (nothing supervised): still equal to one process.
@@ -47,13 +49,14 @@ struct EpConfig {
   std::string rest = "ddp";  // the policy of everything but the experts: ddp | fsdp
   bool zero_router = false;  // every sparse layer's mlp.gate.weight = 0 (all rows to experts 0, 1)
   bool ckpt = false;         // activation checkpointing of the decoder layers (dispatch again in backward)
+  bool frozen_tower = false;  // visual.patch_embed and visual.blocks.* frozen
   int filler_rank = -1;      // this rank's text micro-batch is a filler
   int begin = 0, end = kEpSteps;   // steps [begin, end)
   std::string save_dir, load_dir;  // checkpoint state after the run / before it (fsdp_testing.h files)
   std::string hf_dir;              // sharded loading from this HF checkpoint, or "init" (meta model)
   std::string tag(int world, int ep) const {
-    return vlm::str(preset, " ep ", ep, " x ", rest, " world ", world, ckpt ? " +ckpt" : "", zero_router ? " zero-router" : "",
-                    filler_rank >= 0 ? " filler" : "");
+    return vlm::str(preset, " ep ", ep, " x ", rest, frozen_tower ? " + frozen tower" : "", " world ", world, ckpt ? " +ckpt" : "",
+                    zero_router ? " zero-router" : "", filler_rank >= 0 ? " filler" : "");
   }
 };
 
@@ -94,13 +97,34 @@ struct EpResult {
   uint64_t bytes_read = 0;  // sharded loading: checkpoint bytes this rank read
 };
 
-// One process, no sharding code; without the text samples of c.filler_rank's share (that
+ShardingOptions ep_options(const EpConfig& c) {
+  ShardingOptions o;
+  o.rules = {{"*.mlp.experts", "ep", ""}};
+  o.default_policy = c.rest;
+  if (c.frozen_tower) o.rules.push_back({"visual.patch_embed|visual.blocks.*", "freeze", ""});
+  o.ddp_bucket_mb = 0.05;
+  if (c.ckpt) o.checkpoint_match = "model.layers.*";
+  o.optim.lr = kEpLr;
+  o.optim.weight_decay = kEpWd;
+  o.optim.grad_clip = kEpClip;
+  return o;
+}
+
+bool in_tower(const std::string& name) {
+  return name.rfind("visual.patch_embed.", 0) == 0 || name.rfind("visual.blocks.", 0) == 0;
+}
+
+// One process, no sharding code (a frozen tower: no gradient, no AdamW state); without the text samples of c.filler_rank's share (that
 // rank runs a filler instead) at `world`.
 EpResult reference(const EpConfig& c, int world) {
   auto model = make_moe(c);
+  if (c.frozen_tower)
+    for (auto& item : model->named_parameters())
+      if (in_tower(item.key())) item.value().set_requires_grad(false);
   std::vector<torch::optim::OptimizerParamGroup> groups;
   std::vector<torch::Tensor> all;
   for (auto& item : model->named_parameters()) {
+    if (!item.value().requires_grad()) continue;
     auto o = std::make_unique<torch::optim::AdamWOptions>(kEpLr);
     o->weight_decay(decays(item.key()) ? kEpWd : 0.0);
     groups.emplace_back(std::vector<torch::Tensor>{item.value()}, std::move(o));
@@ -132,18 +156,6 @@ EpResult reference(const EpConfig& c, int world) {
   }
   for (auto& item : model->named_parameters()) r.params[item.key()] = item.value().detach().clone();
   return r;
-}
-
-ShardingOptions ep_options(const EpConfig& c) {
-  ShardingOptions o;
-  o.rules = {{"*.mlp.experts", "ep", ""}};
-  o.default_policy = c.rest;
-  o.ddp_bucket_mb = 0.05;
-  if (c.ckpt) o.checkpoint_match = "model.layers.*";
-  o.optim.lr = kEpLr;
-  o.optim.weight_decay = kEpWd;
-  o.optim.grad_clip = kEpClip;
-  return o;
 }
 
 // The full [E, ...] tensor of an expert parameter from each EP rank's held [H, ...] slice.
@@ -342,6 +354,10 @@ TEST(ExpertParallelDist, DISABLED_EqualsOneProcessWorker) {
       c.rest = "fsdp";
       check_ep(dims, c);
       c.ckpt = true;  // and with the layers recomputed in backward (the dispatch runs again there)
+      check_ep(dims, c);
+      c.ckpt = false;  // a frozen vision tower beside the split experts, DDP for the rest
+      c.rest = "ddp";
+      c.frozen_tower = true;
       check_ep(dims, c);
     }
   }
