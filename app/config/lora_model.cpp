@@ -1,6 +1,7 @@
 // LoRA checkpoints as models (see lora_model.h).
 #include "app/config/lora_model.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 
@@ -38,7 +39,17 @@ std::vector<std::string> full_trained_units(const CheckpointReader& ck) {
   std::vector<std::string> out;
   for (const auto& u : ck.trainer_json().at("units")) {
     const std::string path = u.at("path");
-    if (u.at("trainable").get<bool>() && path.find('+') == std::string::npos) out.push_back(path);
+    if (!u.at("trainable").get<bool>()) continue;
+    if (path.find('+') == std::string::npos) {
+      out.push_back(path);
+    } else if (path.size() > 8 && path.compare(path.size() - 8, 8, "+experts") == 0) {
+      // ep experts trained in full beside the adapters: their module ("model.layers.1.mlp.experts")
+      for (const auto& p : u.at("params")) {
+        const std::string name = p.at("name");
+        const std::string module = name.substr(0, name.rfind('.'));
+        if (std::find(out.begin(), out.end(), module) == out.end()) out.push_back(module);
+      }
+    }
   }
   return out;
 }

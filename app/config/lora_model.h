@@ -29,7 +29,8 @@ Recipe checkpoint_recipe(const CheckpointReader& ck);
 // Names of the checkpoint's trained tensors that are not LoRA adapters (units trained in
 // full next to the adapters, e.g. visual.merger), in checkpoint order.
 std::vector<std::string> full_trained_tensors(const CheckpointReader& ck);
-// The unit paths of those tensors ("visual.merger"): PEFT's modules_to_save.
+// The unit paths of those tensors ("visual.merger"; ep experts: their module,
+// "model.layers.1.mlp.experts"): PEFT's modules_to_save.
 std::vector<std::string> full_trained_units(const CheckpointReader& ck);
 
 // base: where the frozen weights come from (an HF directory or a preset + opts.seed, as

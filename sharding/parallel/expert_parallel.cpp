@@ -107,8 +107,14 @@ torch::Tensor ExpertParallelDispatcher::dispatch(vlm::MoeExpertsImpl& experts, c
   VLM_CHECK(rows.dim() == 2 && rows.size(0) == host_send.sum().item<int64_t>(), "expert dispatch: rows ",
             rows.sizes(), " but the counts sum to ", host_send.sum().item<int64_t>());
   // 2. Rows to the ranks that hold their experts: [M, d] -> [R, d], (source, expert) order.
+  //    In training the rows always take part in autograd, so that every rank's backward runs
+  //    this all-to-all's reverse: on a rank whose rows need no gradient (everything before
+  //    the layer frozen, no image in its micro-batch) autograd would skip it while the others
+  //    wait in it. The gradient it brings back is dropped there.
   const int64_t addr = static_cast<int64_t>(reinterpret_cast<intptr_t>(&comm_));
-  const torch::Tensor received = AllToAllRows::apply(rows, addr, send, recv, what + ", rows");
+  const bool symmetric = torch::GradMode::is_enabled() && !rows.requires_grad();
+  const torch::Tensor rows_in = symmetric ? rows.detach().requires_grad_(true) : rows;
+  const torch::Tensor received = AllToAllRows::apply(rows_in, addr, send, recv, what + ", rows");
   // 3. Grouped by local expert, through the experts, back to the received order.
   const torch::Tensor order = vlm::stage_to_device(regroup_order(host_recv), rows.device());  // [R]
   const torch::Tensor inverse = torch::empty_like(order);

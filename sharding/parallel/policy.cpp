@@ -270,8 +270,6 @@ std::vector<UnitPlan> resolve_units(vlm::VisionLanguageModelImpl& model, const S
         VLM_CHECK(expert_names.count(p.name), "sharding: ", describe_rule(rule), " (policy = \"ep\") matches ", p.name,
                   ", which is not an MoE expert parameter (hint: match the experts only, e.g. \"*.mlp.experts\"; the "
                   "router mlp.gate and a shared expert keep the unit's own rule)");
-        VLM_CHECK(adapted.empty(), "sharding: unit ", u.path, " has LoRA adapters and ep experts (hint: not supported "
-                  "together yet)");
         if (ep_rule < 0) ep_rule = rule;
       } else if (!adapted.empty() && module.empty()) {
         VLM_CHECK(policy_of(rule) == Policy::kFreeze, "sharding: unit ", u.path, " has LoRA adapters (",
@@ -310,8 +308,6 @@ std::vector<UnitPlan> resolve_units(vlm::VisionLanguageModelImpl& model, const S
     plan.checkpointed = !opts.checkpoint_match.empty() && matches_any(opts.checkpoint_match, unit_names);
     plan.has_adapters = !adapted.empty();
     plan.has_experts = !experts.params.empty();
-    VLM_CHECK(!plan.has_experts || plan.policy != Policy::kLora, "sharding: unit ", u.path,
-              " mixes lora and ep (hint: not supported together yet)");
     out.push_back(std::move(plan));
     if (!experts.params.empty()) {
       experts.path = u.path + "+experts";

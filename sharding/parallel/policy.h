@@ -35,7 +35,8 @@
 //                   replicated over the expert-replicate group (the world / ep ranks holding
 //                   the same experts), gradients all-reduced there only (a DDP reducer of
 //                   their own), fp32 masters and AdamW on the held slice; experts_of = <unit>
-// The ep rule takes no strategy. numel of the row counts the held experts, so resolve before
+// A unit can hold both: LoRA on its attention, its experts ep (rows <unit>, <unit>+experts,
+// <unit>+lora; the rest of the unit frozen as with LoRA alone). The ep rule takes no strategy. numel of the row counts the held experts, so resolve before
 // apply_expert_parallel (or on the meta model for a plan) shows all E.
 //
 // This header is sharding's own plain option struct: app/ converts the recipe into it.
@@ -153,9 +154,9 @@ struct UnitPlan {
   int64_t numel = 0;           // sum of params' numel
   bool checkpointed = false;   // activation checkpointing on this unit
   std::string adapter_of;      // LoRA adapter row: the unit whose forward computes with it
-  bool has_adapters = false;   // LoRA base row: its adapters are the next row
+  bool has_adapters = false;   // LoRA base row: its adapters are a later row (<unit>+lora)
   std::string experts_of;      // ep row (<unit>+experts): the unit whose forward computes with it
-  bool has_experts = false;    // base row of an ep unit: its experts are the next row
+  bool has_experts = false;    // base row of an ep unit: its experts are the next row (<unit>+experts)
   bool trainable() const {
     return sharding != Sharding::kFrozen && sharding != Sharding::kFrozenSharded && sharding != Sharding::kFrozenHybrid;
   }

@@ -1,6 +1,8 @@
 // LoRA checkpoints through the CLI: a LoRA run of the tiny preset (3 steps, adapters on the
 // decoder's q/k/v/o/MLP, everything else frozen) is exported as a PEFT adapter and as a
-// merged model, and read back by `vlmtrain eval` and by PEFT.
+// merged model, and read back by `vlmtrain eval` and by PEFT. Also on tiny-qwen3, tiny-qwen3.5,
+// and tiny-qwen3-moe at world 2 with its experts expert-parallel (ep 2, trained in full:
+// PEFT's modules_to_save, all 8 experts per layer).
 //
 // References: the checkpoint itself (the adapter file holds its tensors exactly, with the
 // recipe's r and alpha); PEFT 0.21 at test time (scripts/peft_reference.py load: the exported
@@ -42,9 +44,11 @@ struct LeRun {
 };
 
 // preset: "" = the recipe's (tiny, Qwen2-VL), or e.g. "tiny-qwen3". targets: the LoRA rule's
-// module globs.
+// module globs. ep > 1: `ep` ranks (vlmtrain launch) with the MoE experts split over them
+// (policy ep, trained in full beside the adapters).
 LeRun le_make_run(bool with_merger, const std::string& preset = "",
-                  const std::string& targets = "model.layers.*.self_attn.*_proj|model.layers.*.mlp.*_proj") {
+                  const std::string& targets = "model.layers.*.self_attn.*_proj|model.layers.*.mlp.*_proj",
+                  int ep = 1) {
     LeRun out;
     out.dir = std::make_unique<TempDir>(with_merger ? "lora_export_merger" : "lora_export" + preset);
     const std::string data = *out.dir / "data";
@@ -56,9 +60,15 @@ LeRun le_make_run(bool with_merger, const std::string& preset = "",
       return out;
     }
     std::vector<std::string> argv = vlm::test::tiny_train_args(*out.dir / "run", data, 3, 0);
+    if (ep > 1) {
+      argv[1] = "launch";
+      argv.insert(argv.begin() + 2, {"--nproc-per-node", std::to_string(ep)});
+      argv.insert(argv.end(), {"--set", "dist.ep=" + std::to_string(ep)});
+    }
     for (const std::string& s :
          {std::string("sharding.default=freeze"),
           std::string("sharding.module=[") + (with_merger ? "{match = \"visual.merger\", policy = \"ddp\"}, " : "") +
+              (ep > 1 ? "{match = \"*.mlp.experts\", policy = \"ep\"}, " : "") +
               "{match = \"" + targets + "\", policy = \"lora\", strategy = \"full_shard\", r = 4, alpha = 8}]",
           std::string("data.eval=[\"") + data + "/val.jsonl\"]",
           std::string("model.preset=") + (preset.empty() ? "tiny" : preset)}) {
@@ -96,6 +106,13 @@ LeRun& le_run_qwen3_5() {
   static LeRun r = le_make_run(false, "tiny-qwen3.5",
                                "model.layers.*.self_attn.*_proj|model.layers.*.linear_attn.in_proj_*|"
                                "model.layers.*.linear_attn.out_proj|model.layers.*.mlp.*_proj");
+  return r;
+}
+
+// Qwen3-VL-MoE at world 2 with dist.ep = 2: LoRA on attention, each rank training half the
+// experts in full (their layers' unit: a frozen base, +experts, +lora).
+LeRun& le_run_moe_ep() {
+  static LeRun r = le_make_run(false, "tiny-qwen3-moe", "model.layers.*.self_attn.*_proj", 2);
   return r;
 }
 
@@ -239,6 +256,28 @@ TEST(LoraExport, UnitsTrainedInFullExportAsModulesToSave) {
   std::map<std::string, torch::Tensor> by_name(trained.begin(), trained.end());
   ASSERT_EQ(a.saved_tensors.size(), vlm::app::full_trained_tensors(ck).size());
   for (const auto& [name, t] : a.saved_tensors) EXPECT_TRUE(torch::equal(t.to(torch::kFloat32), by_name.at(name))) << name;
+}
+
+// LoRA beside expert parallelism: the experts the ranks trained in full (ep 2) export whole,
+// all 8 per layer, as PEFT's modules_to_save; PEFT loads the adapter to vlmtrain's logits.
+TEST(LoraExport, ExpertParallelExpertsExportAsModulesToSave) {
+  LeRun& r = le_run_moe_ep();
+  LE_REQUIRE_RUN(r);
+  vlm::app::CheckpointReader ck(r.ckpt);
+  EXPECT_EQ(ck.world_size(), 2);
+  EXPECT_EQ(vlm::app::full_trained_units(ck),
+            (std::vector<std::string>{"model.layers.1.mlp.experts", "model.layers.2.mlp.experts",
+                                      "model.layers.3.mlp.experts"}));
+  le_check_peft_logits(r, "qwen3_vl_moe adapters + ep experts");
+  const vlm::PeftAdapter a = vlm::read_peft_adapter(*r.dir / "adapter_peft");
+  EXPECT_EQ(a.modules_to_save.size(), 3u);
+  const auto trained = ck.consolidated();
+  std::map<std::string, torch::Tensor> by_name(trained.begin(), trained.end());
+  ASSERT_EQ(a.saved_tensors.size(), vlm::app::full_trained_tensors(ck).size());
+  for (const auto& [name, t] : a.saved_tensors) {
+    EXPECT_TRUE(torch::equal(t.to(torch::kFloat32), by_name.at(name))) << name;
+    EXPECT_EQ(t.size(0), 8) << name << ": every expert, not one rank's half";
+  }
 }
 
 TEST(LoraExport, MergedExportEqualsUnmergedAndEvalReadsCheckpointAndAdapterAlike) {

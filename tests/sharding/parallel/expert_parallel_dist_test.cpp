@@ -15,9 +15,15 @@
 // Configurations: ep = world at world 2 and 4 with DDP for the rest; ep 2 with FSDP
 // full_shard for the rest at world 2 (also with activation checkpointing of the decoder
 // layers: the recompute dispatches again inside backward), and at world 4 (2 EP groups: the experts' gradients
-// all-reduced over the expert-replicate groups {0,2}, {1,3}); and at world 2 with the vision
-// tower frozen (patch_embed and blocks: no gradient, no state), the rest DDP. (LoRA on a
-// layer whose experts are ep is refused by the policy table, "not supported together yet".)
+// all-reduced over the expert-replicate groups {0,2}, {1,3}); at world 2 with the vision
+// tower frozen (patch_embed and blocks: no gradient, no state), the rest DDP; and at world 2
+// with LoRA (r 4) on the attention projections, their layers' other weights and the tower
+// frozen, the merger DDP: a sparse layer's unit is then three rows (its frozen base,
+// +experts, +lora) and only adapters, merger and experts train (clipping at 0.05 so that it
+// is active). There tiny-qwen3.5-moe's layer 0 (linear attention, no adapters) gets input
+// that needs no gradient in the text-only micro-batch: its dispatch must still run both
+// reverse all-to-alls in backward (the op count below), else a rank without an image would
+// skip one that a rank with an image waits in.
 // No hang: the router zeroed (every token ties and goes to the same two experts, which top-k
 // picks among the ties; at ep 4 the two ranks holding neither compute no row) and rank 1's
 // text micro-batch a filler (nothing supervised): still equal to one process.
@@ -30,6 +36,7 @@
 #include <gtest/gtest.h>
 
 #include "sharding/parallel/expert_parallel.h"
+#include "sharding/parallel/lora.h"
 #include "tests/sharding/parallel/fsdp_testing.h"
 #include "vlm/model/moe.h"
 
@@ -50,12 +57,15 @@ struct EpConfig {
   bool zero_router = false;  // every sparse layer's mlp.gate.weight = 0 (all rows to experts 0, 1)
   bool ckpt = false;         // activation checkpointing of the decoder layers (dispatch again in backward)
   bool frozen_tower = false;  // visual.patch_embed and visual.blocks.* frozen
+  bool lora = false;          // LoRA on attention, every other non-expert weight frozen but the merger
+  double clip = kEpClip;
   int filler_rank = -1;      // this rank's text micro-batch is a filler
   int begin = 0, end = kEpSteps;   // steps [begin, end)
   std::string save_dir, load_dir;  // checkpoint state after the run / before it (fsdp_testing.h files)
   std::string hf_dir;              // sharded loading from this HF checkpoint, or "init" (meta model)
   std::string tag(int world, int ep) const {
-    return vlm::str(preset, " ep ", ep, " x ", rest, frozen_tower ? " + frozen tower" : "", " world ", world, ckpt ? " +ckpt" : "",
+    return vlm::str(preset, " ep ", ep, " x ", lora ? "lora" : rest, frozen_tower ? " + frozen tower" : "", " world ",
+                    world, ckpt ? " +ckpt" : "",
                     zero_router ? " zero-router" : "", filler_rank >= 0 ? " filler" : "");
   }
 };
@@ -102,25 +112,43 @@ ShardingOptions ep_options(const EpConfig& c) {
   o.rules = {{"*.mlp.experts", "ep", ""}};
   o.default_policy = c.rest;
   if (c.frozen_tower) o.rules.push_back({"visual.patch_embed|visual.blocks.*", "freeze", ""});
+  if (c.lora) {
+    PolicyRule adapters{"model.layers.*.self_attn.*_proj", "lora", "", {}};
+    adapters.lora.r = 4;
+    adapters.lora.alpha = 8.0;
+    o.rules.push_back(adapters);
+    o.rules.push_back({"visual.merger", "ddp", ""});
+    o.default_policy = "freeze";
+  }
   o.ddp_bucket_mb = 0.05;
   if (c.ckpt) o.checkpoint_match = "model.layers.*";
   o.optim.lr = kEpLr;
   o.optim.weight_decay = kEpWd;
-  o.optim.grad_clip = kEpClip;
+  o.optim.grad_clip = c.clip;
   return o;
 }
 
 bool in_tower(const std::string& name) {
   return name.rfind("visual.patch_embed.", 0) == 0 || name.rfind("visual.blocks.", 0) == 0;
 }
+// What trains in the lora configuration: the adapters, the merger, the experts.
+bool lora_trains(const std::string& name) {
+  return name.find(".lora_") != std::string::npos || name.rfind("visual.merger.", 0) == 0 ||
+         name.find(".mlp.experts.") != std::string::npos;
+}
 
-// One process, no sharding code (a frozen tower: no gradient, no AdamW state); without the text samples of c.filler_rank's share (that
+// One process, no sharding code (a frozen tower: no gradient, no AdamW state; LoRA: the same
+// adapters, attach_lora's, and the same parameters frozen); without the text samples of c.filler_rank's share (that
 // rank runs a filler instead) at `world`.
 EpResult reference(const EpConfig& c, int world) {
   auto model = make_moe(c);
   if (c.frozen_tower)
     for (auto& item : model->named_parameters())
       if (in_tower(item.key())) item.value().set_requires_grad(false);
+  if (c.lora) {
+    attach_lora(*model, ep_options(c));
+    for (auto& item : model->named_parameters()) item.value().set_requires_grad(lora_trains(item.key()));
+  }
   std::vector<torch::optim::OptimizerParamGroup> groups;
   std::vector<torch::Tensor> all;
   for (auto& item : model->named_parameters()) {
@@ -150,7 +178,7 @@ EpResult reference(const EpConfig& c, int world) {
       if (step == 0) r.grads0[item.key()] = g.clone();
     }
     r.norms.push_back(std::sqrt(sumsq));
-    torch::nn::utils::clip_grad_norm_(all, kEpClip);
+    torch::nn::utils::clip_grad_norm_(all, c.clip);
     opt.step();
     opt.zero_grad();
   }
@@ -259,7 +287,7 @@ void check_ep(ParallelDims& dims, const EpConfig& c) {
     EXPECT_NEAR(got.losses[s], want.losses[s], 1e-5 * want.losses[s]) << tag << " loss, step " << s;
     EXPECT_NEAR(got.norms[s], want.norms[s], 1e-5 * want.norms[s]) << tag << " grad norm, step " << s;
   }
-  EXPECT_GT(want.norms.front(), kEpClip) << "the test needs clipping to be active";
+  EXPECT_GT(want.norms.front(), c.clip) << "the test needs clipping to be active";
   // Gradients of step 0 (DDP rest: all of them; FSDP rest: the experts).
   double worst_grad = 0;
   std::string worst_grad_name;
@@ -274,7 +302,7 @@ void check_ep(ParallelDims& dims, const EpConfig& c) {
   }
   EXPECT_LE(worst_grad, 1e-5) << tag << ": worst gradient " << worst_grad_name;
   EXPECT_GT(expert_grads, 0) << tag;
-  if (c.rest == "ddp") {
+  if (c.rest == "ddp" || c.lora) {
     EXPECT_EQ(got.grads0.size(), want.grads0.size()) << tag << ": every gradient compared";
   }
   // Parameters after the steps.
@@ -358,6 +386,10 @@ TEST(ExpertParallelDist, DISABLED_EqualsOneProcessWorker) {
       c.ckpt = false;  // a frozen vision tower beside the split experts, DDP for the rest
       c.rest = "ddp";
       c.frozen_tower = true;
+      check_ep(dims, c);
+      c.frozen_tower = false;  // LoRA on attention beside the split experts, the rest frozen
+      c.lora = true;
+      c.clip = 0.05;
       check_ep(dims, c);
     }
   }
