@@ -450,7 +450,7 @@ void print_traffic(const RecipePlan& p) {
               human_bytes(traffic.intra_node_bytes(2) - traffic.intra_node_bytes(1)).c_str(),
               human_bytes(traffic.inter_node_bytes(1)).c_str(),
               human_bytes(traffic.inter_node_bytes(2) - traffic.inter_node_bytes(1)).c_str());
-  for (CommGroup g : {CommGroup::kWorld, CommGroup::kShard, CommGroup::kReplicate}) {
+  for (CommGroup g : {CommGroup::kWorld, CommGroup::kShard, CommGroup::kReplicate, CommGroup::kExpertReplicate}) {
     const double b = traffic.group_bytes(g, 1);
     if (b > 0)
       std::printf("  %-9s group %s: %s per step of one micro-batch\n", comm_group_name(g),

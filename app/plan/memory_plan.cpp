@@ -28,10 +28,11 @@ UnitMemory unit_memory(Sharding sharding, int64_t numel, int world_size, torch::
     case Sharding::kFrozen: m.param_bytes = p * full; break;
     case Sharding::kFrozenSharded:
     case Sharding::kFrozenHybrid: m.param_bytes = p * shard; break;
-    case Sharding::kReplicated:
-    // ep experts: replicated over their group; numel is what the row holds (E / ep experts:
-    // apply_expert_parallel, or `vlmtrain plan` splitting its meta model the same way)
-    case Sharding::kExpert: m = {p * full, ddp_grad * full, optim_per_elem * full}; break;
+    case Sharding::kReplicated: m = {p * full, ddp_grad * full, optim_per_elem * full}; break;
+    // ep experts: replicated over their group (world_size: its size), their AdamW state
+    // ZeRO-1 over it; numel is what the row holds (E / ep experts: apply_expert_parallel, or
+    // `vlmtrain plan` splitting its meta model the same way)
+    case Sharding::kExpert: m = {p * full, ddp_grad * full, optim_per_elem * shard}; break;
     case Sharding::kShardOptimizer: m = {p * full, ddp_grad * full, optim_per_elem * shard}; break;
     case Sharding::kShardGradOp:
     case Sharding::kHybridShard:
@@ -63,7 +64,12 @@ MemoryPlan plan_memory(const std::vector<UnitPlan>& units, int world_size, torch
   for (const auto& u : units) {
     // The ranks the unit is split over: its shard group under hybrid_shard, else the world.
     const bool in_groups = u.sharding == Sharding::kHybridShard || u.sharding == Sharding::kFrozenHybrid;
-    const int n = in_groups ? plan.dp_shard : world_size;
+    int n = in_groups ? plan.dp_shard : world_size;
+    if (u.sharding == Sharding::kExpert && !u.params.empty()) {  // the expert-replicate group: world / ep
+      const sharding::UnitParam& e = u.params.front();
+      const int64_t ep = e.source_numel > 0 ? e.source_numel / std::max<int64_t>(1, e.param.numel()) : 1;
+      n = static_cast<int>(std::max<int64_t>(1, world_size / std::max<int64_t>(1, ep)));
+    }
     UnitMemory m = unit_memory(u.sharding, u.numel, n, param_dtype, reduce_dtype);
     plan.units.push_back(m);
     plan.total.param_bytes += m.param_bytes;

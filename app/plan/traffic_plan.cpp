@@ -2,6 +2,7 @@
 #include "app/plan/traffic_plan.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "sharding/parallel/sharded_load.h"
 #include "vlm/runtime/check.h"
@@ -16,6 +17,7 @@ const char* comm_group_name(CommGroup g) {
     case CommGroup::kWorld: return "world";
     case CommGroup::kShard: return "shard";
     case CommGroup::kReplicate: return "replicate";
+    case CommGroup::kExpertReplicate: return "expert_replicate";
   }
   return "?";
 }
@@ -27,6 +29,7 @@ bool TrafficPlan::spans_nodes(const MeshShape& mesh, CommGroup g) {
     case CommGroup::kWorld: return true;
     case CommGroup::kReplicate: return mesh.replicate() > 1;  // every dp_shard-th rank: across the nodes
     case CommGroup::kShard: return mesh.local_world % mesh.shard() != 0;
+    case CommGroup::kExpertReplicate: return true;  // every ep-th rank (planned only when it has > 1)
   }
   return true;
 }
@@ -97,6 +100,15 @@ TrafficPlan plan_traffic(const std::vector<UnitPlan>& units,
       continue;
     }
     if (!u.trainable()) continue;
+    if (u.sharding == Sharding::kExpert) {  // over the ranks holding the same experts: world / ep
+      const sharding::UnitParam& e = u.params.front();
+      const int64_t ep = e.source_numel > 0 ? e.source_numel / std::max<int64_t>(1, e.param.numel()) : 1;
+      const double reps = static_cast<double>(std::max<int64_t>(1, mesh.world / std::max<int64_t>(1, ep)));
+      const double s = std::ceil(numel / reps);
+      add(u, "all_reduce", CommGroup::kExpertReplicate, 2 * (reps - 1) / reps * numel * r, 0, 1);
+      add(u, "all_gather", CommGroup::kExpertReplicate, (reps - 1) / reps * reps * s * p, 0, 1);
+      continue;
+    }
     const double world = mesh.world;
     add(u, "all_reduce", CommGroup::kWorld, 2 * (world - 1) / world * numel * r, 0, 1);
     if (u.sharding == Sharding::kShardOptimizer) {

@@ -18,10 +18,15 @@
 //   replicated / ZeRO-1 trainable unit: one bucket all-reduce 2(N-1)/N x P x r per step
 //   (no_sync before the last micro-batch); ZeRO-1 also all-gathers (N-1)/N x N*S x p after
 //   the update.
+//   ep experts row (<unit>+experts, P = the held experts): the same over its expert-replicate
+//   group (N = world / ep, the ranks holding the same experts): the all-reduce, and with
+//   N > 1 the all-gather of the ZeRO-1 update (optimizer.h). The all-to-alls of the token
+//   dispatch depend on routing and are not in the plan (`vlmtrain plan` prints them beside it).
 // Groups and link classes: ranks fill the nodes in order, local_world consecutive ranks per
 // node (torchrun, Slurm). The world group spans nodes when world > local_world; a shard
 // group (dp_shard consecutive ranks) stays within a node when dp_shard divides local_world;
-// a replicate group (every dp_shard-th rank) spans nodes when world > local_world. A
+// a replicate group (every dp_shard-th rank) and an expert-replicate group (every ep-th rank)
+// span nodes when world > local_world and they have more than one rank. A
 // collective over a group that spans nodes is counted whole as inter-node: its ring runs at
 // the pace of the slowest link. Not counted: the control plane (a few scalars per step),
 // the start-up broadcast, checkpoint and eval traffic.
@@ -45,8 +50,8 @@ struct MeshShape {
   int replicate() const { return world / shard(); }
 };
 
-enum class CommGroup { kWorld, kShard, kReplicate };
-const char* comm_group_name(CommGroup g);  // "world", "shard", "replicate"
+enum class CommGroup { kWorld, kShard, kReplicate, kExpertReplicate };
+const char* comm_group_name(CommGroup g);  // "world", "shard", "replicate", "expert_replicate"
 
 // One kind of collective of one unit.
 struct PlannedOp {

@@ -19,8 +19,8 @@ std::pair<int64_t, int64_t> owned_range(int64_t numel, int64_t world, int64_t ra
 }
 
 ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const AdamWOptions& opts,
-                           FsdpEngine* fsdp, Comm* control, bool offload, const Comm* expert_replicate)
-    : comm_(comm), control_(control), opts_(opts), fsdp_(fsdp) {
+                           FsdpEngine* fsdp, Comm* control, bool offload, Comm* expert_replicate)
+    : comm_(comm), control_(control), expert_replicate_(expert_replicate), opts_(opts), fsdp_(fsdp) {
   if (offload) queue_ = std::make_unique<HostUpdateQueue>();
   torch::NoGradGuard no_grad;
   const int64_t n = comm.world_size(), r = comm.rank();
@@ -66,7 +66,7 @@ ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const
       g.own_lo = g.fsdp->own_lo();
       g.own_hi = g.fsdp->own_hi();
     }
-    const bool sharded = g.zero1 || g.fsdp != nullptr;
+    const bool sharded = g.zero1 || g.fsdp != nullptr || (g.experts && g.rep_n > 1);
     const int64_t state_lo = sharded ? g.lo : 0, state_hi = sharded ? g.hi : g.numel;
     for (size_t k = 0; k < g.params.size(); ++k) {
       const torch::Tensor& p = g.params[k].param;
@@ -257,7 +257,13 @@ void ShardedAdamW::step(double lr_scale, const std::string& ctx) {
   if (!fused.master.empty()) update_fused(fused);
   if (!targets.empty()) at::_foreach_copy_(targets, masters);  // write back into the low-precision params
   for (auto& g : groups_)
-    if (g.zero1 && comm_.world_size() > 1) zero1_gather(g, ctx);
+    if (Comm* c = gather_comm(g)) zero1_gather(g, *c, ctx);
+}
+
+Comm* ShardedAdamW::gather_comm(const Group& g) {
+  if (g.zero1 && comm_.world_size() > 1) return &comm_;
+  if (g.experts && g.rep_n > 1) return expert_replicate_;
+  return nullptr;
 }
 
 // Offload (offload.h): per unit, the gradients to host staging, then one queued host update
@@ -267,9 +273,9 @@ void ShardedAdamW::step(double lr_scale, const std::string& ctx) {
 void ShardedAdamW::step_offload(double lr_scale, const std::string& ctx) {
   std::vector<Group*> order;
   for (auto& g : groups_)
-    if (g.zero1) order.push_back(&g);
+    if (gather_comm(g) != nullptr) order.push_back(&g);
   for (auto& g : groups_)
-    if (g.fsdp == nullptr && !g.zero1) order.push_back(&g);
+    if (g.fsdp == nullptr && gather_comm(g) == nullptr) order.push_back(&g);
   for (auto& g : groups_)
     if (g.fsdp != nullptr) order.push_back(&g);
   for (Group* gp : order) {
@@ -292,9 +298,9 @@ void ShardedAdamW::step_offload(double lr_scale, const std::string& ctx) {
       copy_back(targets, masters);
     });
     if (g.fsdp == nullptr) unsharded_ticket_ = g.ticket;
-    if (g.zero1 && comm_.world_size() > 1) {
+    if (Comm* c = gather_comm(g)) {
       queue_->wait(g.ticket);  // the all-gather sends the updated slice
-      zero1_gather(g, ctx);
+      zero1_gather(g, *c, ctx);
     }
   }
 }
@@ -405,13 +411,12 @@ void ShardedAdamW::update_fused(Batch& b) {
   }
 }
 
-// ZeRO-1: every rank's updated slice -> every rank's parameters.
-void ShardedAdamW::zero1_gather(Group& g, const std::string& ctx) {
+void ShardedAdamW::zero1_gather(Group& g, Comm& comm, const std::string& ctx) {
   const torch::Tensor& p0 = g.params.front().param;
-  torch::Tensor flat = torch::zeros({g.shard * comm_.world_size()}, p0.options().requires_grad(false));
+  torch::Tensor flat = torch::zeros({g.shard * comm.world_size()}, p0.options().requires_grad(false));
   for (auto& s : g.segments)
     flat.narrow(0, s.flat_offset, s.len).copy_(g.params[s.param].param.detach().view({-1}).narrow(0, s.param_offset, s.len));
-  comm_.all_gather(flat, flat.narrow(0, comm_.rank() * g.shard, g.shard), str(ctx, ", ZeRO-1 unit ", g.path));
+  comm.all_gather(flat, flat.narrow(0, comm.rank() * g.shard, g.shard), str(ctx, ", ZeRO-1 unit ", g.path));
   for (size_t k = 0; k < g.params.size(); ++k) {
     torch::Tensor p = g.params[k].param.detach();
     p.view({-1}).copy_(flat.narrow(0, g.offsets[k], p.numel()));
@@ -569,31 +574,32 @@ void ShardedAdamW::load_state(const StateReader& read, int64_t steps) {
   agreed_ = false;
 }
 
-// Expert rows: per parameter, this rank's part (within the expert-replicate group) of its
-// held run [source_offset, source_offset + numel) of all E experts.
+// Expert rows: per parameter, this rank's segments (its R_r within the expert-replicate
+// group) placed in the held run [source_offset, source_offset + numel) of all E experts.
 void ShardedAdamW::expert_slices(const Group& g, const torch::TensorOptions& host, bool async,
                                  std::vector<StateSlice>& out) const {
-  for (const auto& s : g.segments) {  // replicated: one whole-parameter segment each
+  for (const auto& s : g.segments) {
     const UnitParam& up = g.params[s.param];
-    const auto [a, b] = owned_range(s.len, g.rep_n, g.rep_r);
-    const int64_t full = up.source_numel > 0 ? up.source_numel : s.len;
+    const int64_t full = up.source_numel > 0 ? up.source_numel : up.param.numel();
+    const int64_t lo = up.source_offset + s.param_offset;
     for (const auto& [kind, t] : {std::pair<const char*, torch::Tensor>{"master", s.master}, {"exp_avg", s.m},
                                   {"exp_avg_sq", s.v}}) {
-      StateSlice sl{up.name + "/" + kind, full, up.source_offset + a, up.source_offset + b,
-                    torch::empty({b - a}, host)};
-      sl.data.copy_(t.narrow(0, a, b - a), async);
+      StateSlice sl{up.name + "/" + kind, full, lo, lo + s.len, torch::empty({s.len}, host)};
+      sl.data.copy_(t, async);
       out.push_back(std::move(sl));
     }
   }
 }
 
 void ShardedAdamW::load_experts(Group& g, const StateReader& read) {
-  for (auto& s : g.segments) {
+  for (const auto& up : g.params) {  // every held element (replicas keep whole parameters)
+    const torch::Tensor all = read(up.name + "/master", up.source_offset, up.source_offset + up.param.numel());
+    up.param.detach().view({-1}).copy_(all.to(torch::kFloat32));
+  }
+  for (auto& s : g.segments) {  // the state of this rank's R_r
     const UnitParam& up = g.params[s.param];
-    const int64_t lo = up.source_offset, hi = up.source_offset + s.len;
-    const torch::Tensor all = read(up.name + "/master", lo, hi).to(torch::kFloat32);
-    up.param.detach().view({-1}).copy_(all);
-    s.master.copy_(all);  // a no-op copy onto itself for fp32 views
+    const int64_t lo = up.source_offset + s.param_offset, hi = lo + s.len;
+    s.master.copy_(read(up.name + "/master", lo, hi));  // a no-op copy onto itself for fp32 views
     s.m.copy_(read(up.name + "/exp_avg", lo, hi));
     s.v.copy_(read(up.name + "/exp_avg_sq", lo, hi));
   }

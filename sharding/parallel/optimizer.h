@@ -134,10 +134,12 @@ class ShardedAdamW {
   // offload: state in host memory, updated there asynchronously (see the header comment).
   // expert_replicate: the group over which kExpert rows (ep, policy.h) are replicated; their
   // R_r for the norm is taken over it, since the ranks of an EP group hold different
-  // experts (null: none; required when there are kExpert rows and the world is > 1).
+  // experts (null: none; required when there are kExpert rows and the world is > 1). Their
+  // AdamW state is ZeRO-1 over it: each replica keeps and updates R_r of the held experts,
+  // then an all-gather over the group refreshes the parameters.
   ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const AdamWOptions& opts,
                FsdpEngine* fsdp = nullptr, Comm* control = nullptr, bool offload = false,
-               const Comm* expert_replicate = nullptr);
+               Comm* expert_replicate = nullptr);
   ~ShardedAdamW();  // waits for the host updates still queued
   // The reducer of the replicated / ZeRO-1 units: their gradients (DdpReducer::grad: the
   // fp32 bucket view for low-precision parameters, else the .grad its finish_backward
@@ -234,13 +236,18 @@ class ShardedAdamW {
   void update_fused(Batch& b);
   void update_host(Batch& b);  // offload: fused where every segment fits it, else blocked
   static bool fused_fits(const torch::Tensor& master, const torch::Tensor& grad);
-  void zero1_gather(Group& g, const std::string& ctx);
+  // ZeRO-1 (and expert rows over their replicas): every rank's updated slice -> every
+  // rank's parameters, over `comm` (the world, or the expert-replicate group).
+  void zero1_gather(Group& g, Comm& comm, const std::string& ctx);
+  // The comm a group's ZeRO-1 gather runs on; null when its state is not sharded that way.
+  Comm* gather_comm(const Group& g);
   void expert_slices(const Group& g, const torch::TensorOptions& host, bool async, std::vector<StateSlice>& out) const;
   void load_experts(Group& g, const StateReader& read);
   void step_offload(double lr_scale, const std::string& ctx);
 
   Comm& comm_;
   Comm* control_ = nullptr;
+  Comm* expert_replicate_ = nullptr;
   std::vector<DdpReducer*> ddps_;  // attached reducers (zero_grad clears them)
   AdamWOptions opts_;
   FsdpEngine* fsdp_ = nullptr;

@@ -135,8 +135,9 @@ TEST(Plan, RuleMatchingNothingFailsNamingTheRule) {
 
 // Expert parallelism: tiny-qwen3-moe (8 experts of [2I, d] + [d, I], I = 128, d = 256, top-2,
 // layers 1-3 sparse) at world 4, dist.ep = 2, DDP elsewhere: each +experts row holds 4
-// experts (4 x 3 x 128 x 256 = 393,216 params, replicated fp32: 4 + 8 + 8 bytes each for the
-// params, the .grad and its DDP bucket, AdamW's m and v), total_params still counts all 8;
+// experts (4 x 3 x 128 x 256 = 393,216 params, replicated fp32: 4 + 8 + 4 bytes each for the
+// params, the .grad and its DDP bucket, and AdamW's m and v ZeRO-1 over the 2 ranks holding
+// the same experts), total_params still counts all 8;
 // the all-to-all per micro-batch of
 // T tokens is 3 layers x ((ep-1) x 4 x 8 + 4 x T x 2 x (ep-1)/ep x 256 x 4).
 TEST(Plan, ExpertParallelHalvesTheExpertsAndPlansTheAllToAll) {
@@ -154,9 +155,21 @@ TEST(Plan, ExpertParallelHalvesTheExpertsAndPlansTheAllToAll) {
     if (u["sharding"] != "experts (ep)") continue;
     ++rows;
     EXPECT_EQ(u["params"].get<double>(), 4 * 3 * 128 * 256.0) << u["path"];
-    EXPECT_EQ(u["total_bytes"].get<double>(), 20 * 4 * 3 * 128 * 256.0) << u["path"];
+    EXPECT_EQ(u["total_bytes"].get<double>(), 16 * 4 * 3 * 128 * 256.0) << u["path"];
   }
   EXPECT_EQ(rows, 3);
+  // The experts' traffic stays on their expert-replicate group (2 ranks): per row the fp32
+  // gradient all-reduce 2 x 1/2 x P x 4 and the ZeRO-1 all-gather 1/2 x 2 x P/2 x 4 bytes;
+  // nothing of theirs on the world group.
+  double replicate = 0, expert_world = 0;
+  for (const auto& o : j["traffic"]["ops"]) {
+    const bool expert = o["unit"].get<std::string>().find("+experts") != std::string::npos;
+    if (o["group"] == "expert_replicate") replicate += o["bytes"].get<double>() * o["per_step"].get<double>();
+    if (expert && o["group"] == "world") expert_world += o["bytes"].get<double>();
+  }
+  const double per_row = 4 * 3 * 128 * 256.0;
+  EXPECT_DOUBLE_EQ(replicate, 3 * (2 * 0.5 * per_row * 4 + 0.5 * 2 * (per_row / 2) * 4));
+  EXPECT_EQ(expert_world, 0);
   const auto full = nlohmann::json::parse(
       vlm::test::run({vlm::test::vlmtrain_bin(), "plan", "--preset", "tiny-qwen3-moe", "--json"}).output);
   EXPECT_EQ(j["total_params"], full["total_params"]) << "the experts of the other EP rank count too";

@@ -5,7 +5,10 @@
 //     at world 1 without ep, on the uninterrupted ep run's loss curve;
 //   - the other way: a world-1 checkpoint resumes at world 2 with ep = 2;
 //   - `vlmtrain export` of the ep checkpoint writes every expert (gate_up_proj [8, ...]) and
-//     equals the world-1 run's checkpoint of the same step.
+//     equals the world-1 run's checkpoint of the same step;
+//   - ep 2 at world 4: two ranks hold the same experts and split their AdamW state (ZeRO-1
+//     over the expert-replicate group); the run equals one process, its checkpoint (each
+//     replica writes its half) resumes at world 1 and at ep 4.
 // References: the trainer's own runs. An ep run equals one process up to the order of float
 // sums (sharding_expert_parallel_dist_test: gradients within 6e-6 over 10 steps), so the
 // curves and the parameters are compared within 1e-5.
@@ -172,6 +175,29 @@ TEST_F(TrainExpertResume, Ep4CheckpointResumesAtEp2AndWorld1AndBackAndExports) {
   EXPECT_EQ(ep_ck.size(), one_ck.size());
   EXPECT_EQ(experts, 3);  // layers 1-3 are sparse
   std::printf("ep 4 checkpoint export vs world-1 checkpoint: worst |diff| %.3g (%s)\n", worst, worst_name.c_str());
+}
+
+TEST_F(TrainExpertResume, Ep2AtWorld4ShardsTheExpertStateAndResumes) {
+  TempDir ep_dir("ep2w4-run"), one_dir("ep2w4-one");
+  auto ep_run = train(4, recipe(ep_dir, 2, 1));
+  ASSERT_TRUE(vlm::test::all_ok(ep_run));
+  ASSERT_TRUE(vlm::test::all_ok(train(1, recipe(one_dir, 1, 4))));
+  const auto ep_curve = vlm::test::losses_by_step(ep_dir / "run");
+  ASSERT_EQ(ep_curve.size(), 6u);
+  expect_curve(ep_curve, vlm::test::losses_by_step(one_dir / "run"), 1, 6);
+  // Each expert vector is written once: half by each replica.
+  const vlm::app::CheckpointReader ck(ep_dir / "run/step-00000003");
+  const std::string key = "model.layers.1.mlp.experts.gate_up_proj/exp_avg";
+  ASSERT_EQ(ck.numel(key), 8 * 2 * 128 * 256);
+  EXPECT_EQ(ck.read(key, 0, ck.numel(key)).numel(), ck.numel(key));
+  for (const auto& [world, ep] : {std::pair<int, int>{1, 1}, {4, 4}}) {
+    SCOPED_TRACE("ep 2 at world 4 -> ep " + std::to_string(ep) + " at world " + std::to_string(world));
+    TempDir dir("ep2w4-to-" + std::to_string(world));
+    copy_step3(ep_dir / "run", dir / "run");
+    auto res = train(world, recipe(dir, ep, 4 / world));
+    ASSERT_TRUE(vlm::test::all_ok(res));
+    expect_curve(vlm::test::losses_by_step(dir / "run"), ep_curve, 4, 6);
+  }
 }
 
 }  // namespace

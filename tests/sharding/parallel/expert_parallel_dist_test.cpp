@@ -29,11 +29,16 @@
 // text micro-batch a filler (nothing supervised): still equal to one process.
 // (Its statistics are step 0's, before the router has learnt anything.)
 // Bytes: step 1's all-to-all bytes on the EP comm equal the formula of expert_parallel.h
-// from the dispatch statistics, and the routed rows add up to tokens x k x sparse layers.
+// from the dispatch statistics, and the routed rows add up to tokens x k x sparse layers;
+// on the expert-replicate comm (world 4, ep 2), the experts' gradient all-reduce and the
+// all-gather of their ZeRO-1 update (each replica keeps and updates half the AdamW state)
+// equal the traffic plan's formula.
 // Checkpoint: written at ep 2, resumed at ep 4 (the experts' state keyed over all E).
 // Sharded loading from an HF checkpoint at ep 2: each rank reads only its experts' bytes.
 // Comm::all_to_all alone (and 8 experts refusing ep = 3): tests/sharding/dist/comm_all_to_all_dist_test.cpp.
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 #include "sharding/parallel/expert_parallel.h"
 #include "sharding/parallel/lora.h"
@@ -101,7 +106,8 @@ struct EpResult {
   std::map<std::string, torch::Tensor> params;  // after the last step (full experts)
   // Step 1 (zero router: step 0): the EP comm's traffic, the dispatch statistics, this
   // rank's tokens (both micro-batches).
-  CommStats ep_step1;
+  CommStats ep_step1, replicate_step1;  // the EP comm's and the expert-replicate comm's
+  double replicate_formula = 0;         // what app/plan/traffic_plan.h counts on the latter
   ExpertDispatchStats dispatch_step1;
   int64_t tokens_step1 = 0;
   uint64_t bytes_read = 0;  // sharded loading: checkpoint bytes this rank read
@@ -263,9 +269,18 @@ EpResult sharded(ParallelDims& dims, const EpConfig& c) {
     sm->optimizer().zero_grad();
     if (step == stats_step) {
       r.ep_step1 = dims.ep_comm().stats();
+      r.replicate_step1 = dims.expert_replicate_comm().stats();
       r.dispatch_step1 = sm->dispatcher()->stats();
     }
   }
+  // The expert rows' traffic on their replicate group (n ranks): the fp32 bucket all-reduce
+  // 2(n-1)/n x P x 4 and the ZeRO-1 all-gather (n-1)/n x n*ceil(P/n) x 4 of each row.
+  const double reps = dims.expert_replicate_comm().world_size();
+  for (const auto& u : sm->unit_table())
+    if (u.sharding == Sharding::kExpert && reps > 1) {
+      const double numel = static_cast<double>(u.numel);
+      r.replicate_formula += 2 * (reps - 1) / reps * numel * 4 + (reps - 1) * std::ceil(numel / reps) * 4;
+    }
   if (!c.save_dir.empty()) fsdp_testing::save_slices(sm->state_slices(), c.save_dir);
   for (const auto& [name, t] : fsdp_testing::snapshot(*sm, *model))
     r.params[name] = is_expert(name) ? gather_experts(dims, t) : t;
@@ -326,6 +341,13 @@ void check_ep(ParallelDims& dims, const EpConfig& c) {
   const OpStats& a2a = got.ep_step1[OpKind::kAllToAll];
   EXPECT_DOUBLE_EQ(a2a.logical_bytes, formula) << tag;
   EXPECT_DOUBLE_EQ(a2a.wire_bytes, formula) << tag;
+  // The expert-replicate group (world 4, ep 2: two ranks per group): the gradient all-reduce
+  // and the ZeRO-1 gather of the experts' update, as the traffic plan counts them.
+  EXPECT_DOUBLE_EQ(got.replicate_step1.logical_bytes(), got.replicate_formula) << tag;
+  if (dims.world_size() / dims.ep() > 1) {
+    EXPECT_GT(got.replicate_formula, 0) << tag;
+    EXPECT_EQ(got.replicate_step1[OpKind::kAllGather].calls, cfg.text.count_sparse_layers()) << tag << ": one per row";
+  }
   EXPECT_EQ(a2a.calls, 3 * st.dispatches + 2 * backwards) << tag << ": counts, rows, results forward; two reverse in backward";
   EXPECT_EQ(st.dispatches, forwards * 2 * cfg.text.count_sparse_layers()) << tag << ": per sparse layer and micro-batch";
   // Rows: what the ranks sent, they received; what the experts ran is every (token, top-k) pair.
