@@ -51,6 +51,7 @@
 // parameters / FSDP local shards by the host thread; step() returns before that is done.
 // Waits: wait_unit() (FSDP gather hook), wait_unsharded() (first unit call of a forward),
 // wait() (everything; called by step(), clip_grad_norm(), state_slices(), load_state()).
+// The checkpoint side (state_slices, load_state) is in optimizer_state.cpp.
 #pragma once
 #include <torch/torch.h>
 
