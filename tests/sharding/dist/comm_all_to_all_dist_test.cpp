@@ -16,22 +16,13 @@
 #include "sharding/dist/parallel_dims.h"
 #include "sharding/parallel/expert_parallel.h"
 #include "tests/dist_testing.h"
+#include "tests/sharding/dist/ep_worker.h"
 #include "vlm/model/vision_language_model.h"
 #include "vlm/runtime/check.h"
 
 using namespace vlm::sharding;
 
 namespace {
-
-// This worker's mesh: CPU, dist.ep from VLMTRAIN_TEST_EP.
-ParallelDims a2a_worker_dims() {
-  ParallelOptions o;
-  o.timeout = std::chrono::seconds(60);
-  o.device = "cpu";
-  const char* ep = std::getenv("VLMTRAIN_TEST_EP");
-  o.ep = ep != nullptr ? std::atoi(ep) : 1;
-  return ParallelDims::init(detect_dist_env(process_env()), o);
-}
 
 void a2a_launch(std::vector<std::string> env) {
   vlm::test::DistRun run;
@@ -90,7 +81,7 @@ void check_all_to_all(Comm& comm, torch::Dtype dtype) {
 
 TEST(CommAllToAllDist, DISABLED_Worker) {
   VLM_DIST_WORKER_ONLY();
-  auto dims = a2a_worker_dims();
+  auto dims = vlm::test::ep_worker_dims();
   for (Comm* c : {&dims.comm(), &dims.ep_comm()}) {
     check_all_to_all(*c, torch::kFloat32);
     check_all_to_all(*c, torch::kBFloat16);

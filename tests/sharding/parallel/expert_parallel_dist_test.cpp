@@ -42,6 +42,7 @@
 
 #include "sharding/parallel/expert_parallel.h"
 #include "sharding/parallel/lora.h"
+#include "tests/sharding/dist/ep_worker.h"
 #include "tests/sharding/parallel/fsdp_testing.h"
 #include "vlm/model/moe.h"
 
@@ -379,21 +380,12 @@ void check_ep(ParallelDims& dims, const EpConfig& c) {
               static_cast<long long>(st.rows_received), static_cast<long long>(st.rows_computed));
 }
 
-ParallelDims init_ep_worker() {
-  ParallelOptions o;
-  o.timeout = std::chrono::seconds(60);
-  o.device = "cpu";
-  const char* ep = std::getenv("VLMTRAIN_TEST_EP");
-  o.ep = ep != nullptr ? std::atoi(ep) : 1;
-  return ParallelDims::init(detect_dist_env(process_env()), o);
-}
-
-std::vector<std::string> ep_env(int ep) { return {vlm::str("VLMTRAIN_TEST_EP=", ep)}; }
+using vlm::test::ep_worker_env;
 
 TEST(ExpertParallelDist, DISABLED_EqualsOneProcessWorker) {
   VLM_DIST_WORKER_ONLY();
   torch::set_num_threads(1);
-  auto dims = init_ep_worker();
+  auto dims = vlm::test::ep_worker_dims();
   const bool ep_is_world = dims.ep() == dims.world_size();
   for (const char* preset : {"tiny-qwen3-moe", "tiny-qwen3.5-moe"}) {
     EpConfig c;
@@ -419,21 +411,21 @@ TEST(ExpertParallelDist, DISABLED_EqualsOneProcessWorker) {
 }
 
 TEST(ExpertParallelDist, EqualsOneProcessEp2World2) {
-  fsdp_testing::launch(2, "ExpertParallelDist.DISABLED_EqualsOneProcessWorker", 540, [](int) { return ep_env(2); });
+  fsdp_testing::launch(2, "ExpertParallelDist.DISABLED_EqualsOneProcessWorker", 540, [](int) { return ep_worker_env(2); });
 }
 
 TEST(ExpertParallelDist, EqualsOneProcessEp4World4) {
-  fsdp_testing::launch(4, "ExpertParallelDist.DISABLED_EqualsOneProcessWorker", 540, [](int) { return ep_env(4); });
+  fsdp_testing::launch(4, "ExpertParallelDist.DISABLED_EqualsOneProcessWorker", 540, [](int) { return ep_worker_env(4); });
 }
 
 TEST(ExpertParallelDist, Ep2TimesFsdpEqualsOneProcessWorld4) {
-  fsdp_testing::launch(4, "ExpertParallelDist.DISABLED_EqualsOneProcessWorker", 540, [](int) { return ep_env(2); });
+  fsdp_testing::launch(4, "ExpertParallelDist.DISABLED_EqualsOneProcessWorker", 540, [](int) { return ep_worker_env(2); });
 }
 
 TEST(ExpertParallelDist, DISABLED_NoHangWorker) {
   VLM_DIST_WORKER_ONLY();
   torch::set_num_threads(1);
-  auto dims = init_ep_worker();
+  auto dims = vlm::test::ep_worker_dims();
   EpConfig c;
   c.zero_router = true;
   c.filler_rank = 1;
@@ -442,7 +434,7 @@ TEST(ExpertParallelDist, DISABLED_NoHangWorker) {
 }
 
 TEST(ExpertParallelDist, OneExpertRankAndFillerDoNotHangWorld4) {
-  fsdp_testing::launch(4, "ExpertParallelDist.DISABLED_NoHangWorker", 300, [](int) { return ep_env(4); });
+  fsdp_testing::launch(4, "ExpertParallelDist.DISABLED_NoHangWorker", 300, [](int) { return ep_worker_env(4); });
 }
 
 // Sharded loading at ep 2 (world 2, DDP rest) from an fp32 HF checkpoint of the same
@@ -455,7 +447,7 @@ std::string ep_hf_dir() { return (fsdp_testing::fs::temp_directory_path() / "vlm
 TEST(ExpertParallelDist, DISABLED_LoadWorker) {
   VLM_DIST_WORKER_ONLY();
   torch::set_num_threads(1);
-  auto dims = init_ep_worker();
+  auto dims = vlm::test::ep_worker_dims();
   EpConfig c;
   c.hf_dir = ep_hf_dir();
   check_ep(dims, c);
@@ -482,7 +474,7 @@ TEST(ExpertParallelDist, ShardedLoadReadsOnlyHeldExpertsEp2) {
   o.dtype = torch::kFloat32;
   auto model = make_moe(EpConfig{});
   vlm::save_hf_checkpoint(ep_hf_dir(), vlm::module_state(*model), o);
-  fsdp_testing::launch(2, "ExpertParallelDist.DISABLED_LoadWorker", 300, [](int) { return ep_env(2); });
+  fsdp_testing::launch(2, "ExpertParallelDist.DISABLED_LoadWorker", 300, [](int) { return ep_worker_env(2); });
   fsdp_testing::fs::remove_all(ep_hf_dir());
 }
 
@@ -494,7 +486,7 @@ std::string ep_ckpt_dir() { return (fsdp_testing::fs::temp_directory_path() / "v
 TEST(ExpertParallelDist, DISABLED_SaveWorker) {
   VLM_DIST_WORKER_ONLY();
   torch::set_num_threads(1);
-  auto dims = init_ep_worker();
+  auto dims = vlm::test::ep_worker_dims();
   EpConfig c;
   c.end = 2;
   c.save_dir = ep_ckpt_dir();
@@ -505,7 +497,7 @@ TEST(ExpertParallelDist, DISABLED_SaveWorker) {
 TEST(ExpertParallelDist, DISABLED_ResumeWorker) {
   VLM_DIST_WORKER_ONLY();
   torch::set_num_threads(1);
-  auto dims = init_ep_worker();
+  auto dims = vlm::test::ep_worker_dims();
   EpConfig c;
   c.begin = 2;
   c.end = 3;
@@ -525,7 +517,7 @@ TEST(ExpertParallelDist, DISABLED_ResumeWorker) {
 
 TEST(ExpertParallelDist, CheckpointAtEp2ResumesAtEp4) {
   fsdp_testing::fs::remove_all(ep_ckpt_dir());
-  fsdp_testing::launch(2, "ExpertParallelDist.DISABLED_SaveWorker", 240, [](int) { return ep_env(2); });
+  fsdp_testing::launch(2, "ExpertParallelDist.DISABLED_SaveWorker", 240, [](int) { return ep_worker_env(2); });
   // Every vector once: per key, the slices' lengths sum to its numel (all E experts).
   std::map<std::string, int64_t> covered;
   for (const auto& e : fsdp_testing::fs::directory_iterator(ep_ckpt_dir())) {
@@ -542,7 +534,7 @@ TEST(ExpertParallelDist, CheckpointAtEp2ResumesAtEp4) {
       EXPECT_EQ(covered[item.key() + "#" + kind], item.value().numel()) << item.key() << " " << kind;
   }
   EXPECT_EQ(expert_keys, 2 * model->cfg.text.count_sparse_layers());
-  fsdp_testing::launch(4, "ExpertParallelDist.DISABLED_ResumeWorker", 240, [](int) { return ep_env(4); });
+  fsdp_testing::launch(4, "ExpertParallelDist.DISABLED_ResumeWorker", 240, [](int) { return ep_worker_env(4); });
   fsdp_testing::fs::remove_all(ep_ckpt_dir());
 }
 
