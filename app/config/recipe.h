@@ -317,6 +317,8 @@ struct DistSection {
   double timeout_s = 600;
   int64_t dp_shard = 0;
   int64_t ep = 1;
+  int64_t cp = 1;
+  std::string cp_mode = "ulysses";
 
   template <class V> void fields(V& v) {
     v("backend", backend, Choice{{"auto", "gloo", "nccl"}},
@@ -329,6 +331,13 @@ struct DistSection {
     v("ep", ep, Range{1, 1e6},
       "expert parallelism: ranks per EP group (consecutive ranks) splitting each MoE layer's experts, for the "
       "`ep` sharding rules; must divide the world size and the experts per layer; 1 = none");
+    v("cp", cp, Range{1, 1e6},
+      "context parallelism: ranks per group (consecutive ranks) that split each sequence between them and run "
+      "the same micro-batches (the data-parallel degree is world / cp); must divide the world size; 1 = none "
+      "(docs/context_parallel.md)");
+    v("cp_mode", cp_mode, Choice{{"ulysses", "ring"}},
+      "how a split sequence attends: `ulysses` (an all-to-all around each attention gives every rank H / cp heads "
+      "of the whole sequence; cp must divide the heads); `ring` is not built yet");
   }
 };
 

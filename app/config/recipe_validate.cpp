@@ -107,6 +107,15 @@ void Recipe::validate(Purpose purpose) const {
                          k + "' (this rule has policy = \"" + rule.policy + "\")");
   }
 
+  // dist
+  if (dist.cp > 1 && dist.cp_mode == "ring")
+    fail("dist.cp_mode", "\"ring\" (ring attention) is not built yet (expected \"ulysses\")");
+  if (dist.cp > 1 && dist.ep > 1)
+    fail("dist.cp", "cp = " + std::to_string(dist.cp) + " with ep = " + std::to_string(dist.ep) +
+                        ": context and expert parallelism together are not built yet (expected one of them 1)");
+  if (dist.cp > 1 && model.router_aux_loss_coef != 0)
+    fail("dist.cp", "context parallelism has no MoE load-balancing loss yet (expected model.router_aux_loss_coef = 0)");
+
   // checkpoint
   if (checkpoint.resume.empty())
     fail("checkpoint.resume", "empty (expected \"auto\", \"none\" or a checkpoint directory)");

@@ -58,6 +58,7 @@ vlm::sharding::ParallelOptions parallel_options(const Recipe& recipe) {
   po.mesh = uses_hybrid_shard(recipe);
   po.dp_shard = static_cast<int>(recipe.dist.dp_shard);
   po.ep = static_cast<int>(recipe.dist.ep);
+  po.cp = static_cast<int>(recipe.dist.cp);
   return po;
 }
 

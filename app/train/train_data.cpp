@@ -19,8 +19,15 @@ struct TrainData::Produced {
 
 TrainData::TrainData(const Recipe& recipe, const vlm::Tokenizer& tok, const vlm::VlmConfig& cfg, int64_t rank,
                      int64_t world, const std::function<void()>& barrier,
-                     std::function<void(const std::string&)> warn)
-    : recipe_(recipe), tok_(tok), cfg_(cfg), rank_(rank), world_(world), warn_(std::move(warn)) {
+                     std::function<void(const std::string&)> warn, int64_t cp)
+    : recipe_(recipe),
+      tok_(tok),
+      cfg_(cfg),
+      rank_(rank),
+      data_rank_(rank / cp),
+      data_world_(world / cp),
+      warn_(std::move(warn)) {
+  VLM_CHECK(cp >= 1 && world % cp == 0, "TrainData: cp = ", cp, " does not divide the world size ", world);
   const DataSection& d = recipe.data;
   VLM_CHECK(!d.train.empty(), recipe.location("data.train"),
             ": data.train is empty (expected one or more JSONL files; hint: --set data.train=FILE.jsonl)");
@@ -52,7 +59,7 @@ TrainData::TrainData(const Recipe& recipe, const vlm::Tokenizer& tok, const vlm:
   }
   vlm::data::SamplerOptions so;
   so.dataset_size = static_cast<int64_t>(ds_.records.size());
-  so.world_size = world;
+  so.world_size = data_world_;
   so.batch_per_rank = recipe.batch.samples_per_rank;
   so.seed = static_cast<uint64_t>(recipe.run.seed);
   so.shuffle = d.shuffle;
@@ -76,14 +83,14 @@ void TrainData::plan_epoch(const vlm::data::SamplerCursor& from) {
     PlannedStep ps;
     ps.start = c;
     std::vector<vlm::collate::SampleCost> step_costs;
-    for (int64_t r = 0; r < world_; ++r) {
+    for (int64_t r = 0; r < data_world_; ++r) {
       vlm::data::SamplerStep s = sampler_->step(c, r);
       for (int64_t idx : s.indices) step_costs.push_back(costs_[static_cast<size_t>(idx)]);
       ps.padded += s.padded;
       ps.next = s.next;
     }
-    vlm::collate::StepPlan plan = vlm::collate::plan_step(step_costs, static_cast<int>(world_), budgets_);
-    ps.mine = std::move(plan.ranks[static_cast<size_t>(rank_)]);
+    vlm::collate::StepPlan plan = vlm::collate::plan_step(step_costs, static_cast<int>(data_world_), budgets_);
+    ps.mine = std::move(plan.ranks[static_cast<size_t>(data_rank_)]);
     ps.plan_skipped = static_cast<int64_t>(plan.skipped.size());
     if (rank_ == 0)
       for (const auto& sk : plan.skipped)

@@ -46,9 +46,11 @@ class TrainData {
  public:
   // barrier: called between rank 0's pass over the dataset (which writes the index
   // caches) and the other ranks' (which read them). `warn` receives data warnings.
+  // cp: context parallelism (dist.cp): the cp consecutive ranks of a group get the same
+  // samples; the sampler and the step plan see world / cp data-parallel ranks.
   TrainData(const Recipe& recipe, const vlm::Tokenizer& tok, const vlm::VlmConfig& cfg, int64_t rank,
             int64_t world, const std::function<void()>& barrier,
-            std::function<void(const std::string&)> warn);
+            std::function<void(const std::string&)> warn, int64_t cp = 1);
   ~TrainData();
 
   int64_t dataset_size() const { return static_cast<int64_t>(ds_.records.size()); }
@@ -73,7 +75,8 @@ class TrainData {
   const Recipe& recipe_;
   const vlm::Tokenizer& tok_;
   vlm::VlmConfig cfg_;
-  int64_t rank_, world_;
+  int64_t rank_;                    // this process among all
+  int64_t data_rank_, data_world_;  // its data-parallel group among all (rank / cp, world / cp)
   std::function<void(const std::string&)> warn_;
   vlm::data::Dataset ds_;
   std::vector<vlm::collate::SampleCost> costs_;

@@ -151,10 +151,11 @@ int64_t total_steps(const Recipe& r, int64_t steps_per_epoch) {
 // Rank 0: the data set, the steps, the batch.
 void log_data(const Recipe& recipe, const TrainData& data, int64_t steps_total, vlm::sharding::ParallelDims& dims) {
   if (!dims.is_main()) return;
-  spdlog::info("data: {} | {} steps per epoch of {} samples ({} per rank) | {} steps | packing {}",
-               data.dataset().summary(), data.steps_per_epoch(), recipe.batch.samples_per_rank * dims.world_size(),
-               recipe.batch.samples_per_rank, steps_total,
-               recipe.batch.packing ? "on (padding-free rows)" : "off (padded rows)");
+  spdlog::info("data: {} | {} steps per epoch of {} samples ({} per {}) | {} steps | packing {}",
+               data.dataset().summary(), data.steps_per_epoch(), recipe.batch.samples_per_rank * dims.dp_size(),
+               recipe.batch.samples_per_rank,
+               dims.cp() > 1 ? fmt::format("group of {} context-parallel ranks", dims.cp()) : std::string("rank"),
+               steps_total, recipe.batch.packing ? "on (padding-free rows)" : "off (padded rows)");
 }
 
 // Collective: every rank has the same recipe, model config, unit table and data set size
@@ -393,8 +394,11 @@ void Trainer::optimizer_step(StepResult& r, const std::string& ctx) {
 // loss), then the optimizer. Advances st past the step (all but train_seconds).
 StepResult Trainer::train_step(StagedStep& in, const std::string& ctx) {
   const StepData& sd = in.host;
+  // Context parallelism: the cp ranks of a group share their micro-batches; each shares the
+  // loss (its chunk's part), one of them counts what the micro-batches hold.
+  const bool counts = dims.cp_rank() == 0;
   int64_t local_sup = 0;
-  for (const auto& mb : sd.micro_batches) local_sup += mb.supervised_tokens;
+  for (const auto& mb : sd.micro_batches) local_sup += counts ? mb.supervised_tokens : 0;
   StepResult r;
   r.supervised_tokens = vlm::sharding::global_token_count(comm, local_sup);
   const double scale = 1.0 / static_cast<double>(std::max<int64_t>(1, r.supervised_tokens));
@@ -407,14 +411,16 @@ StepResult Trainer::train_step(StagedStep& in, const std::string& ctx) {
 
   StepStats local;
   local.loss_sum = sums.loss.item<double>();
-  local.samples = sd.samples;
-  local.images = sd.images;
-  local.llm_tokens = sums.llm_tokens;
-  local.flops = flop_model.flops(sums.llm_tokens, sums.patches);
-  local.dropped = sd.dropped;
   local.stop_requests = g_signal.load() != 0 ? 1 : 0;
-  local.padding_tokens = sums.padding.tokens;
-  local.padding = sums.padding.padding;
+  if (counts) {
+    local.samples = sd.samples;
+    local.images = sd.images;
+    local.llm_tokens = sums.llm_tokens;
+    local.flops = flop_model.flops(sums.llm_tokens, sums.patches);
+    local.dropped = sd.dropped;
+    local.padding_tokens = sums.padding.tokens;
+    local.padding = sums.padding.padding;
+  }
   r.stats = reduce_step_stats(comm, local, ctx);
   r.loss = r.stats.loss_sum * scale;
 
@@ -519,7 +525,7 @@ TrainSummary run_training(const Recipe& recipe) {
 
     // ---------------------------------------------------------------- data
     TrainData data(recipe, *m.tok, m.cfg, dims.rank(), dims.world_size(), [&] { comm.barrier("dataset index caches"); },
-                   [](const std::string& w) { spdlog::warn("{}", w); });
+                   [](const std::string& w) { spdlog::warn("{}", w); }, dims.cp());
     const int64_t steps_total = total_steps(recipe, data.steps_per_epoch());
     log_data(recipe, data, steps_total, dims);
     check_same_run(comm, recipe, m, data);

@@ -226,6 +226,7 @@ struct ParallelDims::Init {
     p.replicate_ = local_comm(opts);
     p.ep_comm_ = local_comm(opts);
     p.expert_replicate_ = local_comm(opts);
+    p.cp_comm_ = local_comm(opts);
   }
 
   // The expert-parallel degree from the options.
@@ -235,6 +236,17 @@ struct ParallelDims::Init {
               " does not divide the world size ", env.world_size,
               " (hint: expert parallelism splits the experts within groups of ep consecutive ranks and replicates "
               "them across world / ep groups; pick a divisor of the world size, 1 for none)");
+  }
+
+  // The context-parallel degree from the options.
+  void cp_shape() {
+    p.cp_ = opts.cp;
+    VLM_CHECK(opts.cp >= 1 && env.world_size % opts.cp == 0, "dist.cp = ", opts.cp,
+              " does not divide the world size ", env.world_size,
+              " (hint: context parallelism splits each sequence within groups of cp consecutive ranks; pick a "
+              "divisor of the world size, 1 for none)");
+    VLM_CHECK(opts.cp == 1 || opts.ep == 1, "dist.cp = ", opts.cp, " with dist.ep = ", opts.ep,
+              ": context and expert parallelism together are not built yet (hint: one of them 1)");
   }
 
   // The rendezvous store: rank 0 hosts it, or every rank joins the torchrun agent's (under
@@ -403,12 +415,29 @@ struct ParallelDims::Init {
     if (r) p.mesh_groups_.push_back(r);
   }
 
+  // Context parallelism's groups (ParallelOptions::cp), after the expert-parallel ones: runs
+  // of cp consecutive ranks ("cp<g>"), agreed on over the control plane first. cp 1: local.
+  void cp_groups() {
+    p.cp_comm_ = local_comm(opts);
+    p.cp_comm_->set_plane("data/cp", p.control_.get());
+    torch::Tensor d = torch::tensor({static_cast<double>(p.cp_), -static_cast<double>(p.cp_)}, torch::kFloat64);
+    p.control_->all_reduce(d, ReduceOp::kMax, "agree on context parallelism (dist.cp)");
+    VLM_CHECK(d[0].item<double>() == -d[1].item<double>(), who, ": the ranks ask for different context-parallel "
+              "degrees: cp is ", p.cp_, " here, between ", -d[1].item<double>(), " and ", d[0].item<double>(),
+              " over the ranks (hint: every rank must run the same recipe)");
+    if (p.cp_ == 1) return;
+    const int group = p.dp_rank();
+    c10::intrusive_ptr<c10d::Backend> g;
+    p.cp_comm_ = make_comm(str("cp/", group), str("data/cp", group), p.cp_rank(), p.cp_, &g);
+    if (g) p.mesh_groups_.push_back(g);
+  }
+
   // Every communicator created now, not at its first use: NCCL makes a group's communicator
   // lazily at its first collective, several of which would otherwise come inside backward on
   // the autograd thread, where a rank that reaches them differently waits for the watchdog.
   // Here every rank runs one all-reduce of a 1-element device tensor on each data-plane comm
   // (then the control plane), in data_comms()' fixed order
-  // (lanes, shard lanes, replicate, EP, expert replicate), waits for it and synchronises the
+  // (lanes, shard lanes, replicate, EP, expert replicate, CP), waits for it and synchronises the
   // device; the sum is checked and the time recorded.
   void warm_up_comms() {
     std::vector<Comm*> comms = p.data_comms();
@@ -438,6 +467,7 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
   const bool cuda = in.pick_device();
   in.mesh_shape();
   in.ep_shape();
+  in.cp_shape();
   if (env.world_size == 1) {
     in.local_comms();
     return p;
@@ -448,6 +478,7 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
   in.lanes();
   in.mesh_groups();
   in.ep_groups();
+  in.cp_groups();
   in.warm_up_comms();
   if (p.backend_ == Backend::kNccl) p.start_watchdog();
   return p;
@@ -473,6 +504,7 @@ std::vector<Comm*> ParallelDims::data_comms() const {
   add(replicate_);
   add(ep_comm_);
   add(expert_replicate_);
+  add(cp_comm_);
   return out;
 }
 

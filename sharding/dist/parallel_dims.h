@@ -82,6 +82,11 @@ struct ParallelOptions {
   // consecutive ranks split each MoE layer's experts between them (a dimension inside data
   // parallelism: it must divide the world size). 1: no expert parallelism.
   int ep = 1;
+  // Context parallelism (recipe: dist.cp; sharding/parallel/context_parallel.h): groups of `cp`
+  // consecutive ranks split each micro-batch's sequence between them and run the same
+  // micro-batches (the data-parallel ranks are the world / cp groups). It must divide the
+  // world size; not with ep > 1 yet. 1: none.
+  int cp = 1;
 };
 
 // The NCCL environment vlmtrain runs with, set before the first NCCL process group unless
@@ -149,7 +154,15 @@ class ParallelDims {
   int ep_group() const { return env_.rank / ep_; }
   Comm& ep_comm() const { return *ep_comm_; }
   Comm& expert_replicate_comm() const { return *expert_replicate_; }
-  // Every distinct data-plane comm (lanes, mesh groups, expert-parallel groups).
+  // Context parallelism (ParallelOptions::cp): rank = dp_rank() * cp() + cp_rank(). The cp
+  // ranks of a group share their data (the sampler and step plan see dp_size() ranks) and
+  // exchange q/k/v over the group's comm (its own process group); local when cp is 1.
+  int cp() const { return cp_; }
+  int cp_rank() const { return env_.rank % cp_; }
+  int dp_rank() const { return env_.rank / cp_; }
+  int dp_size() const { return env_.world_size / cp_; }
+  Comm& cp_comm() const { return *cp_comm_; }
+  // Every distinct data-plane comm (lanes, mesh groups, expert- and context-parallel groups).
   std::vector<Comm*> data_comms() const;
   // The data plane's counters summed over its comms (lanes and mesh), and their reset.
   CommStats data_stats() const;
@@ -202,6 +215,8 @@ class ParallelDims {
   int ep_ = 1;
   std::shared_ptr<Comm> ep_comm_;           // EP group: the dispatch all-to-alls
   std::shared_ptr<Comm> expert_replicate_;  // same experts: their gradient all-reduce
+  int cp_ = 1;
+  std::shared_ptr<Comm> cp_comm_;  // context-parallel group: the sequence exchanges
   std::vector<c10::intrusive_ptr<c10d::Backend>> mesh_groups_;
   std::vector<CommWarmUp> warm_ups_;
 };

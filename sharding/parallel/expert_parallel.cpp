@@ -3,49 +3,12 @@
 
 #include <cstdint>
 
+#include "sharding/parallel/all_to_all_rows.h"
 #include "vlm/runtime/check.h"
 #include "vlm/runtime/device_staging.h"
 
 namespace vlm::sharding {
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-// x [sum(send), d] -> [sum(recv), d]: run k of x (send[k] rows) to rank k; backward: the
-// gradient [sum(recv), d] goes back with the splits swapped. The comm travels as its
-// address in saved_data (an IValue holds no C++ reference); it outlives the graph (the
-// dispatcher's comm belongs to ParallelDims).
-struct AllToAllRows : public torch::autograd::Function<AllToAllRows> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t comm_addr,
-                               const std::vector<int64_t>& send, const std::vector<int64_t>& recv,
-                               const std::string& what) {
-    ctx->saved_data["comm"] = comm_addr;
-    ctx->saved_data["send"] = send;
-    ctx->saved_data["recv"] = recv;
-    ctx->saved_data["what"] = what;
-    return run(comm_addr, x, send, recv, what);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
-    const int64_t comm_addr = ctx->saved_data["comm"].toInt();
-    const auto send = ctx->saved_data["send"].toIntVector();
-    const auto recv = ctx->saved_data["recv"].toIntVector();
-    const std::string what = ctx->saved_data["what"].toStringRef() + " (backward)";
-    // grad_out[0] is materialised (zeros) when undefined: every rank issues the op.
-    torch::Tensor g = run(comm_addr, grad_out[0].contiguous(), recv, send, what);
-    return {g, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
-  }
-  // x: [sum(send), d] -> [sum(recv), d]
-  static torch::Tensor run(int64_t comm_addr, const torch::Tensor& x, const std::vector<int64_t>& send,
-                           const std::vector<int64_t>& recv, const std::string& what) {
-    Comm& comm = *reinterpret_cast<Comm*>(static_cast<intptr_t>(comm_addr));
-    int64_t rows = 0;
-    for (int64_t r : recv) rows += r;
-    torch::Tensor out = torch::empty({rows, x.size(1)}, x.options());
-    comm.all_to_all(out, x.contiguous(), recv, send, what);
-    return out;
-  }
-};
 
 // The permutation that regroups rows received as (source rank j, local expert h) blocks
 // into (h, j) blocks, i.e. grouped by local expert. recv: [n, H] rows per block (host).
@@ -111,7 +74,7 @@ torch::Tensor ExpertParallelDispatcher::dispatch(vlm::MoeExpertsImpl& experts, c
   //    this all-to-all's reverse: on a rank whose rows need no gradient (everything before
   //    the layer frozen, no image in its micro-batch) autograd would skip it while the others
   //    wait in it. The gradient it brings back is dropped there.
-  const int64_t addr = static_cast<int64_t>(reinterpret_cast<intptr_t>(&comm_));
+  const int64_t addr = comm_address(comm_);
   const bool symmetric = torch::GradMode::is_enabled() && !rows.requires_grad();
   const torch::Tensor rows_in = symmetric ? rows.detach().requires_grad_(true) : rows;
   const torch::Tensor received = AllToAllRows::apply(rows_in, addr, send, recv, what + ", rows");

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "sharding/parallel/activation_checkpoint.h"
+#include "sharding/parallel/context_parallel.h"
 #include "sharding/parallel/fsdp.h"
 #include "sharding/parallel/lora.h"
 #include "sharding/parallel/sharded_load.h"
@@ -197,6 +198,8 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model
   ShardedLoadStats expert_load;
   const ExpertLoad eload{source, dims.device(), opts.param_dtype, &expert_load};
   if (ep_rules) sm->dispatcher_ = apply_expert_parallel(model, dims, source != nullptr ? &eload : nullptr);
+  // 0c. Context parallelism: the decoder's attentions exchange over the cp group.
+  apply_context_parallel(model, dims);
   // 1. Policy table.
   sm->units_ = resolve_units(model, opts);
   for (const auto& u : sm->units_)

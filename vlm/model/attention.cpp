@@ -114,8 +114,10 @@ TextAttentionImpl::TextAttentionImpl(const TextConfig& cfg, const torch::TensorO
 
 torch::Tensor TextAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                          const torch::Tensor& sin, const torch::Tensor& mask,
-                                         LayerKv* cache, const std::vector<int64_t>* cu_seqlens) {
+                                         LayerKv* cache, const std::vector<int64_t>* cu_seqlens,
+                                         SequenceExchange* sp) {
   const int64_t b = x.size(0), l = x.size(1);
+  VLM_CHECK(sp == nullptr || cache == nullptr, "sequence parallelism: no KV cache (training forwards only)");
   VLM_CHECK(cu_seqlens == nullptr || (b == 1 && !mask.defined() && cache == nullptr),
             "packed attention (text cu_seqlens) needs one row [1, L], no mask and no KV cache; got B = ", b,
             mask.defined() ? ", a mask" : "", cache != nullptr ? ", a cache" : "",
@@ -147,6 +149,21 @@ torch::Tensor TextAttentionImpl::forward(const torch::Tensor& x, const torch::Te
     cache->v = v;
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  if (sp != nullptr) {  // Ulysses: every token, H / cp heads; then back to this rank's tokens
+    auto hs = seq_to_heads(*sp, q, k, v, "sequence parallel q/k/v");  // [B, H / cp, L_full, D]
+    const int64_t lf = hs.q.size(2), hc = hs.q.size(1);
+    torch::Tensor o;
+    if (cu_seqlens != nullptr) {
+      auto packed = [](const torch::Tensor& t) { return t.squeeze(0).transpose(0, 1); };
+      o = varlen_attention(packed(hs.q), packed(hs.k), packed(hs.v), *cu_seqlens, scale, /*causal=*/true)
+              .transpose(0, 1).unsqueeze(0);  // [1, H / cp, L_full, D]
+    } else {
+      o = attention(hs.q, hs.k, hs.v, mask, scale, !mask.defined());
+    }
+    VLM_ASSERT(o.size(1) == hc && o.size(2) == lf, "sequence parallel attention output ", o.sizes());
+    auto mine = heads_to_seq(*sp, o, "sequence parallel attention output");  // [B, Ls, H, D]
+    return out(mine.reshape({b, l, num_heads * head_dim}), gate);
+  }
   if (cu_seqlens != nullptr) {  // packed row: causal inside each sample, [1, H, L, D] <-> [L, H, D]
     auto packed = [](const torch::Tensor& t) { return t.squeeze(0).transpose(0, 1); };
     auto o = varlen_attention(packed(q), packed(k), packed(v), *cu_seqlens, scale, /*causal=*/true);

@@ -28,10 +28,12 @@ class DecoderLayerImpl : public torch::nn::Module {
   // x: [B, L, d]; cos/sin: [B, L, R]; mask: bool [B, 1, L, T] (attention) and padding: [B, L]
   // (the new tokens' attention_mask, linear attention), either undefined; cache: optional;
   // cu_seqlens: optional packed-row segments (TextAttentionImpl::forward); aux: the forward's
-  // load-balancing state (sparse layers; null = none) -> [B, L, d]
+  // load-balancing state (sparse layers; null = none); sp: the sequence split over a
+  // context-parallel group (sequence_parallel.h; attention layers only; null = none) -> [B, L, d]
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& mask, const torch::Tensor& padding, LayerCache* cache = nullptr,
-                        const std::vector<int64_t>* cu_seqlens = nullptr, RouterAuxState* aux = nullptr);
+                        const std::vector<int64_t>* cu_seqlens = nullptr, RouterAuxState* aux = nullptr,
+                        SequenceExchange* sp = nullptr);
   MixerKind mixer;
   Norm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   TextAttention self_attn{nullptr};     // full_attention layers

@@ -42,8 +42,12 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torc
                                          UnitRunner& runner, const std::string& prefix,
                                          const DeepStackInputs* deepstack,
                                          const std::vector<int64_t>* text_cu_seqlens,
-                                         const std::shared_ptr<RouterAuxState>& aux) {
+                                         const std::shared_ptr<RouterAuxState>& aux, SequenceExchange* sp) {
   const int64_t b = embeds.size(0), l = embeds.size(1);
+  // Attention sees the whole sequence: lf tokens (l on a sequence-parallel rank's chunk).
+  const int64_t lf = sp != nullptr ? l * sp->size() : l;
+  VLM_CHECK(sp == nullptr || (cache == nullptr && aux == nullptr),
+            "sequence parallelism: no KV cache and no load-balancing loss (training forwards of dense models)");
   VLM_CHECK(text_cu_seqlens == nullptr || (b == 1 && !attention_mask.defined() && cache == nullptr),
             "text_cu_seqlens: a packed row is [1, L] with no attention_mask and no cache, got B = ", b);
   const int64_t past = cache ? cache->length() : 0;
@@ -53,14 +57,15 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torc
   VLM_CHECK(attention_mask.defined() || cache == nullptr,
             "attention_mask: decoding with a KV cache needs the mask of the cached + new tokens");
   VLM_CHECK(!attention_mask.defined() || (attention_mask.dim() == 2 && attention_mask.size(0) == b &&
-                                          attention_mask.size(1) == past + l),
-            "attention_mask: expected [", b, ", ", past + l, "] (cached + new tokens), got ",
+                                          attention_mask.size(1) == past + lf),
+            "attention_mask: expected [", b, ", ", past + lf, "] (cached + new tokens), got ",
             attention_mask.defined() ? attention_mask.sizes() : torch::IntArrayRef{});
   if (cache && cache->layers.empty()) cache->layers.resize(layers.size());
   auto cs = mrope_cos_sin(stage_to_device(position_ids, embeds.device()), cfg.rotary_dim(), cfg.rope_theta,
                           cfg.mrope_section, embeds.scalar_type(), cfg.mrope_interleaved);  // [B, L, R]
   // Undefined: causal attention without a mask tensor (flash attention on CUDA).
-  auto mask = attention_mask.defined() ? causal_padding_mask(stage_to_device(attention_mask, embeds.device()), l) : torch::Tensor();
+  auto mask = attention_mask.defined() ? causal_padding_mask(stage_to_device(attention_mask, embeds.device()), lf)
+                                       : torch::Tensor();
   // The new tokens' padding, for linear-attention layers (zeroed before the mixer).
   auto padding = attention_mask.defined() && cfg.count_layers(MixerKind::linear_attention) > 0
                      ? stage_to_device(attention_mask.narrow(1, past, l), embeds.device())
@@ -74,14 +79,16 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torc
     DecoderLayer& layer = layers[i];
     LayerCache* kv = cache ? &cache->layers[i] : nullptr;
     h = runner.run(prefix + ".layers." + std::to_string(i), *layer, h,
-                   [layer, cos = cs.cos, sin = cs.sin, mask, padding, kv, cu, aux](const torch::Tensor& x) mutable {
-                     return layer(x, cos, sin, mask, padding, kv, cu.get(), aux.get());
+                   [layer, cos = cs.cos, sin = cs.sin, mask, padding, kv, cu, aux, sp](const torch::Tensor& x) mutable {
+                     return layer(x, cos, sin, mask, padding, kv, cu.get(), aux.get(), sp);
                    });
     if (deepstack != nullptr && i < deepstack->embeds.size()) {
       // h[mask] += embeds[i], as HF's _deepstack_process. By index when the rows are known:
       // masked_scatter's backward (masked_select) has a data-dependent shape, a host sync.
       const auto e = deepstack->embeds[i].to(h.scalar_type());
-      if (deepstack->rows.defined()) {
+      if (deepstack->dense) {
+        h = h + e;
+      } else if (deepstack->rows.defined()) {
         h = add_rows(h.reshape({-1, h.size(-1)}), deepstack->rows, e).view_as(h);
       } else {
         auto m = stage_to_device(deepstack->mask, h.device()).unsqueeze(-1).expand_as(h);

@@ -36,7 +36,8 @@ torch::Tensor causal_padding_mask(const torch::Tensor& attention_mask, int64_t n
 struct DeepStackInputs {
   torch::Tensor mask;                 // [B, L] bool: image-token positions (when rows is undefined)
   torch::Tensor rows;                 // [M] int64 on the device: their flat positions b*L+t
-  std::vector<torch::Tensor> embeds;  // each [M, d]
+  std::vector<torch::Tensor> embeds;  // each [M, d]; dense: each [B, L, d], added whole
+  bool dense = false;                 // (sequence parallelism: a chunk's features, zero elsewhere)
 };
 
 class LanguageModelImpl : public torch::nn::Module {
@@ -53,11 +54,14 @@ class LanguageModelImpl : public torch::nn::Module {
   // (B == 1, no mask, no cache): each sample attends causally inside itself only.
   // aux: optional (mixture of experts): the forward's load-balancing state; every sparse layer
   // records its routing there and attaches the aux-loss gradient (moe.h), finished here.
+  // sp: optional (sequence parallelism, sequence_parallel.h; no cache, no aux): embeds,
+  // position_ids and deepstack are this rank's chunk of L / cp tokens; attention_mask and
+  // text_cu_seqlens the whole (padded) sequence's -> this rank's [B, L / cp, d].
   torch::Tensor forward(const torch::Tensor& embeds, const torch::Tensor& position_ids,
                         const torch::Tensor& attention_mask, KvCache* cache, UnitRunner& runner,
                         const std::string& prefix = "model", const DeepStackInputs* deepstack = nullptr,
                         const std::vector<int64_t>* text_cu_seqlens = nullptr,
-                        const std::shared_ptr<RouterAuxState>& aux = nullptr);
+                        const std::shared_ptr<RouterAuxState>& aux = nullptr, SequenceExchange* sp = nullptr);
   TextConfig cfg;
   Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers_list{nullptr};  // registered as "layers"

@@ -143,6 +143,12 @@ ForwardOutput VisionLanguageModelImpl::forward(const Batch& batch, bool return_l
   if (!pos.defined())
     pos = packed ? packed_position_ids(ids, batch.image_grid_thw, text_cu, cfg)
                  : get_rope_index(ids, batch.image_grid_thw, mask, cfg).position_ids;
+  if (sp_ && sp_->size() > 1 && batch.labels.defined() && !return_logits) {
+    auto out = forward_chunk(batch, embeds, pos, batch.right_padded || packed ? torch::Tensor() : mask,
+                             std::move(text_cu), deepstack);
+    if (zero_term.defined()) out.loss_sum = out.loss_sum + zero_term;
+    return out;
+  }
   // Mixture of experts with a load-balancing loss: one state for this forward (moe.h).
   std::shared_ptr<RouterAuxState> aux;
   if (batch.router_aux_weight != 0 && cfg.text.count_sparse_layers() > 0) {
@@ -190,6 +196,59 @@ ForwardOutput VisionLanguageModelImpl::forward(const Batch& batch, bool return_l
     out.loss_sum = head_loss(h, lb);
   }
   if (out.loss_sum.defined() && zero_term.defined()) out.loss_sum = out.loss_sum + zero_term;
+  return out;
+}
+
+ForwardOutput VisionLanguageModelImpl::forward_chunk(const Batch& batch, torch::Tensor embeds, torch::Tensor pos,
+                                                   torch::Tensor mask, std::vector<int64_t> text_cu,
+                                                   const DeepStackInputs& deepstack) {
+  VLM_CHECK(batch.router_aux_weight == 0 || cfg.text.count_sparse_layers() == 0,
+            "sequence parallelism (dist.cp) has no load-balancing loss yet (hint: model.router_aux_loss_coef = 0)");
+  const auto dev = embeds.device();
+  const int64_t b = embeds.size(0), l = embeds.size(1), d = embeds.size(2);
+  const SequenceChunk c = sequence_chunk(l, sp_->size(), sp_->rank());
+  const int64_t pad = c.padded - l;
+  // Padding to a multiple of cp: after every real token (causal attention never reaches it),
+  // masked as a key, its own packed segment, position = the last one's.
+  if (pad > 0) {
+    embeds = torch::cat({embeds, torch::zeros({b, pad, d}, embeds.options())}, 1);
+    pos = torch::cat({pos, pos.narrow(2, l - 1, 1).expand({3, b, pad})}, 2);
+    if (mask.defined()) mask = torch::cat({mask, torch::zeros({b, pad}, mask.options())}, 1);
+    if (!text_cu.empty()) text_cu.push_back(c.padded);
+  }
+  // DeepStack features (Qwen3-VL) as this chunk's dense addends: zero but at image tokens.
+  DeepStackInputs ds;
+  if (!deepstack.embeds.empty()) {
+    ds.dense = true;
+    for (const auto& e : deepstack.embeds) {
+      torch::Tensor full;
+      if (deepstack.rows.defined()) {  // flat rows b*L+t -> b*padded+t
+        auto rows = deepstack.rows + deepstack.rows.div(l, "floor") * pad;
+        full = add_rows(torch::zeros({b * c.padded, d}, e.options()), rows, e).view({b, c.padded, d});
+      } else {
+        auto m = stage_to_device(deepstack.mask, dev).to(torch::kBool);
+        if (pad > 0) m = torch::cat({m, torch::zeros({b, pad}, m.options())}, 1);
+        full = torch::zeros({b, c.padded, d}, e.options()).masked_scatter(m.unsqueeze(-1).expand({b, c.padded, d}), e);
+      }
+      ds.embeds.push_back(full.narrow(1, c.begin, c.len));
+    }
+  }
+  auto hidden = model->forward(embeds.narrow(1, c.begin, c.len), pos.narrow(2, c.begin, c.len), mask, nullptr,
+                               *runner_, "model", ds.embeds.empty() ? nullptr : &ds,
+                               text_cu.empty() ? nullptr : &text_cu, nullptr, sp_.get());  // [B, Ls, d]
+  // The micro-batch's supervised rows (a count known on the host: no sync), those of other
+  // chunks ignored (label -100): flat row b*(L-1)+t predicts labels[b, t+1].
+  ForwardOutput out;
+  auto keep = stage_to_device(batch.loss_rows.defined() ? batch.loss_rows : supervised_rows(batch.labels), dev);
+  out.n_tokens = keep.size(0);
+  const int64_t step = std::max<int64_t>(l - 1, 1);
+  auto row = keep.div(step, "floor"), t = keep - row * step;
+  auto labels = stage_to_device(batch.labels, dev, torch::kInt64);
+  auto next = labels.reshape({-1}).index_select(0, row * l + t + 1);
+  auto inside = t.ge(c.begin).logical_and(t.lt(c.begin + c.len));
+  next = torch::where(inside, next, torch::full({}, -100, next.options()));
+  auto local = row * c.len + (t - c.begin).clamp(0, c.len - 1);
+  out.loss_sum = head_loss(hidden.reshape({-1, d}).index_select(0, local), next);
   return out;
 }
 

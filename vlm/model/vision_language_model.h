@@ -16,6 +16,7 @@
 #include "vlm/model/config.h"
 #include "vlm/model/language_model.h"
 #include "vlm/model/layers.h"
+#include "vlm/model/sequence_parallel.h"
 #include "vlm/model/unit_runner.h"
 #include "vlm/model/vision_tower.h"
 
@@ -70,9 +71,18 @@ class VisionLanguageModelImpl : public torch::nn::Module {
   // Training / scoring forward. Without an image in the batch, a dummy 1x2x2 image runs
   // through the whole vision tower and enters loss_sum multiplied by 0, so every call runs
   // every unit. loss_sum is defined only when labels are given.
+  // With a sequence exchange of cp > 1 ranks (set_sequence_exchange), the training path
+  // (labels, no logits) runs the decoder on this rank's chunk of the sequence
+  // (sequence_parallel.h): loss_sum is this rank's part of the micro-batch's loss (the cp
+  // ranks' parts sum to it), n_tokens the micro-batch's supervised tokens (all chunks).
+  // Every rank of the group must run the same micro-batch. Logits and generation do not split.
   ForwardOutput forward(const Batch& batch, bool return_logits = false);
 
   void set_runner(std::shared_ptr<UnitRunner> runner);
+  // Sequence parallelism: the context-parallel group's exchange (sharding/ installs it; null
+  // or size 1 = none).
+  void set_sequence_exchange(std::shared_ptr<SequenceExchange> exchange) { sp_ = std::move(exchange); }
+  SequenceExchange* sequence_exchange() const { return sp_.get(); }
   UnitRunner& runner() { return *runner_; }
   // Ordered unit table (call order of forward) for sharding.
   std::vector<Unit> units();
@@ -99,7 +109,14 @@ class VisionLanguageModelImpl : public torch::nn::Module {
   Linear lm_head{nullptr};  // null when tie_word_embeddings
 
  private:
+  // The training path on this rank's chunk of the sequence (forward's sp branch): embeds
+  // [B, L, d] and pos [3, B, L] of the whole micro-batch, mask [B, L] or undefined (causal),
+  // text_cu the packed row's boundaries (empty: not packed).
+  ForwardOutput forward_chunk(const Batch& batch, torch::Tensor embeds, torch::Tensor pos, torch::Tensor mask,
+                              std::vector<int64_t> text_cu, const DeepStackInputs& deepstack);
+
   std::shared_ptr<UnitRunner> runner_;
+  std::shared_ptr<SequenceExchange> sp_;
 };
 TORCH_MODULE(VisionLanguageModel);
 

@@ -1,0 +1,341 @@
+// Context parallelism, Ulysses mode (sharding/parallel/context_parallel.h,
+// vlm/model/sequence_parallel.h), in real processes on Gloo over loopback.
+//
+// Equality with one process: per configuration, 10 AdamW steps (clipping active) of a global
+// batch of 4 image samples (one micro-batch) and 4 text-only samples (a second one) of
+// different lengths, built by collate (right padding, causal attention without a mask; the
+// same rows left to the mask path; or padding-free packed rows), split over the world / cp
+// data-parallel groups, the cp ranks of a group running the same micro-batches on their
+// chunk of the sequence (lengths not a multiple of cp: padded inside the model). Compared
+// with one process running every sample with no sharding code (its own micro-batches of all
+// samples of a kind):
+//   - the loss of every step (1e-5 relative) and the gradient norm (1e-5 relative);
+//   - every gradient of step 0 before clipping (DDP: the reduced gradients), max |diff| <=
+//     1e-5 x max |grad| of that tensor;
+//   - every parameter after the 10 steps, 1e-5 absolute.
+// Families: tiny (Qwen2-VL: 4 heads, 2 kv heads: at cp 4 each kv head repeated), tiny-qwen2.5
+// (window attention in the tower), tiny-qwen3 (q/k norm, DeepStack features added at image
+// tokens of each chunk). cp 2 and 4 at world 2 and 4; dp 2 x cp 2 at world 4 (with FSDP
+// full_shard for one configuration, activation checkpointing of the decoder layers in
+// another: the exchange runs again in the recompute).
+// Bytes: step 0's all-to-all bytes on the cp comm equal ulysses_layer_bytes() over the
+// attention layers and micro-batches. No hang: the second data-parallel group's text
+// micro-batch is a filler (one pad token, nothing supervised) in the dp 2 x cp 2 runs.
+// Refusals: cp not dividing the heads, Gated DeltaNet layers (tiny-qwen3.5).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "collate/micro_batch.h"
+#include "sharding/parallel/context_parallel.h"
+#include "tests/sharding/parallel/fsdp_testing.h"
+
+namespace {
+
+using namespace vlm::sharding;
+
+constexpr int kCpSteps = 10;
+constexpr int kCpPerKind = 4;  // image samples and text-only samples per step (global)
+constexpr double kCpLr = 1e-4, kCpWd = 0.1, kCpClip = 0.5;
+
+enum class CpLayout { kRight, kLeftMask, kPacked };
+const char* cpd_layout_name(CpLayout l) {
+  return l == CpLayout::kRight ? "right-padded" : l == CpLayout::kLeftMask ? "masked" : "packed";
+}
+
+struct CpConfig {
+  std::string preset = "tiny";
+  CpLayout layout = CpLayout::kRight;
+  std::string policy = "ddp";  // everything: ddp | fsdp
+  bool ckpt = false;           // activation checkpointing of the decoder layers
+  bool filler = false;         // data-parallel group 1's text micro-batch is a filler
+  std::string tag(const ParallelDims& dims) const {
+    return vlm::str(preset, " ", cpd_layout_name(layout), " ", policy, ckpt ? " +ckpt" : "", filler ? " +filler" : "",
+                    " world ", dims.world_size(), " cp ", dims.cp(), " rank ", dims.rank());
+  }
+};
+
+// Sample i of `kind` (0 image, 1 text-only) at `step`: a prompt of 3 + i tokens, the image
+// (grids of 4 or 8 merged tokens), an answer of 3 + (i + step) % 4 supervised tokens.
+vlm::TokenizedSample cpd_sample(const vlm::VlmConfig& c, int step, int kind, int i) {
+  torch::manual_seed(1000 * step + 100 * kind + i);
+  vlm::TokenizedSample s;
+  s.index = kind * kCpPerKind + i;
+  const int64_t prompt = 3 + i, answer = 3 + (i + step) % 4;
+  auto text = torch::randint(10, 1000, {prompt + answer}, torch::kInt64);
+  for (int64_t k = 0; k < prompt; ++k) s.input_ids.push_back(text[k].item<int64_t>());
+  if (kind == 0) {
+    const std::array<int64_t, 3> grid = i % 2 == 0 ? std::array<int64_t, 3>{1, 4, 4} : std::array<int64_t, 3>{1, 4, 8};
+    const int64_t patches = grid[0] * grid[1] * grid[2];
+    s.grid_thw.push_back(grid);
+    s.pixel_values = torch::randn({patches, c.vision.patch_dim()});
+    s.input_ids.push_back(c.vision_start_token_id);
+    for (int64_t k = 0; k < patches / c.vision.merge_unit(); ++k) s.input_ids.push_back(c.image_token_id);
+    s.input_ids.push_back(c.vision_end_token_id);
+  }
+  s.labels.assign(s.input_ids.size(), -100);
+  for (int64_t k = prompt; k < prompt + answer; ++k) {
+    s.input_ids.push_back(text[k].item<int64_t>());
+    s.labels.push_back(text[k].item<int64_t>());
+  }
+  return s;
+}
+
+// The micro-batch of `samples` in the configuration's layout (host tensors).
+vlm::Batch cpd_batch(const std::vector<vlm::TokenizedSample>& samples, const vlm::VlmConfig& cfg, CpLayout layout) {
+  if (layout == CpLayout::kPacked) return vlm::collate::build_packed_micro_batch(samples, cfg).batch;
+  vlm::Batch b = vlm::collate::build_micro_batch(samples, cfg, /*pad_token_id=*/0).batch;
+  if (layout == CpLayout::kLeftMask) b.right_padded = false;  // the attention-mask path
+  return b;
+}
+
+// Step `step`'s samples of `kind` on data-parallel rank `dp` of `n` (all of them: dp < 0).
+std::vector<vlm::TokenizedSample> cpd_samples(const vlm::VlmConfig& cfg, int step, int kind, int dp, int n) {
+  std::vector<vlm::TokenizedSample> out;
+  for (int i = 0; i < kCpPerKind; ++i)
+    if (dp < 0 || i % n == dp) out.push_back(cpd_sample(cfg, step, kind, i));
+  return out;
+}
+
+vlm::VisionLanguageModel cpd_model(const std::string& preset) {
+  vlm::VisionLanguageModel m(vlm::preset(preset), torch::TensorOptions().device(torch::kMeta).dtype(torch::kFloat32));
+  vlm::materialize(*m, {torch::kCPU, torch::kFloat32, 11});
+  return m;
+}
+
+struct CpResult {
+  std::vector<double> losses, norms;
+  std::map<std::string, torch::Tensor> grads0;  // step 0, before clipping
+  std::map<std::string, torch::Tensor> params;  // after the last step
+  double a2a_bytes0 = 0, formula0 = 0;          // step 0's cp all-to-all bytes, and the formula's
+  int64_t a2a_calls0 = 0;
+};
+
+// One process, no sharding code; the filler group's text samples dropped, as the run drops them.
+CpResult cpd_reference(const CpConfig& c, int dp_groups) {
+  auto model = cpd_model(c.preset);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  std::vector<torch::Tensor> all;
+  for (auto& item : model->named_parameters()) {
+    auto o = std::make_unique<torch::optim::AdamWOptions>(kCpLr);
+    o->weight_decay(fsdp_testing::no_decay(item.key()) ? 0.0 : kCpWd);
+    groups.emplace_back(std::vector<torch::Tensor>{item.value()}, std::move(o));
+    all.push_back(item.value());
+  }
+  torch::optim::AdamW opt(groups, torch::optim::AdamWOptions(kCpLr));
+  CpResult r;
+  for (int step = 0; step < kCpSteps; ++step) {
+    torch::Tensor loss_sum = torch::zeros({});
+    int64_t tokens = 0;
+    for (int kind = 0; kind < 2; ++kind) {
+      std::vector<vlm::TokenizedSample> s;
+      for (int i = 0; i < kCpPerKind; ++i)
+        if (!(c.filler && kind == 1 && i % dp_groups == 1)) s.push_back(cpd_sample(model->cfg, step, kind, i));
+      auto out = model->forward(cpd_batch(s, model->cfg, c.layout));
+      loss_sum = loss_sum + out.loss_sum;
+      tokens += out.n_tokens;
+    }
+    (loss_sum / static_cast<double>(tokens)).backward();
+    r.losses.push_back(loss_sum.item<double>() / static_cast<double>(tokens));
+    double sumsq = 0;
+    for (auto& item : model->named_parameters()) {
+      const torch::Tensor g = item.value().grad();
+      if (!g.defined()) continue;
+      sumsq += g.to(torch::kFloat64).square().sum().item<double>();
+      if (step == 0) r.grads0[item.key()] = g.clone();
+    }
+    r.norms.push_back(std::sqrt(sumsq));
+    torch::nn::utils::clip_grad_norm_(all, kCpClip);
+    opt.step();
+    opt.zero_grad();
+  }
+  for (auto& item : model->named_parameters()) r.params[item.key()] = item.value().detach().clone();
+  return r;
+}
+
+ShardingOptions cpd_options(const CpConfig& c) {
+  ShardingOptions o;
+  o.default_policy = c.policy;
+  o.ddp_bucket_mb = 0.05;
+  if (c.ckpt) o.checkpoint_match = "model.layers.*";
+  o.optim.lr = kCpLr;
+  o.optim.weight_decay = kCpWd;
+  o.optim.grad_clip = kCpClip;
+  return o;
+}
+
+CpResult cpd_sharded(ParallelDims& dims, const CpConfig& c) {
+  auto model = cpd_model(c.preset);
+  auto sm = apply_policies(*model, cpd_options(c), dims);
+  EXPECT_NE(model->sequence_exchange(), nullptr);
+  const auto& cfg = model->cfg;
+  const int dp = dims.dp_rank(), groups = dims.dp_size();
+  CpResult r;
+  for (int step = 0; step < kCpSteps; ++step) {
+    vlm::Batch micro[2] = {cpd_batch(cpd_samples(cfg, step, 0, dp, groups), cfg, c.layout),
+                           cpd_batch(cpd_samples(cfg, step, 1, dp, groups), cfg, c.layout)};
+    if (c.filler && dp == 1) micro[1] = vlm::collate::filler_micro_batch(0).batch;
+    // The step's supervised tokens, counted once per cp group.
+    int64_t local = 0;
+    if (dims.cp_rank() == 0)
+      for (const auto& b : micro) local += vlm::supervised_rows(b.labels).size(0);
+    const int64_t tokens = global_token_count(dims.comm(), local);
+    if (step == 0) dims.reset_data_stats();
+    double loss_sum = 0;
+    for (int k = 0; k < 2; ++k) {
+      sm->set_sync(k == 1);
+      auto out = model->forward(micro[k]);
+      (out.loss_sum / static_cast<double>(tokens)).backward();
+      sm->finish_backward(vlm::str("step ", step));
+      loss_sum += out.loss_sum.item<double>();
+      if (step == 0) {
+        const auto chunk = vlm::sequence_chunk(micro[k].input_ids.size(1), dims.cp(), dims.cp_rank());
+        r.formula0 += static_cast<double>(cfg.text.num_hidden_layers) *
+                      ulysses_layer_bytes(cfg.text, dims.cp(), micro[k].input_ids.size(0), chunk.padded, 4) *
+                      (c.ckpt ? 1.5 : 1.0);  // recompute: the forward's two exchanges again
+      }
+    }
+    torch::Tensor l = torch::tensor({loss_sum}, torch::kDouble);
+    dims.comm().all_reduce(l, ReduceOp::kSum, "test: loss");
+    r.losses.push_back(l.item<double>() / static_cast<double>(tokens));
+    if (step == 0) {
+      const OpStats& a2a = dims.cp_comm().stats()[OpKind::kAllToAll];
+      r.a2a_bytes0 = a2a.logical_bytes;
+      r.a2a_calls0 = a2a.calls;
+      if (c.policy == "ddp")
+        for (const auto& u : sm->unit_table())
+          for (const auto& p : u.params) {
+            torch::Tensor g = sm->reducer()->grad(sm->reducer()->index_of(p.param));
+            r.grads0[p.name] = g.defined() ? g.clone() : torch::zeros_like(p.param);
+          }
+    }
+    r.norms.push_back(sm->optimizer().clip_grad_norm());
+    sm->optimizer().step();
+    sm->optimizer().zero_grad();
+  }
+  for (const auto& [name, t] : fsdp_testing::snapshot(*sm, *model)) r.params[name] = t;
+  return r;
+}
+
+double cpd_rel(const torch::Tensor& a, const torch::Tensor& b) {
+  const double scale = b.abs().max().item<double>();
+  return (a - b).abs().max().item<double>() / (scale > 0 ? scale : 1.0);
+}
+
+void cpd_check(ParallelDims& dims, const CpConfig& c) {
+  const std::string tag = c.tag(dims);
+  const CpResult want = cpd_reference(c, dims.dp_size());
+  const CpResult got = cpd_sharded(dims, c);
+  ASSERT_EQ(got.losses.size(), static_cast<size_t>(kCpSteps)) << tag;
+  for (int s = 0; s < kCpSteps; ++s) {
+    EXPECT_NEAR(got.losses[s], want.losses[s], 1e-5 * want.losses[s]) << tag << " loss, step " << s;
+    EXPECT_NEAR(got.norms[s], want.norms[s], 1e-5 * want.norms[s]) << tag << " grad norm, step " << s;
+  }
+  EXPECT_GT(want.norms.front(), kCpClip) << "the test needs clipping to be active";
+  double worst_grad = 0;
+  std::string worst_grad_name;
+  for (const auto& [name, g] : got.grads0) {
+    ASSERT_TRUE(want.grads0.count(name)) << tag << ": " << name << " has no reference gradient";
+    const double d = cpd_rel(g, want.grads0.at(name));
+    if (d > worst_grad) worst_grad = d, worst_grad_name = name;
+  }
+  if (c.policy == "ddp") EXPECT_EQ(got.grads0.size(), want.grads0.size()) << tag << ": every gradient compared";
+  EXPECT_LE(worst_grad, 1e-5) << tag << ": worst gradient " << worst_grad_name;
+  double worst = 0;
+  std::string worst_name;
+  ASSERT_EQ(got.params.size(), want.params.size()) << tag;
+  for (const auto& [name, p] : got.params) {
+    const double d = (p - want.params.at(name)).abs().max().item<double>();
+    if (d > worst) worst = d, worst_name = name;
+  }
+  EXPECT_LE(worst, 1e-5) << tag << ": worst parameter " << worst_name;
+  // Two exchanges per attention layer forward, two in backward (and two more per recompute).
+  const int64_t layers = vlm::preset(c.preset).text.num_hidden_layers;
+  EXPECT_EQ(got.a2a_calls0, 2 * layers * (c.ckpt ? 6 : 4)) << tag;
+  EXPECT_DOUBLE_EQ(got.a2a_bytes0, got.formula0) << tag;
+  std::printf("%s: loss %.6f -> %.6f (ref %.6f), norm0 %.5f, max rel grad diff %.3g (%s), max |param diff| %.3g "
+              "(%s); step 0 all-to-all %.0f B in %lld ops\n",
+              tag.c_str(), got.losses.front(), got.losses.back(), want.losses.back(), got.norms.front(), worst_grad,
+              worst_grad_name.c_str(), worst, worst_name.c_str(), got.a2a_bytes0,
+              static_cast<long long>(got.a2a_calls0));
+}
+
+ParallelDims cpd_worker_dims() {
+  ParallelOptions o;
+  o.timeout = std::chrono::seconds(60);
+  o.device = "cpu";
+  const char* cp = std::getenv("VLMTRAIN_TEST_CP");
+  o.cp = cp != nullptr ? std::atoi(cp) : 1;
+  return ParallelDims::init(detect_dist_env(process_env()), o);
+}
+std::vector<std::string> cpd_env(int cp) { return {vlm::str("VLMTRAIN_TEST_CP=", cp)}; }
+
+TEST(ContextParallelDist, DISABLED_EqualsOneProcessWorker) {
+  VLM_DIST_WORKER_ONLY();
+  torch::set_num_threads(1);
+  auto dims = cpd_worker_dims();
+  const bool dp2 = dims.dp_size() == 2;
+  for (const char* preset : {"tiny", "tiny-qwen2.5", "tiny-qwen3"})
+    for (CpLayout layout : {CpLayout::kRight, CpLayout::kLeftMask, CpLayout::kPacked}) {
+      CpConfig c;
+      c.preset = preset;
+      c.layout = layout;
+      c.filler = dp2 && layout == CpLayout::kRight;
+      cpd_check(dims, c);
+    }
+  if (dims.world_size() == 2 || dp2) {  // FSDP over the world (cp ranks are replicas), and recompute
+    CpConfig c;
+    c.policy = "fsdp";
+    cpd_check(dims, c);
+    c.policy = "ddp";
+    c.preset = "tiny-qwen3";
+    c.ckpt = true;
+    cpd_check(dims, c);
+  }
+  dims.comm().barrier("end");
+}
+
+TEST(ContextParallelDist, EqualsOneProcessCp2World2) {
+  fsdp_testing::launch(2, "ContextParallelDist.DISABLED_EqualsOneProcessWorker", 540, [](int) { return cpd_env(2); });
+}
+
+TEST(ContextParallelDist, EqualsOneProcessCp4World4) {
+  fsdp_testing::launch(4, "ContextParallelDist.DISABLED_EqualsOneProcessWorker", 540, [](int) { return cpd_env(4); });
+}
+
+TEST(ContextParallelDist, EqualsOneProcessDp2Cp2World4) {
+  fsdp_testing::launch(4, "ContextParallelDist.DISABLED_EqualsOneProcessWorker", 540, [](int) { return cpd_env(2); });
+}
+
+TEST(ContextParallel, RefusesWhatItCannotSplit) {
+  vlm::TextConfig t = vlm::preset("tiny").text;  // 4 heads, 2 kv heads
+  EXPECT_EQ(context_parallel_problem(t, 2), "");
+  EXPECT_EQ(context_parallel_problem(t, 4), "");
+  EXPECT_NE(context_parallel_problem(t, 8).find("4 attention heads do not divide by cp = 8"), std::string::npos)
+      << context_parallel_problem(t, 8);
+  t.num_attention_heads = 6;
+  t.num_key_value_heads = 3;
+  EXPECT_NE(context_parallel_problem(t, 2).find("3 key/value heads"), std::string::npos);
+  const vlm::TextConfig q35 = vlm::preset("tiny-qwen3.5").text;
+  EXPECT_NE(context_parallel_problem(q35, 2).find("Gated DeltaNet"), std::string::npos)
+      << context_parallel_problem(q35, 2);
+  EXPECT_EQ(context_parallel_problem(q35, 1), "");
+}
+
+TEST(ContextParallel, ChunksCoverThePaddedSequence) {
+  for (int64_t len : {1, 7, 8, 13}) {
+    int64_t next = 0;
+    for (int64_t r = 0; r < 4; ++r) {
+      const auto c = vlm::sequence_chunk(len, 4, r);
+      EXPECT_EQ(c.padded % 4, 0);
+      EXPECT_GE(c.padded, len);
+      EXPECT_LT(c.padded - len, 4);
+      EXPECT_EQ(c.begin, next);
+      next = c.begin + c.len;
+    }
+    EXPECT_EQ(next, vlm::sequence_chunk(len, 4, 0).padded);
+  }
+}
+
+}  // namespace

@@ -1,0 +1,64 @@
+#include "vlm/model/sequence_parallel.h"
+
+#include "vlm/runtime/check.h"
+
+namespace vlm {
+
+SequenceChunk sequence_chunk(int64_t length, int64_t cp, int64_t rank) {
+  VLM_ASSERT(cp >= 1 && rank >= 0 && rank < cp, "sequence_chunk: rank ", rank, " of ", cp);
+  SequenceChunk c;
+  c.padded = (length + cp - 1) / cp * cp;
+  c.len = c.padded / cp;
+  c.begin = rank * c.len;
+  return c;
+}
+
+std::string ulysses_heads_problem(int64_t heads, int64_t kv_heads, int64_t cp) {
+  if (heads % cp != 0) return str(heads, " attention heads do not divide by cp = ", cp);
+  if (kv_heads % cp != 0 && cp % kv_heads != 0)
+    return str(kv_heads, " key/value heads neither divide by cp = ", cp, " nor divide it");
+  return "";
+}
+
+namespace {
+
+// [B, h, Ls, D] -> [cp, B, Ls, h / cp, D]: chunk j holds heads [j * h / cp, (j + 1) * h / cp).
+torch::Tensor head_chunks(const torch::Tensor& x, int64_t cp) {
+  const int64_t b = x.size(0), h = x.size(1), ls = x.size(2), d = x.size(3);
+  return x.reshape({b, cp, h / cp, ls, d}).permute({1, 0, 3, 2, 4});
+}
+
+}  // namespace
+
+HeadShardedQkv seq_to_heads(SequenceExchange& ex, const torch::Tensor& q, const torch::Tensor& k,
+                            const torch::Tensor& v, const std::string& what) {
+  const int64_t cp = ex.size();
+  const int64_t b = q.size(0), h = q.size(1), ls = q.size(2), d = q.size(3);
+  const std::string problem = ulysses_heads_problem(h, k.size(1), cp);
+  VLM_CHECK(problem.empty(), what, ": ", problem,
+            " (hint: sequence parallelism gives each rank of the context-parallel group H / cp heads of every "
+            "attention; pick a dist.cp that divides the heads)");
+  torch::Tensor kk = k, vv = v;
+  if (k.size(1) < cp) {  // GQA with fewer kv heads than ranks: each rank gets a copy of its kv head
+    kk = k.repeat_interleave(cp / k.size(1), 1);
+    vv = v.repeat_interleave(cp / v.size(1), 1);
+  }
+  const int64_t hc = h / cp, hk = kk.size(1) / cp;
+  // [cp, B, Ls, hc + 2 hk, D]: chunk j (rank j's heads of this rank's tokens) goes to rank j.
+  auto send = torch::cat({head_chunks(q, cp), head_chunks(kk, cp), head_chunks(vv, cp)}, 3).contiguous();
+  auto got = ex.all_to_all(send, what);  // chunk j: rank j's tokens, this rank's heads
+  auto full = got.permute({1, 0, 2, 3, 4}).reshape({b, cp * ls, hc + 2 * hk, d}).transpose(1, 2);  // [B, h, L, D]
+  return {full.narrow(1, 0, hc), full.narrow(1, hc, hk), full.narrow(1, hc + hk, hk)};
+}
+
+torch::Tensor heads_to_seq(SequenceExchange& ex, const torch::Tensor& o, const std::string& what) {
+  const int64_t cp = ex.size();
+  const int64_t b = o.size(0), hc = o.size(1), l = o.size(2), d = o.size(3), ls = l / cp;
+  VLM_ASSERT(l % cp == 0, what, ": ", l, " tokens do not divide by cp ", cp);
+  // [cp, B, Ls, hc, D]: chunk j (rank j's tokens of this rank's heads) goes to rank j.
+  auto send = o.reshape({b, hc, cp, ls, d}).permute({2, 0, 3, 1, 4}).contiguous();
+  auto got = ex.all_to_all(send, what);  // chunk j: this rank's tokens, rank j's heads
+  return got.permute({1, 2, 0, 3, 4}).reshape({b, ls, cp * hc, d});
+}
+
+}  // namespace vlm
