@@ -18,6 +18,7 @@
 #include "app/cli/commands.h"
 #include "app/config/sharding_options.h"
 #include "app/plan/step_memory.h"
+#include "sharding/parallel/context_parallel.h"
 #include "sharding/parallel/expert_parallel.h"
 #include "sharding/parallel/sharded_model.h"
 #include "app/plan/activation_memory.h"
@@ -161,6 +162,8 @@ struct RecipePlan {
   int64_t total = 0;
   int ep = 1;                  // dist.ep when an ep rule is present (the units hold E / ep experts)
   double all_to_all_bytes = 0; // ep: planned all-to-all bytes per rank and micro-batch (see plan_experts)
+  int cp = 1;                  // dist.cp: context parallelism (Ulysses)
+  double cp_bytes = 0;         // cp: all-to-all bytes per rank and micro-batch on the cp group
 
   bool checkpointed(const std::string& path) const {
     for (const auto& u : units)
@@ -261,6 +264,27 @@ double plan_all_to_all(const RecipePlan& p) {
   return total;
 }
 
+// Context parallelism (dist.cp > 1): the micro-batch's decoder split over cp ranks (the
+// activation plan's shape.cp) and the Ulysses exchanges' bytes per rank and micro-batch
+// (sharding/parallel/context_parallel.h; a checkpointed layer exchanges q/k/v and the output
+// again in its recompute).
+void plan_context_parallel(RecipePlan& p) {
+  const Recipe& r = p.recipe;
+  if (r.dist.cp <= 1) return;
+  p.cp = static_cast<int>(r.dist.cp);
+  VLM_CHECK(p.world % p.cp == 0, r.source, ": dist.cp = ", p.cp, " does not divide the world size ", p.world,
+            " (hint: --world-size a multiple of dist.cp)");
+  const std::string problem = vlm::sharding::context_parallel_problem(p.cfg.text, p.cp);
+  VLM_CHECK(problem.empty(), r.source, ": dist.cp = ", p.cp, ": ", problem);
+  p.pb.shape.cp = p.cp;
+  const auto& sh = p.pb.shape;
+  const int64_t padded = (sh.seq_len + p.cp - 1) / p.cp * p.cp;
+  const double layer = vlm::sharding::ulysses_layer_bytes(p.cfg.text, p.cp, sh.rows, padded,
+                                                          static_cast<int64_t>(c10::elementSize(p.opts.param_dtype)));
+  for (int64_t i = 0; i < p.cfg.text.num_hidden_layers; ++i)
+    p.cp_bytes += layer * (p.checkpointed(vlm::str("model.layers.", i)) ? 1.5 : 1.0);
+}
+
 // The model on the meta device under the recipe's policies, and its memory, traffic and
 // activation plans for one micro-batch of the budget (app/plan/step_memory.h).
 RecipePlan make_recipe_plan(const PlanArgs& a) {
@@ -293,6 +317,7 @@ RecipePlan make_recipe_plan(const PlanArgs& a) {
                            p.opts.fsdp_accumulate_unsharded, sh::calls_without_backward_gather(*p.model, p.units));
   sh::apply_freeze(p.units);  // requires_grad as the policies set it: what autograd keeps follows
   p.pb = planned_batch(a, p.recipe, p.cfg);
+  plan_context_parallel(p);
   const AttentionPath apath = p.pb.device == "cuda" ? AttentionPath::cuda : AttentionPath::cpu;
   const StepMemoryModel step_model(*p.model, p.mem, p.units, p.opts.param_dtype, apath,
                                    p.recipe.data.prefetch * p.recipe.batch.samples_per_rank);
@@ -314,6 +339,10 @@ nlohmann::json plan_json(const RecipePlan& p) {
   if (p.ep > 1)
     j["expert_parallel"] = {{"ep", p.ep}, {"experts_per_rank", p.cfg.text.num_experts / p.ep},
                             {"all_to_all_bytes_per_micro_batch", p.all_to_all_bytes}};
+  if (p.cp > 1)
+    j["context_parallel"] = {{"cp", p.cp}, {"mode", p.recipe.dist.cp_mode},
+                             {"decoder_tokens_per_rank", p.pb.shape.decoder_tokens()},
+                             {"all_to_all_bytes_per_micro_batch", p.cp_bytes}};
   j["mesh"] = {{"nproc_per_node", p.local_world}, {"dp_shard", p.mesh.shard()}, {"dp_replicate", p.mesh.replicate()}};
   j["param_dtype"] = p.recipe.precision.param_dtype;
   j["reduce_dtype"] = p.recipe.precision.reduce_dtype;
@@ -474,6 +503,13 @@ int plan_recipe(const PlanArgs& a) {
                 p.ep, static_cast<long long>(p.cfg.text.num_experts / p.ep),
                 static_cast<long long>(p.cfg.text.num_experts), human_bytes(p.all_to_all_bytes).c_str(),
                 static_cast<long long>(p.pb.shape.tokens()));
+  if (p.cp > 1)
+    std::printf("context parallelism: dist.cp = %d (%s), %d data-parallel group(s) of %d ranks; each rank's decoder "
+                "holds %lld of the micro-batch's %lld tokens (the activations above); all-to-all on the cp group %s "
+                "per rank and micro-batch (not in the totals above)\n",
+                p.cp, p.recipe.dist.cp_mode.c_str(), p.world / p.cp, p.cp,
+                static_cast<long long>(p.pb.shape.decoder_tokens()), static_cast<long long>(p.pb.shape.tokens()),
+                human_bytes(p.cp_bytes).c_str());
   std::printf("\nparams: total %s, trainable %s (%.4f%%)\n", with_commas(p.total).c_str(),
               with_commas(p.counts.trainable).c_str(), p.total > 0 ? 100.0 * p.counts.trainable / p.total : 0.0);
   for (const auto& warning : p.mem.warnings) std::printf("warning: %s\n", warning.c_str());

@@ -199,10 +199,13 @@ UnitActivation merger(const VisionConfig& v, Op o, const VisionUnitLayout& l, bo
 
 // `self_attn` on the normed x (n1: whether it needs a gradient), per token: returns whether
 // its output does.
-bool attention_mixer(const TextConfig& tc, Op& o, const std::string& a, bool n1, bool packed) {
+bool attention_mixer(const TextConfig& tc, Op& o, const std::string& a, bool n1, bool packed, int64_t cp) {
   const double d = static_cast<double>(tc.hidden_size);
   const double heads = static_cast<double>(tc.num_attention_heads), kvh = static_cast<double>(tc.num_key_value_heads);
   const double hd = heads * static_cast<double>(tc.head_dim()), kvd = kvh * static_cast<double>(tc.head_dim());
+  // Ulysses: attention saves the exchanged k / v, whose kv heads are repeated up to cp.
+  const double kvd_attn = static_cast<double>(std::max<int64_t>(tc.num_key_value_heads, cp)) *
+                          static_cast<double>(tc.head_dim());
   if (o.keeps_input(a + ".q_proj") || o.keeps_input(a + ".k_proj") || o.keeps_input(a + ".v_proj")) o.kept += o.p * d;
   bool q = o.linear(a + ".q_proj", d, n1), k = o.linear(a + ".k_proj", d, n1);
   const bool v = o.linear(a + ".v_proj", d, n1);
@@ -215,8 +218,14 @@ bool attention_mixer(const TextConfig& tc, Op& o, const std::string& a, bool n1,
     k = o.rms(a + ".k_norm", kvd, k, true, kvh, c);
   }
   const bool attn = q || k || v;
-  if (attn) o.kept += o.p * (2 * hd + 2 * kvd) + kF * heads;  // rotated q, k; v; out; logsumexp
-  if (attn && packed && !flash_varlen(o, tc.head_dim())) o.kept += o.p * hd;  // per-sample outputs, then cat
+  if (attn) o.kept += o.p * (2 * hd + 2 * kvd_attn) + kF * heads;  // rotated q, k; v; out; logsumexp
+  const bool split = cp > 1;  // Ulysses: the output comes back through the exchange, a new tensor
+  // Packed without flash: the per-sample outputs (counted above) are concatenated into
+  // o_proj's input, kept when o_proj keeps its input.
+  if (attn && packed && !flash_varlen(o, tc.head_dim()) && !split && o.keeps_input(a + ".o_proj")) o.kept += o.p * hd;
+  // Ulysses: o_proj's input is the exchanged-back output (without the split, a view of the
+  // attention's saved output).
+  if (attn && split && !tc.attn_output_gate && o.keeps_input(a + ".o_proj")) o.kept += o.p * hd;
   // Gated attention: sigmoid(gate), the attention output's [B, L, H*D] copy kept by the
   // product (packed without flash: the concatenated outputs, counted above, serve), and the
   // gated output (o_proj's input, a new tensor).
@@ -287,14 +296,14 @@ bool moe_block(const TextConfig& tc, Op& o, const std::string& m, double d, bool
 }
 
 UnitActivation decoder_layer(const TextConfig& tc, Op o, const std::string& l, int64_t index, bool rg, bool packed,
-                             double pad) {
+                             double pad, int64_t cp) {
   const double d = static_cast<double>(tc.hidden_size), inter = static_cast<double>(tc.intermediate_size);
   UnitActivation u;
   u.keeps_input = norm_keeps_input(true, o.p, rg, o.t.weight(l + ".input_layernorm"));
   const bool c = tc.norm == NormKind::rms_norm_centered;
   const bool n1 = o.rms(l + ".input_layernorm", d, rg, false, 1, c);
   const bool h = (tc.mixer(index) == MixerKind::linear_attention ? linear_mixer(tc, o, l + ".linear_attn", n1, pad)
-                                                                  : attention_mixer(tc, o, l + ".self_attn", n1, packed)) ||
+                                                                  : attention_mixer(tc, o, l + ".self_attn", n1, packed, cp)) ||
                  rg;
   const bool n2 = o.rms(l + ".post_attention_layernorm", d, h, true, 1, c);
   if (tc.sparse_layer(index)) {
@@ -315,6 +324,11 @@ UnitActivation decoder_layer(const TextConfig& tc, Op o, const std::string& l, i
     u.needs_grad = mlp(o, MlpKind::gated_silu, l + ".mlp", d, inter, n2) || h;
     if (u.needs_grad) u.backward_bytes = 3 * o.p * inter;
   }
+  // Ulysses' backward: the q / k / v gradients' send and receive buffers of the exchange.
+  if (cp > 1 && u.needs_grad && tc.mixer(index) == MixerKind::full_attention)
+    u.backward_bytes += 2 * o.p *
+                        static_cast<double>(tc.num_attention_heads + 2 * std::max<int64_t>(tc.num_key_value_heads, cp)) *
+                        static_cast<double>(tc.head_dim());
   u.output_bytes = o.p * d;
   u.kept_bytes = o.kept + u.output_bytes;
   u.per_call_bytes = o.per_call;
@@ -334,7 +348,7 @@ UnitActivation scaled(std::string path, UnitActivation u, double rows, int input
 
 ActivationPlan plan_activations(VisionLanguageModelImpl& model, const MicroBatchShape& shape, torch::Dtype dtype,
                                 AttentionPath path) {
-  VLM_CHECK(shape.rows >= 1 && shape.seq_len >= 1 && shape.patches >= 0 && shape.loss_rows >= 0,
+  VLM_CHECK(shape.rows >= 1 && shape.seq_len >= 1 && shape.patches >= 0 && shape.loss_rows >= 0 && shape.cp >= 1,
             "activation plan: expected rows, seq_len >= 1 and patches, loss_rows >= 0, got rows ", shape.rows,
             ", seq_len ", shape.seq_len, ", patches ", shape.patches, ", loss_rows ", shape.loss_rows);
   const VlmConfig& cfg = model.cfg;
@@ -349,6 +363,7 @@ ActivationPlan plan_activations(VisionLanguageModelImpl& model, const MicroBatch
   const double patches = static_cast<double>(shape.patches > 0 ? shape.patches : v.merge_unit());
   const double merged = patches / static_cast<double>(v.merge_unit());
   const double tokens = static_cast<double>(shape.tokens());
+  const double chunk = static_cast<double>(shape.decoder_tokens());  // this rank's decoder tokens
   const double e = static_cast<double>(v.embed_dim), d = static_cast<double>(tc.hidden_size);
 
   ActivationPlan plan;
@@ -387,7 +402,10 @@ ActivationPlan plan_activations(VisionLanguageModelImpl& model, const MicroBatch
   UnitActivation emb;  // the embeddings (with images: the masked_scatter result replacing them)
   emb.output_bytes = emb.kept_bytes = p * d;
   emb.needs_grad = t.weight("model.embed_tokens") || mg.needs_grad;
-  int prev = add("model.embed_tokens", emb, tokens, -1);
+  // Context parallelism: the chunk's gradient comes back as the whole micro-batch's [B, L, d]
+  // (zero outside the chunk) through the copy and the narrow.
+  if (shape.cp > 1 && emb.needs_grad) emb.backward_bytes = p * d * tokens / chunk;
+  int prev = add("model.embed_tokens", emb, chunk, -1);
   // Gated DeltaNet chunks of 64 tokens: each row padded to whole chunks; packed, each sample
   // is (half a chunk expected per sample).
   const double seq = static_cast<double>(shape.seq_len);
@@ -396,8 +414,8 @@ ActivationPlan plan_activations(VisionLanguageModelImpl& model, const MicroBatch
   bool rg = emb.needs_grad;
   for (int64_t i = 0; i < tc.num_hidden_layers; ++i) {
     const std::string l = "model.layers." + std::to_string(i);
-    const UnitActivation layer = decoder_layer(tc, op, l, i, rg, shape.packed, pad);
-    prev = add(l, layer, tokens, prev);
+    const UnitActivation layer = decoder_layer(tc, op, l, i, rg, shape.packed, pad, shape.cp);
+    prev = add(l, layer, chunk, prev);
     rg = layer.needs_grad;
   }
   Op fo = op;
@@ -407,7 +425,7 @@ ActivationPlan plan_activations(VisionLanguageModelImpl& model, const MicroBatch
   fn.output_bytes = p * d;
   fn.kept_bytes = fo.kept + fn.output_bytes;
   fn.per_call_bytes = fo.per_call;
-  add("model.norm", fn, tokens, prev);
+  add("model.norm", fn, chunk, prev);
   UnitActivation head;  // the supervised rows of the hidden states, kept by the loss
   head.kept_bytes = p * d;
   add("lm_head", head, static_cast<double>(shape.loss_rows), -1);
@@ -421,7 +439,7 @@ ActivationPlan plan_activations(VisionLanguageModelImpl& model, const MicroBatch
   // Text rotary cos / sin [B, L, R] (R rotated dims; activation dtype), M-RoPE ids [3, B, L] int64, the image
   // token mask; vision rotary cos / sin [S, Dv] fp32 (kept by the rotations when the tower
   // builds a graph).
-  plan.shared_bytes = tokens * (2 * p * static_cast<double>(tc.rotary_dim()) + 24 + 1) +
+  plan.shared_bytes = chunk * 2 * p * static_cast<double>(tc.rotary_dim()) + tokens * (24 + 1) +
                       (tower_grad ? patches * 2 * kF * static_cast<double>(v.head_dim()) : 0.0);
   // Loss chunk: logits [m, V] in the activation dtype, their fp32 upcast, fp32 log-softmax.
   const double vocab = static_cast<double>(tc.vocab_size);

@@ -113,7 +113,8 @@ StepMemory StepMemoryModel::step(const std::vector<vlm::collate::MicroBatch>& mi
   StepMemory m = base(static_cast<int64_t>(micro_batches.size()));
   int64_t samples = 0;
   for (const auto& mb : micro_batches) {
-    const vlm::app::MicroBatchShape s = shape_of(mb);
+    vlm::app::MicroBatchShape s = shape_of(mb);
+    s.cp = cp_;
     m.inputs += input_bytes(s);
     add_activations(m, s);
     samples += static_cast<int64_t>(mb.indices.size());

@@ -84,6 +84,8 @@ class StepMemoryModel {
   // The CUDA workspace term (default: training_blas_workspace_bytes() with path cuda, 0 on
   // the CPU); the trainer sets its GPU's.
   void set_workspace(double bytes) { workspace_ = bytes; }
+  // Context parallelism (dist.cp): the micro-batches' decoders run on chunks of L / cp tokens.
+  void set_context_parallel(int64_t cp) { cp_ = cp; }
 
   // A step of these micro-batches.
   StepMemory step(const std::vector<vlm::collate::MicroBatch>& micro_batches) const;
@@ -111,6 +113,7 @@ class StepMemoryModel {
   std::vector<std::string> checkpointed_;
   double persistent_ = 0, gathered_ = 0, reduce_ = 0, grads_ = 0, step_grads_ = 0;
   int64_t prefetch_samples_ = 0;
+  int64_t cp_ = 1;
 };
 
 }  // namespace vlm::app

@@ -47,8 +47,14 @@ HeadShardedQkv seq_to_heads(SequenceExchange& ex, const torch::Tensor& q, const 
   // [cp, B, Ls, hc + 2 hk, D]: chunk j (rank j's heads of this rank's tokens) goes to rank j.
   auto send = torch::cat({head_chunks(q, cp), head_chunks(kk, cp), head_chunks(vv, cp)}, 3).contiguous();
   auto got = ex.all_to_all(send, what);  // chunk j: rank j's tokens, this rank's heads
-  auto full = got.permute({1, 0, 2, 3, 4}).reshape({b, cp * ls, hc + 2 * hk, d}).transpose(1, 2);  // [B, h, L, D]
-  return {full.narrow(1, 0, hc), full.narrow(1, hc, hk), full.narrow(1, hc + hk, hk)};
+  // Each of q, k, v its own [B, L, h, D] tensor (one copy in all), seen as [B, h, L, D]: the
+  // layout attention kernels take without copying again (and then keeping the copy). split:
+  // its backward assembles the three gradients in one tensor (narrow's would make three).
+  auto parts = got.split_with_sizes({hc, hk, hk}, 3);
+  auto whole = [&](const torch::Tensor& p) {
+    return p.permute({1, 0, 2, 3, 4}).reshape({b, cp * ls, p.size(3), d}).transpose(1, 2);
+  };
+  return {whole(parts[0]), whole(parts[1]), whole(parts[2])};
 }
 
 torch::Tensor heads_to_seq(SequenceExchange& ex, const torch::Tensor& o, const std::string& what) {

@@ -233,7 +233,9 @@ ForwardOutput VisionLanguageModelImpl::forward_chunk(const Batch& batch, torch::
       ds.embeds.push_back(full.narrow(1, c.begin, c.len));
     }
   }
-  auto hidden = model->forward(embeds.narrow(1, c.begin, c.len), pos.narrow(2, c.begin, c.len), mask, nullptr,
+  // A copy of the chunk, so that the whole micro-batch's embeddings are not kept alive
+  // through a view (a [1, L, d] row's narrow is one).
+  auto hidden = model->forward(embeds.narrow(1, c.begin, c.len).clone(), pos.narrow(2, c.begin, c.len), mask, nullptr,
                                *runner_, "model", ds.embeds.empty() ? nullptr : &ds,
                                text_cu.empty() ? nullptr : &text_cu, nullptr, sp_.get());  // [B, Ls, d]
   // The micro-batch's supervised rows (a count known on the host: no sync), those of other
