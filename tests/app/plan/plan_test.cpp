@@ -2,6 +2,7 @@
 // against the published figure (REFERENCE.md: Qwen2-VL-2B = 2,208,985,600).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
@@ -182,6 +183,46 @@ TEST(Plan, ExpertParallelHalvesTheExpertsAndPlansTheAllToAll) {
   auto bad = vlm::test::run({vlm::test::vlmtrain_bin(), "plan", path, "--world-size", "3"});
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("dist.ep = 2 does not divide the world size 3"), std::string::npos) << bad.output;
+}
+
+// dist.cp = 2 on Qwen3-VL-8B (32 heads, 8 kv heads, head_dim 128, 36 layers) for a 64k-token
+// document: the decoder's activations per rank shrink, the parameters per rank do not, and the
+// Ulysses bytes equal the formula written out here: per layer and micro-batch, forward and
+// backward, 2 x (cp - 1)/cp x L/cp x D x 2 bytes x (2 H + 2 max(Hkv, cp)); the recipe
+// checkpoints every layer, whose recompute exchanges again (x 1.5).
+TEST(Plan, ContextParallelSplitsTheDecoderAndPlansTheAllToAll) {
+  const std::string recipe = vlm::test::source_dir() + "/recipes/ocr_qwen3vl.toml";
+  auto plan = [&](int cp, int world) {
+    auto r = vlm::test::run({vlm::test::vlmtrain_bin(), "plan", recipe, "--preset", "qwen3-vl-8b", "--world-size",
+                             std::to_string(world), "--tokens", "65536", "--image-tokens", "60000", "--set",
+                             "dist.cp=" + std::to_string(cp), "--json"});
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return nlohmann::json::parse(r.output);
+  };
+  const auto one = plan(1, 8), two = plan(2, 8), eight = plan(8, 8);
+  EXPECT_FALSE(one.contains("context_parallel"));
+  ASSERT_TRUE(two.contains("context_parallel"));
+  EXPECT_EQ(two["context_parallel"]["decoder_tokens_per_rank"], 32768);
+  EXPECT_EQ(eight["context_parallel"]["decoder_tokens_per_rank"], 8192);
+  EXPECT_EQ(two["totals"]["total_bytes"], one["totals"]["total_bytes"]) << "cp ranks hold what data-parallel ranks do";
+  const double a1 = one["activations"]["peak_bytes"], a2 = two["activations"]["peak_bytes"],
+               a8 = eight["activations"]["peak_bytes"];
+  EXPECT_LT(a2, a1);
+  EXPECT_LT(a8, a2);
+  auto bytes = [](double cp) {
+    return 36 * 1.5 * 2 * (cp - 1) / cp * (65536 / cp) * 128 * 2 * (2 * 32 + 2 * std::max(8.0, cp));
+  };
+  EXPECT_DOUBLE_EQ(two["context_parallel"]["all_to_all_bytes_per_micro_batch"].get<double>(), bytes(2));
+  EXPECT_DOUBLE_EQ(eight["context_parallel"]["all_to_all_bytes_per_micro_batch"].get<double>(), bytes(8));
+  // 12 heads (Qwen2-VL-2B) do not split over 8 ranks; 3 ranks do not make groups of 2.
+  auto bad = vlm::test::run({vlm::test::vlmtrain_bin(), "plan", recipe, "--preset", "qwen2-vl-2b", "--world-size", "8",
+                             "--set", "dist.cp=8"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("12 attention heads do not divide by cp = 8"), std::string::npos) << bad.output;
+  bad = vlm::test::run({vlm::test::vlmtrain_bin(), "plan", recipe, "--preset", "qwen3-vl-8b", "--world-size", "3",
+                        "--set", "dist.cp=2"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("dist.cp = 2 does not divide the world size 3"), std::string::npos) << bad.output;
 }
 
 }  // namespace
