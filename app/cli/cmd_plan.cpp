@@ -279,10 +279,10 @@ void plan_context_parallel(RecipePlan& p) {
   p.pb.shape.cp = p.cp;
   const auto& sh = p.pb.shape;
   const int64_t padded = (sh.seq_len + p.cp - 1) / p.cp * p.cp;
-  const double layer = vlm::sharding::ulysses_layer_bytes(p.cfg.text, p.cp, sh.rows, padded,
-                                                          static_cast<int64_t>(c10::elementSize(p.opts.param_dtype)));
+  const auto b = static_cast<int64_t>(c10::elementSize(p.opts.param_dtype));
   for (int64_t i = 0; i < p.cfg.text.num_hidden_layers; ++i)
-    p.cp_bytes += layer * (p.checkpointed(vlm::str("model.layers.", i)) ? 1.5 : 1.0);
+    p.cp_bytes += vlm::sharding::ulysses_layer_bytes(p.cfg.text, p.cfg.text.mixer(i), p.cp, sh.rows, padded, b) *
+                  (p.checkpointed(vlm::str("model.layers.", i)) ? 1.5 : 1.0);
 }
 
 // The model on the meta device under the recipe's policies, and its memory, traffic and

@@ -33,12 +33,15 @@ std::shared_ptr<vlm::SequenceExchange> comm_sequence_exchange(Comm& comm) {
 
 std::string context_parallel_problem(const vlm::TextConfig& cfg, int64_t cp) {
   if (cp <= 1) return "";
-  const int64_t linear = cfg.count_layers(vlm::MixerKind::linear_attention);
-  if (linear > 0)
-    return str("the decoder has ", linear, " Gated DeltaNet (linear attention) layers, which context parallelism "
-               "does not split yet");
-  const std::string heads = vlm::ulysses_heads_problem(cfg.num_attention_heads, cfg.num_key_value_heads, cp);
-  if (!heads.empty()) return "the decoder's " + heads;
+  if (cfg.count_layers(vlm::MixerKind::full_attention) > 0) {
+    const std::string heads = vlm::ulysses_heads_problem(cfg.num_attention_heads, cfg.num_key_value_heads, cp);
+    if (!heads.empty()) return "the decoder's " + heads;
+  }
+  if (cfg.count_layers(vlm::MixerKind::linear_attention) > 0) {  // value heads, key heads (Gated DeltaNet)
+    const std::string heads =
+        vlm::ulysses_heads_problem(cfg.linear_num_value_heads, cfg.linear_num_key_heads, cp, "value heads", "key heads");
+    if (!heads.empty()) return "the decoder's Gated DeltaNet layers: " + heads;
+  }
   return "";
 }
 
@@ -51,13 +54,22 @@ void apply_context_parallel(vlm::VisionLanguageModelImpl& model, ParallelDims& d
   model.set_sequence_exchange(comm_sequence_exchange(dims.cp_comm()));
 }
 
-double ulysses_layer_bytes(const vlm::TextConfig& cfg, int64_t cp, int64_t batch, int64_t padded,
-                           int64_t bytes_per_element) {
-  const double h = static_cast<double>(cfg.num_attention_heads);
-  const double hk = static_cast<double>(std::max<int64_t>(cfg.num_key_value_heads, cp));
-  const double chunk = static_cast<double>(batch) * static_cast<double>(padded / cp) *
-                       static_cast<double>(cfg.head_dim()) * static_cast<double>(bytes_per_element);
-  return 2.0 * static_cast<double>(cp - 1) / static_cast<double>(cp) * chunk * (2 * h + 2 * hk);
+double ulysses_layer_bytes(const vlm::TextConfig& cfg, vlm::MixerKind kind, int64_t cp, int64_t batch,
+                           int64_t padded, int64_t bytes_per_element) {
+  double per_token = 0;  // elements sent and received back per token, forward
+  if (kind == vlm::MixerKind::full_attention) {
+    const double h = static_cast<double>(cfg.num_attention_heads);
+    const double hk = static_cast<double>(std::max<int64_t>(cfg.num_key_value_heads, cp));
+    per_token = static_cast<double>(cfg.head_dim()) * (2 * h + 2 * hk);
+  } else {
+    const double hk = static_cast<double>(std::max<int64_t>(cfg.linear_num_key_heads, cp));
+    const double hv = static_cast<double>(cfg.linear_num_value_heads);
+    per_token = 2 * hk * static_cast<double>(cfg.linear_key_head_dim) +
+                2 * hv * static_cast<double>(cfg.linear_value_head_dim) + 2 * hv;
+  }
+  const double tokens = static_cast<double>(batch) * static_cast<double>(padded / cp);
+  return 2.0 * static_cast<double>(cp - 1) / static_cast<double>(cp) * tokens * per_token *
+         static_cast<double>(bytes_per_element);
 }
 
 }  // namespace vlm::sharding

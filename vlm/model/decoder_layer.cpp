@@ -1,7 +1,6 @@
 #include "vlm/model/decoder_layer.h"
 
 #include "vlm/model/recompute_tail.h"
-#include "vlm/runtime/check.h"
 
 namespace vlm {
 
@@ -26,10 +25,8 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, const torch::Ten
                                         const torch::Tensor& padding, LayerCache* cache,
                                         const std::vector<int64_t>* cu_seqlens, RouterAuxState* aux,
                                         SequenceExchange* sp) {
-  VLM_CHECK(sp == nullptr || !linear_attn,
-            "sequence parallelism (dist.cp) does not split Gated DeltaNet (linear attention) layers yet");
   const auto n = input_layernorm(x);
-  auto h = x + (linear_attn ? linear_attn(n, padding, cache ? &cache->linear : nullptr, cu_seqlens)
+  auto h = x + (linear_attn ? linear_attn(n, padding, cache ? &cache->linear : nullptr, cu_seqlens, sp)
                             : self_attn(n, cos, sin, mask, cache ? &cache->kv : nullptr, cu_seqlens, sp));
   if (moe) return h + moe(post_attention_layernorm(h), aux);
   return residual_linear(this, h, mlp->hidden(post_attention_layernorm(h)), mlp->out_proj());

@@ -29,7 +29,7 @@ class DecoderLayerImpl : public torch::nn::Module {
   // (the new tokens' attention_mask, linear attention), either undefined; cache: optional;
   // cu_seqlens: optional packed-row segments (TextAttentionImpl::forward); aux: the forward's
   // load-balancing state (sparse layers; null = none); sp: the sequence split over a
-  // context-parallel group (sequence_parallel.h; attention layers only; null = none) -> [B, L, d]
+  // context-parallel group (sequence_parallel.h; null = none) -> [B, L, d]
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& mask, const torch::Tensor& padding, LayerCache* cache = nullptr,
                         const std::vector<int64_t>* cu_seqlens = nullptr, RouterAuxState* aux = nullptr,

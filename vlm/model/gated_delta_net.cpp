@@ -195,17 +195,42 @@ void GatedDeltaNetImpl::rebind() {
   A_log = parameters_["A_log"];
 }
 
+GatedDeltaNetImpl::Heads GatedDeltaNetImpl::all_heads() {
+  return {num_k_heads, num_v_heads, conv1d->weight, A_log, dt_bias};
+}
+
+GatedDeltaNetImpl::Heads GatedDeltaNetImpl::heads_of(int64_t r, int64_t cp, std::vector<int64_t>* channels) {
+  const std::string problem = ulysses_heads_problem(num_v_heads, num_k_heads, cp, "value heads", "key heads");
+  VLM_CHECK(problem.empty(), "sequence parallelism over a Gated DeltaNet layer: value and key heads: ", problem,
+            " (hint: pick a dist.cp that divides the linear-attention value heads)");
+  const int64_t hv = num_v_heads / cp, key_dim = num_k_heads * head_k_dim, c = 2 * key_dim + num_v_heads * head_v_dim;
+  const int64_t hk = num_k_heads >= cp ? num_k_heads / cp : 1;
+  const int64_t k0 = num_k_heads >= cp ? r * hk : r * num_k_heads / cp;  // first key head
+  const int64_t v0 = r * hv;                                             // first value head
+  std::vector<int64_t> ch;
+  for (int64_t part : {int64_t{0}, key_dim})  // q, then k channels of the key heads
+    for (int64_t i = k0 * head_k_dim; i < (k0 + hk) * head_k_dim; ++i) ch.push_back(part + i);
+  for (int64_t i = v0 * head_v_dim; i < (v0 + hv) * head_v_dim; ++i) ch.push_back(2 * key_dim + i);
+  const int64_t conv_channels = static_cast<int64_t>(ch.size());
+  for (int64_t part : {c, c + num_v_heads})  // b, a of the value heads
+    for (int64_t i = v0; i < v0 + hv; ++i) ch.push_back(part + i);
+  auto idx = torch::tensor(std::vector<int64_t>(ch.begin(), ch.begin() + conv_channels), torch::kInt64)
+                 .to(conv1d->weight.device());
+  if (channels != nullptr) *channels = std::move(ch);
+  return {hk, hv, conv1d->weight.index_select(0, idx), A_log.narrow(0, v0, hv), dt_bias.narrow(0, v0, hv)};
+}
+
 torch::Tensor GatedDeltaNetImpl::mix(const torch::Tensor& qkv, const torch::Tensor& b, const torch::Tensor& a,
-                                     LinearAttentionState* state) {
-  const int64_t bs = qkv.size(0), l = qkv.size(1), key_dim = num_k_heads * head_k_dim;
-  auto [y, conv_state] = causal_conv1d_silu(qkv.transpose(1, 2), conv1d->weight,
+                                     LinearAttentionState* state, const Heads& heads) {
+  const int64_t bs = qkv.size(0), l = qkv.size(1), key_dim = heads.hk * head_k_dim;
+  auto [y, conv_state] = causal_conv1d_silu(qkv.transpose(1, 2), heads.conv_weight,
                                             state != nullptr ? state->conv : torch::Tensor());
-  y = y.transpose(1, 2);  // [B, l, C]
-  auto q = y.narrow(-1, 0, key_dim).reshape({bs, l, num_k_heads, head_k_dim});
-  auto k = y.narrow(-1, key_dim, key_dim).reshape({bs, l, num_k_heads, head_k_dim});
-  auto v = y.narrow(-1, 2 * key_dim, num_v_heads * head_v_dim).reshape({bs, l, num_v_heads, head_v_dim});
-  auto beta = b.sigmoid();                                                                  // [B, l, Hv]
-  auto g = -A_log.to(torch::kFloat32).exp() * torch::softplus(a.to(torch::kFloat32) + dt_bias);  // log decay
+  y = y.transpose(1, 2);  // [B, l, C_h]
+  auto q = y.narrow(-1, 0, key_dim).reshape({bs, l, heads.hk, head_k_dim});
+  auto k = y.narrow(-1, key_dim, key_dim).reshape({bs, l, heads.hk, head_k_dim});
+  auto v = y.narrow(-1, 2 * key_dim, heads.hv * head_v_dim).reshape({bs, l, heads.hv, head_v_dim});
+  auto beta = b.sigmoid();                                                                  // [B, l, hv]
+  auto g = -heads.A_log.to(torch::kFloat32).exp() * torch::softplus(a.to(torch::kFloat32) + heads.dt_bias);  // log decay
   const torch::Tensor init = state != nullptr ? state->recurrent : torch::Tensor();
   auto [o, final_state] = (init.defined() && l == 1) ? recurrent_gated_delta_rule(q, k, v, g, beta, init)
                                                      : chunk_gated_delta_rule(q, k, v, g, beta, init);
@@ -213,13 +238,28 @@ torch::Tensor GatedDeltaNetImpl::mix(const torch::Tensor& qkv, const torch::Tens
   return o;
 }
 
+torch::Tensor GatedDeltaNetImpl::mix_row(const torch::Tensor& qkv, const torch::Tensor& b, const torch::Tensor& a,
+                                         LinearAttentionState* state, const std::vector<int64_t>* cu,
+                                         const Heads& heads) {
+  if (cu == nullptr) return mix(qkv, b, a, state, heads);
+  std::vector<torch::Tensor> parts;  // every packed sample starts from a zero conv and recurrent state
+  for (size_t i = 0; i + 1 < cu->size(); ++i) {
+    const int64_t s = (*cu)[i], n = (*cu)[i + 1] - s;
+    if (n > 0) parts.push_back(mix(qkv.narrow(1, s, n), b.narrow(1, s, n), a.narrow(1, s, n), nullptr, heads));
+  }
+  return torch::cat(parts, 1);
+}
+
 torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& x, const torch::Tensor& mask,
-                                         LinearAttentionState* state, const std::vector<int64_t>* cu) {
+                                         LinearAttentionState* state, const std::vector<int64_t>* cu,
+                                         SequenceExchange* sp) {
   const int64_t b = x.size(0), l = x.size(1);
+  const int64_t lf = sp != nullptr ? l * sp->size() : l;  // the whole sequence
+  VLM_CHECK(sp == nullptr || state == nullptr, "sequence parallelism: no decoding state (training forwards only)");
   VLM_CHECK(cu == nullptr || (b == 1 && state == nullptr),
             "packed linear attention (text cu_seqlens) needs one row [1, L] and no decoding state; got B = ", b);
-  VLM_CHECK(cu == nullptr || (cu->size() >= 2 && cu->front() == 0 && cu->back() == l),
-            "text cu_seqlens must run from 0 to ", l, " (the packed length)");
+  VLM_CHECK(cu == nullptr || (cu->size() >= 2 && cu->front() == 0 && cu->back() == lf),
+            "text cu_seqlens must run from 0 to ", lf, " (the packed length)");
   // HF's order of ops (see rule_inputs): projections, then the conv, then the decays.
   const auto h = (mask.defined() && l > 1) ? x * mask.unsqueeze(-1).to(x.scalar_type()) : x;
   auto qkv = in_proj_qkv(h);                                              // [B, L, C]
@@ -227,15 +267,27 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& x, const torch::Te
   auto pb = in_proj_b(h);                                                 // [B, L, Hv]
   auto pa = in_proj_a(h);                                                 // [B, L, Hv]
   torch::Tensor o;  // [B, L, Hv, Dv]
-  if (cu != nullptr) {  // every packed sample starts from a zero conv and recurrent state
-    std::vector<torch::Tensor> parts;
-    for (size_t i = 0; i + 1 < cu->size(); ++i) {
-      const int64_t s = (*cu)[i], n = (*cu)[i + 1] - s;
-      if (n > 0) parts.push_back(mix(qkv.narrow(1, s, n), pb.narrow(1, s, n), pa.narrow(1, s, n), nullptr));
+  if (sp == nullptr) {
+    o = mix_row(qkv, pb, pa, state, cu, all_heads());
+  } else {  // Ulysses: rank j gets the channels of its heads ([q, k, v, b, a]) of this chunk
+    const int64_t cp = sp->size();
+    std::vector<int64_t> idx;
+    for (int64_t j = 0; j < cp; ++j) {
+      std::vector<int64_t> ch;
+      heads_of(j, cp, &ch);
+      idx.insert(idx.end(), ch.begin(), ch.end());
     }
-    o = torch::cat(parts, 1);
-  } else {
-    o = mix(qkv, pb, pa, state);
+    std::vector<int64_t> mine;
+    const Heads heads = heads_of(sp->rank(), cp, &mine);
+    const int64_t w = static_cast<int64_t>(mine.size()), ch = w - 2 * heads.hv;
+    auto all = torch::cat({qkv, pb, pa}, -1);  // [B, Ls, C + 2 Hv]
+    auto send = all.index_select(-1, torch::tensor(idx, torch::kInt64).to(all.device()))
+                    .view({b, l, cp, w}).permute({2, 0, 1, 3}).contiguous();  // [cp, B, Ls, w]
+    auto got = sp->all_to_all(send, "sequence parallel linear attention inputs");  // chunk j: rank j's tokens
+    auto full = got.permute({1, 0, 2, 3}).reshape({b, lf, w});                   // [B, L, w]
+    auto parts = full.split_with_sizes({ch, heads.hv, heads.hv}, -1);
+    o = mix_row(parts[0], parts[1], parts[2], nullptr, cu, heads);              // [B, L, hv, Dv]
+    o = heads_to_seq(*sp, o.transpose(1, 2), "sequence parallel linear attention output");  // [B, Ls, Hv, Dv]
   }
   o = norm(o.reshape({-1, head_v_dim}), z.reshape({-1, head_v_dim})).reshape({b, l, num_v_heads * head_v_dim});
   return out_proj(o);

@@ -27,6 +27,7 @@
 
 #include "vlm/model/config.h"
 #include "vlm/model/layers.h"
+#include "vlm/model/sequence_parallel.h"
 
 namespace vlm {
 
@@ -97,8 +98,13 @@ class GatedDeltaNetImpl : public LayerBase {
   // HF does, so left padding leaves the state at zero) or undefined; state: when given,
   // continued from and updated (decoding); cu_seqlens (packed row, B == 1, no state): the
   // conv and the recurrent state restart at every segment [cu[i], cu[i+1]). -> [B, L, d]
+  // sp (no state; sequence_parallel.h): x and mask are this rank's chunk of L / cp tokens,
+  // cu_seqlens the whole sequence's; the projections run on the chunk, one all-to-all gives
+  // this rank Hv / cp value heads (and their key heads, repeated when fewer than cp) of every
+  // token, the conv and the rule run there with the heads' slices of conv1d, A_log and
+  // dt_bias, and a second all-to-all brings the output back to the chunk. -> [B, L or Ls, d]
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask, LinearAttentionState* state,
-                        const std::vector<int64_t>* cu_seqlens = nullptr);
+                        const std::vector<int64_t>* cu_seqlens = nullptr, SequenceExchange* sp = nullptr);
   ParamInit init_rule(const std::string& name) const override;
 
   int64_t num_k_heads, num_v_heads, head_k_dim, head_v_dim;
@@ -111,10 +117,23 @@ class GatedDeltaNetImpl : public LayerBase {
   void rebind() override;
 
  private:
-  // One sequence span (a whole row, or one packed segment): conv, decays, rule. qkv: [B, l, C];
-  // b, a: in_proj_b / in_proj_a outputs [B, l, Hv] -> core output [B, l, Hv, Dv]
+  // The heads a forward computes: all of them, or a sequence-parallel rank's (heads_of).
+  struct Heads {
+    int64_t hk = 0, hv = 0;              // key and value heads
+    torch::Tensor conv_weight;           // [C_h, 1, K]: their conv channels (q, k, v)
+    torch::Tensor A_log, dt_bias;        // [hv]
+  };
+  Heads all_heads();
+  // Rank r's of cp (value heads [r Hv / cp, (r + 1) Hv / cp) and their key heads), and the
+  // channels of [qkv | b | a] ([B, L, C + 2 Hv]) that carry them, in [q, k, v, b, a] order.
+  Heads heads_of(int64_t r, int64_t cp, std::vector<int64_t>* channels);
+  // One sequence span (a whole row, or one packed segment): conv, decays, rule. qkv: [B, l, C_h];
+  // b, a: in_proj_b / in_proj_a outputs of the heads [B, l, hv] -> core output [B, l, hv, Dv]
   torch::Tensor mix(const torch::Tensor& qkv, const torch::Tensor& b, const torch::Tensor& a,
-                    LinearAttentionState* state);
+                    LinearAttentionState* state, const Heads& heads);
+  // mix over a whole row, or per packed segment (cu: every sample from a zero state).
+  torch::Tensor mix_row(const torch::Tensor& qkv, const torch::Tensor& b, const torch::Tensor& a,
+                        LinearAttentionState* state, const std::vector<int64_t>* cu, const Heads& heads);
 };
 TORCH_MODULE(GatedDeltaNet);
 

@@ -66,9 +66,11 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torc
   // Undefined: causal attention without a mask tensor (flash attention on CUDA).
   auto mask = attention_mask.defined() ? causal_padding_mask(stage_to_device(attention_mask, embeds.device()), lf)
                                        : torch::Tensor();
-  // The new tokens' padding, for linear-attention layers (zeroed before the mixer).
+  // The new tokens' padding, for linear-attention layers (zeroed before the mixer); under
+  // sequence parallelism this rank's chunk of it.
+  const int64_t first = past + (sp != nullptr ? sp->rank() * l : 0);
   auto padding = attention_mask.defined() && cfg.count_layers(MixerKind::linear_attention) > 0
-                     ? stage_to_device(attention_mask.narrow(1, past, l), embeds.device())
+                     ? stage_to_device(attention_mask.narrow(1, first, l), embeds.device())
                      : torch::Tensor();
   // Owned copy: activation checkpointing reruns the layer in backward, after the caller's
   // vector is gone.

@@ -13,10 +13,11 @@ SequenceChunk sequence_chunk(int64_t length, int64_t cp, int64_t rank) {
   return c;
 }
 
-std::string ulysses_heads_problem(int64_t heads, int64_t kv_heads, int64_t cp) {
-  if (heads % cp != 0) return str(heads, " attention heads do not divide by cp = ", cp);
+std::string ulysses_heads_problem(int64_t heads, int64_t kv_heads, int64_t cp, const std::string& heads_name,
+                                  const std::string& kv_name) {
+  if (heads % cp != 0) return str(heads, " ", heads_name, " do not divide by cp = ", cp);
   if (kv_heads % cp != 0 && cp % kv_heads != 0)
-    return str(kv_heads, " key/value heads neither divide by cp = ", cp, " nor divide it");
+    return str(kv_heads, " ", kv_name, " neither divide by cp = ", cp, " nor divide it");
   return "";
 }
 

@@ -20,7 +20,10 @@
 //
 // Requirements: the attention heads divide by cp; the key/value heads divide by cp or divide
 // cp (fewer kv heads than cp: each is repeated cp / Hkv times before the exchange). Gated
-// DeltaNet layers (Qwen3.5) are not split yet: sharding/ refuses cp for them.
+// DeltaNet layers (Qwen3.5, gated_delta_net.h) split the same way by value heads (their key
+// heads repeated when fewer than cp): the projections run on the chunk, the causal conv and
+// the recurrence on every token of the rank's heads, which keeps each head's recurrence
+// whole on one rank.
 //
 // Names: B batch, L the padded sequence (a multiple of cp), Ls = L / cp this rank's chunk,
 // H heads, D head_dim.
@@ -65,7 +68,9 @@ HeadShardedQkv seq_to_heads(SequenceExchange& ex, const torch::Tensor& q, const 
 torch::Tensor heads_to_seq(SequenceExchange& ex, const torch::Tensor& o, const std::string& what);
 
 // Whether a layer of `heads` query and `kv_heads` key/value heads can be split over cp ranks
-// ("" if so, else why not).
-std::string ulysses_heads_problem(int64_t heads, int64_t kv_heads, int64_t cp);
+// ("" if so, else why not, naming them `heads_name` and `kv_name`).
+std::string ulysses_heads_problem(int64_t heads, int64_t kv_heads, int64_t cp,
+                                  const std::string& heads_name = "attention heads",
+                                  const std::string& kv_name = "key/value heads");
 
 }  // namespace vlm

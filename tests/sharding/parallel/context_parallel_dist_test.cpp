@@ -19,9 +19,12 @@
 // full_shard for one configuration, activation checkpointing of the decoder layers in
 // another: the exchange runs again in the recompute).
 // Bytes: step 0's all-to-all bytes on the cp comm equal ulysses_layer_bytes() over the
-// attention layers and micro-batches. No hang: the second data-parallel group's text
+// layers and micro-batches. No hang: the second data-parallel group's text
 // micro-batch is a filler (one pad token, nothing supervised) in the dp 2 x cp 2 runs.
-// Refusals: cp not dividing the heads, Gated DeltaNet layers (tiny-qwen3.5).
+// tiny-qwen3.5 (three Gated DeltaNet layers, 2 key and 4 value heads, and a gated attention
+// layer): the linear layers split by value heads, the recurrence and the causal conv of each
+// head whole on one rank (at cp 4 each key head serves two ranks).
+// Refusals: cp not dividing the attention heads or the linear layers' value heads.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -191,9 +194,10 @@ CpResult cpd_sharded(ParallelDims& dims, const CpConfig& c) {
       loss_sum += out.loss_sum.item<double>();
       if (step == 0) {
         const auto chunk = vlm::sequence_chunk(micro[k].input_ids.size(1), dims.cp(), dims.cp_rank());
-        r.formula0 += static_cast<double>(cfg.text.num_hidden_layers) *
-                      ulysses_layer_bytes(cfg.text, dims.cp(), micro[k].input_ids.size(0), chunk.padded, 4) *
-                      (c.ckpt ? 1.5 : 1.0);  // recompute: the forward's two exchanges again
+        for (int64_t i = 0; i < cfg.text.num_hidden_layers; ++i)
+          r.formula0 += ulysses_layer_bytes(cfg.text, cfg.text.mixer(i), dims.cp(), micro[k].input_ids.size(0),
+                                            chunk.padded, 4) *
+                        (c.ckpt ? 1.5 : 1.0);  // recompute: the forward's two exchanges again
       }
     }
     torch::Tensor l = torch::tensor({loss_sum}, torch::kDouble);
@@ -276,7 +280,7 @@ TEST(ContextParallelDist, DISABLED_EqualsOneProcessWorker) {
   torch::set_num_threads(1);
   auto dims = cpd_worker_dims();
   const bool dp2 = dims.dp_size() == 2;
-  for (const char* preset : {"tiny", "tiny-qwen2.5", "tiny-qwen3"})
+  for (const char* preset : {"tiny", "tiny-qwen2.5", "tiny-qwen3", "tiny-qwen3.5"})
     for (CpLayout layout : {CpLayout::kRight, CpLayout::kLeftMask, CpLayout::kPacked}) {
       CpConfig c;
       c.preset = preset;
@@ -317,10 +321,15 @@ TEST(ContextParallel, RefusesWhatItCannotSplit) {
   t.num_attention_heads = 6;
   t.num_key_value_heads = 3;
   EXPECT_NE(context_parallel_problem(t, 2).find("3 key/value heads"), std::string::npos);
-  const vlm::TextConfig q35 = vlm::preset("tiny-qwen3.5").text;
-  EXPECT_NE(context_parallel_problem(q35, 2).find("Gated DeltaNet"), std::string::npos)
+  vlm::TextConfig q35 = vlm::preset("tiny-qwen3.5").text;  // linear layers: 2 key heads, 4 value heads
+  EXPECT_EQ(context_parallel_problem(q35, 2), "");
+  EXPECT_EQ(context_parallel_problem(q35, 4), "");  // each key head serves two ranks
+  q35.linear_num_value_heads = 6;
+  q35.linear_num_key_heads = 3;
+  EXPECT_NE(context_parallel_problem(q35, 2).find("Gated DeltaNet layers: 3 key heads neither divide"), std::string::npos)
       << context_parallel_problem(q35, 2);
-  EXPECT_EQ(context_parallel_problem(q35, 1), "");
+  EXPECT_NE(context_parallel_problem(q35, 4).find("6 value heads do not divide by cp = 4"), std::string::npos)
+      << context_parallel_problem(q35, 4);
 }
 
 TEST(ContextParallel, ChunksCoverThePaddedSequence) {
