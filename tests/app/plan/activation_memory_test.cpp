@@ -251,6 +251,7 @@ TEST(ActivationPlan, MatchesRankZeroOfAContextParallelGroup) {
     check_saving({"tiny-qwen2.5", torch::kFloat32, Mix::lora_qv, 8, 16, /*packed=*/true, 1, 384}, cp);
   }
   check_saving({"tiny", torch::kFloat32, Mix::trained, 0, 0, false, 1, 384}, 2);
+  check_saving({"tiny-qwen3.5", torch::kFloat32, Mix::trained, 8, 16, false, 1, 384}, 2);
 }
 
 }  // namespace
