@@ -52,7 +52,8 @@ def section(rows, preset, started, seconds):
              "seconds of one step summed over the ranks (median), against cp 1 at the same length: the work the split "
              "adds (the exchanges' copies and Gloo, the vision tower and the loss head run whole on every rank). "
              "All-to-all: rank 0's bytes per step (the formula of sharding/parallel/context_parallel.h; checked to the "
-             "byte in sharding_context_parallel_dist_test).", "",
+             "byte in sharding_context_parallel_dist_test). Command: `python3 scripts/bench/context_parallel.py` "
+             "(not part of scripts/bench.sh).", "",
              "| tokens | cp | measured peak | planned | planned / measured | CPU s per step (all ranks) | vs cp 1 | "
              "all-to-all per step |",
              "|---|---|---|---|---|---|---|---|"]
