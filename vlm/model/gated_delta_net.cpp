@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "vlm/runtime/check.h"
+#include "vlm/runtime/device_staging.h"
 
 namespace vlm {
 
@@ -214,8 +215,8 @@ GatedDeltaNetImpl::Heads GatedDeltaNetImpl::heads_of(int64_t r, int64_t cp, std:
   const int64_t conv_channels = static_cast<int64_t>(ch.size());
   for (int64_t part : {c, c + num_v_heads})  // b, a of the value heads
     for (int64_t i = v0; i < v0 + hv; ++i) ch.push_back(part + i);
-  auto idx = torch::tensor(std::vector<int64_t>(ch.begin(), ch.begin() + conv_channels), torch::kInt64)
-                 .to(conv1d->weight.device());
+  auto idx = stage_to_device(torch::tensor(std::vector<int64_t>(ch.begin(), ch.begin() + conv_channels), torch::kInt64),
+                             conv1d->weight.device());
   if (channels != nullptr) *channels = std::move(ch);
   return {hk, hv, conv1d->weight.index_select(0, idx), A_log.narrow(0, v0, hv), dt_bias.narrow(0, v0, hv)};
 }
@@ -281,7 +282,7 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& x, const torch::Te
     const Heads heads = heads_of(sp->rank(), cp, &mine);
     const int64_t w = static_cast<int64_t>(mine.size()), ch = w - 2 * heads.hv;
     auto all = torch::cat({qkv, pb, pa}, -1);  // [B, Ls, C + 2 Hv]
-    auto send = all.index_select(-1, torch::tensor(idx, torch::kInt64).to(all.device()))
+    auto send = all.index_select(-1, stage_to_device(torch::tensor(idx, torch::kInt64), all.device()))
                     .view({b, l, cp, w}).permute({2, 0, 1, 3}).contiguous();  // [cp, B, Ls, w]
     auto got = sp->all_to_all(send, "sequence parallel linear attention inputs");  // chunk j: rank j's tokens
     auto full = got.permute({1, 0, 2, 3}).reshape({b, lf, w});                   // [B, L, w]
