@@ -390,6 +390,17 @@ struct ParallelDims::Init {
     if (g) p.mesh_groups_.push_back(g);
   }
 
+  // Every rank has the same degree `value` of dist.<key> (one all-reduce of (v, -v) with max
+  // on the control plane), else every rank stops naming the range: a mismatch would otherwise
+  // hang in the groups' rendezvous.
+  void agree(int value, const char* key, const char* kind) {
+    torch::Tensor d = torch::tensor({static_cast<double>(value), -static_cast<double>(value)}, torch::kFloat64);
+    p.control_->all_reduce(d, ReduceOp::kMax, str("agree on ", kind, " parallelism (dist.", key, ")"));
+    VLM_CHECK(d[0].item<double>() == -d[1].item<double>(), who, ": the ranks ask for different ", kind,
+              "-parallel degrees: ", key, " is ", value, " here, between ", -d[1].item<double>(), " and ",
+              d[0].item<double>(), " over the ranks (hint: every rank must run the same recipe)");
+  }
+
   // Expert parallelism's groups (ParallelOptions::ep), after the mesh's: the EP groups are
   // runs of ep consecutive ranks ("ep<g>"), the expert-replicate groups take every ep-th rank
   // ("expert_replicate<j>"). The ranks agree on ep over the control plane first (a mismatch
@@ -399,11 +410,7 @@ struct ParallelDims::Init {
     p.ep_comm_->set_plane("data/ep", p.control_.get());
     p.expert_replicate_ = local_comm(opts);
     p.expert_replicate_->set_plane("data/expert_replicate", p.control_.get());
-    torch::Tensor d = torch::tensor({static_cast<double>(p.ep_), -static_cast<double>(p.ep_)}, torch::kFloat64);
-    p.control_->all_reduce(d, ReduceOp::kMax, "agree on expert parallelism (dist.ep)");
-    VLM_CHECK(d[0].item<double>() == -d[1].item<double>(), who, ": the ranks ask for different expert-parallel degrees: ",
-              "ep is ", p.ep_, " here, between ", -d[1].item<double>(), " and ", d[0].item<double>(),
-              " over the ranks (hint: every rank must run the same recipe)");
+    agree(p.ep_, "ep", "expert");
     if (p.ep_ == 1) return;
     const int group = p.ep_group(), ep_rank = p.ep_rank();
     c10::intrusive_ptr<c10d::Backend> g;
@@ -420,11 +427,7 @@ struct ParallelDims::Init {
   void cp_groups() {
     p.cp_comm_ = local_comm(opts);
     p.cp_comm_->set_plane("data/cp", p.control_.get());
-    torch::Tensor d = torch::tensor({static_cast<double>(p.cp_), -static_cast<double>(p.cp_)}, torch::kFloat64);
-    p.control_->all_reduce(d, ReduceOp::kMax, "agree on context parallelism (dist.cp)");
-    VLM_CHECK(d[0].item<double>() == -d[1].item<double>(), who, ": the ranks ask for different context-parallel "
-              "degrees: cp is ", p.cp_, " here, between ", -d[1].item<double>(), " and ", d[0].item<double>(),
-              " over the ranks (hint: every rank must run the same recipe)");
+    agree(p.cp_, "cp", "context");
     if (p.cp_ == 1) return;
     const int group = p.dp_rank();
     c10::intrusive_ptr<c10d::Backend> g;

@@ -59,17 +59,6 @@ class TrainContextParallel : public ::testing::Test {
       if (j.contains("supervised_tokens")) out[j.at("step").get<int64_t>()] = j.at("supervised_tokens").get<int64_t>();
     return out;
   }
-
-  // A run directory holding only `from`'s checkpoint of step 3 (and its metrics up to there).
-  static void copy_step3(const std::string& from, const std::string& to) {
-    fs::create_directories(to);
-    fs::copy(fs::path(from) / "step-00000003", fs::path(to) / "step-00000003", fs::copy_options::recursive);
-    std::ifstream in(fs::path(from) / "metrics.jsonl");
-    std::ofstream out(fs::path(to) / "metrics.jsonl");
-    std::string line;
-    while (std::getline(in, line))
-      if (nlohmann::json::parse(line).at("step").get<int64_t>() <= 3) out << line << "\n";
-  }
 };
 
 void expect_cp_curve(const std::map<int64_t, double>& got, const std::map<int64_t, double>& want, int64_t from,
@@ -99,14 +88,14 @@ TEST_F(TrainContextParallel, Cp2FollowsOneProcessPaddedAndPackedAndResumesAcross
     if (packing) continue;
     {  // cp 2 checkpoint -> world 1
       TempDir dir("cp-to-one");
-      copy_step3(cp2 / "run", dir / "run");
+      vlm::test::copy_checkpoint_run(cp2 / "run", dir / "run", 3);
       ASSERT_TRUE(vlm::test::all_ok(train(dir / "run", 1, 1, packing)));
       expect_cp_curve(vlm::test::losses_by_step(dir / "run"), vlm::test::losses_by_step(cp2 / "run"), 4, 6,
                       "cp 2 -> world 1");
     }
     {  // world 1 checkpoint -> cp 2 at world 4
       TempDir dir("one-to-cp");
-      copy_step3(one / "run", dir / "run");
+      vlm::test::copy_checkpoint_run(one / "run", dir / "run", 3);
       ASSERT_TRUE(vlm::test::all_ok(train(dir / "run", 4, 2, packing)));
       expect_cp_curve(vlm::test::losses_by_step(dir / "run"), want, 4, 6, "world 1 -> dp 2 x cp 2");
     }

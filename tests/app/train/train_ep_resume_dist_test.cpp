@@ -86,17 +86,6 @@ default = "ddp"
   static std::vector<vlm::test::WorkerResult> train(int world, const std::string& recipe_path) {
     return vlm::test::run_ranks(world, {vlm::test::vlmtrain_bin(), "train", recipe_path}, std::chrono::seconds(300));
   }
-
-  // A run directory holding only `from`'s checkpoint of step 3 (and its metrics up to there).
-  static void copy_step3(const std::string& from, const std::string& to) {
-    fs::create_directories(to);
-    fs::copy(fs::path(from) / "step-00000003", fs::path(to) / "step-00000003", fs::copy_options::recursive);
-    std::ifstream in(fs::path(from) / "metrics.jsonl");
-    std::ofstream out(fs::path(to) / "metrics.jsonl");
-    std::string line;
-    while (std::getline(in, line))
-      if (nlohmann::json::parse(line).at("step").get<int64_t>() <= 3) out << line << "\n";
-  }
 };
 
 void expect_curve(const std::map<int64_t, double>& got, const std::map<int64_t, double>& want, int64_t from,
@@ -122,7 +111,7 @@ TEST_F(TrainExpertResume, Ep4CheckpointResumesAtEp2AndWorld1AndBackAndExports) {
   for (const int world : {2, 1}) {  // ep 4 at world 4 -> ep 2 at world 2, and -> world 1 without ep
     SCOPED_TRACE("ep 4 -> world " + std::to_string(world));
     TempDir dir("ep-to-" + std::to_string(world));
-    copy_step3(ep_dir / "run", dir / "run");
+    vlm::test::copy_checkpoint_run(ep_dir / "run", dir / "run", 3);
     auto res = train(world, recipe(dir, world, 4 / world));
     ASSERT_TRUE(vlm::test::all_ok(res));
     EXPECT_NE(res[0].output.find("written by 4 rank(s), now " + std::to_string(world)), std::string::npos)
@@ -132,7 +121,7 @@ TEST_F(TrainExpertResume, Ep4CheckpointResumesAtEp2AndWorld1AndBackAndExports) {
   {  // world 1 -> ep 2 at world 2
     SCOPED_TRACE("world 1 -> ep");
     TempDir dir("one-to-ep");
-    copy_step3(one_dir / "run", dir / "run");
+    vlm::test::copy_checkpoint_run(one_dir / "run", dir / "run", 3);
     auto res = train(2, recipe(dir, 2, 2));
     ASSERT_TRUE(vlm::test::all_ok(res));
     EXPECT_NE(res[0].output.find("written by 1 rank(s), now 2"), std::string::npos) << res[0].output;
@@ -193,7 +182,7 @@ TEST_F(TrainExpertResume, Ep2AtWorld4ShardsTheExpertStateAndResumes) {
   for (const auto& [world, ep] : {std::pair<int, int>{1, 1}, {4, 4}}) {
     SCOPED_TRACE("ep 2 at world 4 -> ep " + std::to_string(ep) + " at world " + std::to_string(world));
     TempDir dir("ep2w4-to-" + std::to_string(world));
-    copy_step3(ep_dir / "run", dir / "run");
+    vlm::test::copy_checkpoint_run(ep_dir / "run", dir / "run", 3);
     auto res = train(world, recipe(dir, ep, 4 / world));
     ASSERT_TRUE(vlm::test::all_ok(res));
     expect_curve(vlm::test::losses_by_step(dir / "run"), ep_curve, 4, 6);

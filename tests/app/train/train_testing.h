@@ -5,6 +5,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -45,6 +47,21 @@ inline std::vector<std::string> tiny_train_args(const std::string& run_dir, cons
           "--set", "eval.at_end=false",
           "--set", "log.every=1",
           "--set", "dist.timeout_s=60"};
+}
+
+// A run directory holding only `from`'s checkpoint of step `step` (step-<8 digits>) and its
+// metrics.jsonl lines up to that step: what a resumed run starts from.
+inline void copy_checkpoint_run(const std::string& from, const std::string& to, int64_t step) {
+  namespace fs = std::filesystem;
+  fs::create_directories(to);
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
+  fs::copy(fs::path(from) / name, fs::path(to) / name, fs::copy_options::recursive);
+  std::ifstream in(fs::path(from) / "metrics.jsonl");
+  std::ofstream out(fs::path(to) / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line))
+    if (nlohmann::json::parse(line).at("step").get<int64_t>() <= step) out << line << "\n";
 }
 
 // The lines of <run_dir>/metrics.jsonl (or of a .jsonl file given by path), in order.
