@@ -10,34 +10,50 @@ namespace {
 
 class CommSequenceExchange : public vlm::SequenceExchange {
  public:
-  explicit CommSequenceExchange(Comm& comm) : comm_(comm), ones_(static_cast<size_t>(comm.world_size()), 1) {}
+  CommSequenceExchange(Comm& comm, vlm::SequenceMode mode)
+      : comm_(comm), mode_(mode), ones_(static_cast<size_t>(comm.world_size()), 1) {
+    const int64_t n = comm.world_size(), r = comm.rank();
+    to_next_.assign(static_cast<size_t>(n), 0);
+    from_prev_.assign(static_cast<size_t>(n), 0);
+    to_next_[static_cast<size_t>((r + 1) % n)] = 1;
+    from_prev_[static_cast<size_t>((r - 1 + n) % n)] = 1;
+  }
   int64_t size() const override { return comm_.world_size(); }
   int64_t rank() const override { return comm_.rank(); }
+  vlm::SequenceMode mode() const override { return mode_; }
   // x: [cp, ...] -> [cp, ...]: one row per rank of the flattened chunks.
   torch::Tensor all_to_all(const torch::Tensor& x, const std::string& what) override {
     VLM_ASSERT(x.size(0) == size(), "sequence exchange: ", x.sizes(), " has no chunk per rank (", size(), ")");
     auto rows = x.contiguous().view({size(), -1});
     return AllToAllRows::apply(rows, comm_address(comm_), ones_, ones_, what).view(x.sizes());
   }
+  // x flattened to one row: sent to the next rank, the previous rank's received (the other
+  // splits 0, so every rank of the group takes part in each op; backward: swapped splits).
+  torch::Tensor ring_pass(const torch::Tensor& x, const std::string& what) override {
+    auto row = x.contiguous().view({1, -1});
+    return AllToAllRows::apply(row, comm_address(comm_), to_next_, from_prev_, what).view(x.sizes());
+  }
 
  private:
   Comm& comm_;
+  const vlm::SequenceMode mode_;
   const std::vector<int64_t> ones_;
+  std::vector<int64_t> to_next_, from_prev_;  // ring splits: one row to rank + 1, one from rank - 1
 };
 
 }  // namespace
 
-std::shared_ptr<vlm::SequenceExchange> comm_sequence_exchange(Comm& comm) {
-  return std::make_shared<CommSequenceExchange>(comm);
+std::shared_ptr<vlm::SequenceExchange> comm_sequence_exchange(Comm& comm, vlm::SequenceMode mode) {
+  return std::make_shared<CommSequenceExchange>(comm, mode);
 }
 
-std::string context_parallel_problem(const vlm::TextConfig& cfg, int64_t cp) {
+std::string context_parallel_problem(const vlm::TextConfig& cfg, int64_t cp, vlm::SequenceMode mode) {
   if (cp <= 1) return "";
-  if (cfg.count_layers(vlm::MixerKind::full_attention) > 0) {
+  if (mode == vlm::SequenceMode::kUlysses && cfg.count_layers(vlm::MixerKind::full_attention) > 0) {
     const std::string heads = vlm::ulysses_heads_problem(cfg.num_attention_heads, cfg.num_key_value_heads, cp);
     if (!heads.empty()) return "the decoder's " + heads;
-  }
-  if (cfg.count_layers(vlm::MixerKind::linear_attention) > 0) {  // value heads, key heads (Gated DeltaNet)
+  }  // ring attention: any head counts
+  if (cfg.count_layers(vlm::MixerKind::linear_attention) > 0) {  // value heads, key heads (Gated DeltaNet, either mode)
     const std::string heads =
         vlm::ulysses_heads_problem(cfg.linear_num_value_heads, cfg.linear_num_key_heads, cp, "value heads", "key heads");
     if (!heads.empty()) return "the decoder's Gated DeltaNet layers: " + heads;
@@ -45,13 +61,13 @@ std::string context_parallel_problem(const vlm::TextConfig& cfg, int64_t cp) {
   return "";
 }
 
-void apply_context_parallel(vlm::VisionLanguageModelImpl& model, ParallelDims& dims) {
+void apply_context_parallel(vlm::VisionLanguageModelImpl& model, ParallelDims& dims, vlm::SequenceMode mode) {
   if (dims.cp() == 1) return;
-  const std::string problem = context_parallel_problem(model.cfg.text, dims.cp());
-  VLM_CHECK(problem.empty(), "dist.cp = ", dims.cp(), ": ", problem,
+  const std::string problem = context_parallel_problem(model.cfg.text, dims.cp(), mode);
+  VLM_CHECK(problem.empty(), "dist.cp = ", dims.cp(), " (cp_mode ", vlm::sequence_mode_name(mode), "): ", problem,
             " (hint: Ulysses gives each rank of the group H / cp attention heads of the whole sequence; pick a cp "
-            "that divides the heads, or 1)");
-  model.set_sequence_exchange(comm_sequence_exchange(dims.cp_comm()));
+            "that divides the heads, cp_mode = \"ring\" (no head requirement), or cp 1)");
+  model.set_sequence_exchange(comm_sequence_exchange(dims.cp_comm(), mode));
 }
 
 double ulysses_layer_bytes(const vlm::TextConfig& cfg, vlm::MixerKind kind, int64_t cp, int64_t batch,
@@ -70,6 +86,14 @@ double ulysses_layer_bytes(const vlm::TextConfig& cfg, vlm::MixerKind kind, int6
   const double tokens = static_cast<double>(batch) * static_cast<double>(padded / cp);
   return 2.0 * static_cast<double>(cp - 1) / static_cast<double>(cp) * tokens * per_token *
          static_cast<double>(bytes_per_element);
+}
+
+double ring_layer_bytes(const vlm::TextConfig& cfg, int64_t cp, int64_t batch, int64_t padded,
+                        int64_t bytes_per_element) {
+  const double block = static_cast<double>(batch) * static_cast<double>(cfg.num_key_value_heads) *
+                       static_cast<double>(padded / cp) * static_cast<double>(cfg.head_dim()) * 2.0 *
+                       static_cast<double>(bytes_per_element);  // k and v of this rank's tokens
+  return 2.0 * static_cast<double>(cp - 1) * block;
 }
 
 }  // namespace vlm::sharding

@@ -1,25 +1,34 @@
-// Context parallelism, Ulysses mode: the `cp` ranks of a context-parallel group
-// (ParallelDims::cp_comm(), cp consecutive ranks) run the same micro-batches, each rank the
-// decoder on its contiguous chunk of L / cp tokens; around every attention one all-to-all
-// gives each rank H / cp heads of the whole sequence and a second one returns the result
-// (the model's side: vlm/model/sequence_parallel.h).
+// Context parallelism: the `cp` ranks of a context-parallel group (ParallelDims::cp_comm(), cp
+// consecutive ranks) run the same micro-batches, each rank the decoder on its share of the
+// sequence (the model's side: vlm/model/sequence_parallel.h), in one of two modes
+// (ShardingOptions::cp_mode, from dist.cp_mode):
+//   - ulysses: rank r holds the contiguous chunk r of L / cp tokens; around every attention one
+//     all-to-all gives each rank H / cp heads of the whole sequence and a second one returns
+//     the result. The heads must divide by cp (the key/value heads divide cp or by it);
+//   - ring: rank r holds chunks r and 2 cp - 1 - r of 2 cp; its queries stay, the key/value
+//     blocks go around the ring, cp - 1 hops per attention (vlm/model/ring_attention.h). Any
+//     head counts.
 //
-//   apply_context_parallel(*model, dims);  // checks the model, installs the exchange
+//   apply_context_parallel(*model, dims, mode);  // checks the model, installs the exchange
 //
-// Gradients: each rank's backward gives its chunk's share of every parameter's gradient;
+// Gradients: each rank's backward gives its tokens' share of every parameter's gradient;
 // the data-parallel engines (DDP, FSDP over the world) sum over all ranks, cp ranks
 // included, and the trainer divides by the step's supervised tokens counted once per group,
 // so the update equals one process's on the whole batch. The vision tower runs on every
-// rank of the group (its features of other chunks get no gradient there).
+// rank of the group (its features of other ranks' tokens get no gradient there).
 //
 // Bytes per layer and micro-batch on a rank (Comm counters, all_to_all: what it sends to
-// the other cp - 1 ranks), elements of b bytes:
-//   attention, Hk = max(Hkv, cp):
+// the other cp - 1 ranks), elements of b bytes, L the padded length:
+//   attention, ulysses, Hk = max(Hkv, cp):
 //     forward  (cp-1)/cp x B x L/cp x D x b x ((H + 2 Hk) [q, k, v] + H [output])
-//   Gated DeltaNet, Hk = max(key heads, cp), Hv value heads:
+//   attention, ring (each hop is an all-to-all whose only non-empty split goes to the next
+//   rank):
+//     forward  (cp-1) x B x Hkv x L/cp x D x 2 [k and v] x b
+//   Gated DeltaNet (either mode: split by heads), Hk = max(key heads, cp), Hv value heads:
 //     forward  (cp-1)/cp x B x L/cp x b x ((2 Hk Dk + Hv Dv + 2 Hv) [q, k, v, b, a] + Hv Dv [output])
-//   backward the same again (the reverse exchanges of the gradients).
-// ulysses_layer_bytes() is that formula.
+//   backward the same again (the reverse exchanges of the gradients; each ring hop's
+//   gradient goes back to its sender).
+// ulysses_layer_bytes() and ring_layer_bytes() are those formulas.
 #pragma once
 #include <torch/torch.h>
 
@@ -33,23 +42,31 @@
 
 namespace vlm::sharding {
 
-// The exchange over `comm` (its ranks are the group; Comm::all_to_all as an autograd op).
-std::shared_ptr<vlm::SequenceExchange> comm_sequence_exchange(Comm& comm);
+// The exchange over `comm` (its ranks are the group; Comm::all_to_all as an autograd op, the
+// ring pass an all-to-all with one non-empty split), in `mode`.
+std::shared_ptr<vlm::SequenceExchange> comm_sequence_exchange(Comm& comm,
+                                                              vlm::SequenceMode mode = vlm::SequenceMode::kUlysses);
 
-// Checks that every decoder layer of `model` can split over dims.cp() ranks (softmax
-// attention whose heads divide by cp, key/value heads dividing or divided by cp; Gated
-// DeltaNet: value heads dividing by cp, key heads dividing or divided by cp) and installs
-// the exchange over dims.cp_comm(). cp 1: nothing.
-void apply_context_parallel(vlm::VisionLanguageModelImpl& model, ParallelDims& dims);
+// Checks that every decoder layer of `model` can split over dims.cp() ranks in `mode`
+// (Ulysses: softmax attention whose heads divide by cp, key/value heads dividing or divided
+// by cp; ring: any attention; Gated DeltaNet in either mode: value heads dividing by cp, key
+// heads dividing or divided by cp) and installs the exchange over dims.cp_comm(). cp 1:
+// nothing.
+void apply_context_parallel(vlm::VisionLanguageModelImpl& model, ParallelDims& dims,
+                            vlm::SequenceMode mode = vlm::SequenceMode::kUlysses);
 
 // What the check of apply_context_parallel finds wrong with splitting `cfg`'s decoder over
-// cp ranks ("" when nothing). For `plan` and recipe validation.
-std::string context_parallel_problem(const vlm::TextConfig& cfg, int64_t cp);
+// cp ranks in `mode` ("" when nothing). For `plan` and recipe validation.
+std::string context_parallel_problem(const vlm::TextConfig& cfg, int64_t cp,
+                                     vlm::SequenceMode mode = vlm::SequenceMode::kUlysses);
 
 // The formula of the header comment: bytes one rank sends in one layer's forward and
-// backward (its mixer `kind`) for a micro-batch of `batch` rows of `padded` tokens (a
-// multiple of cp).
+// backward by Ulysses (its mixer `kind`) for a micro-batch of `batch` rows of `padded`
+// tokens (a multiple of cp).
 double ulysses_layer_bytes(const vlm::TextConfig& cfg, vlm::MixerKind kind, int64_t cp, int64_t batch,
                            int64_t padded, int64_t bytes_per_element);
+// The same for an attention layer in ring mode (`padded` a multiple of 2 cp).
+double ring_layer_bytes(const vlm::TextConfig& cfg, int64_t cp, int64_t batch, int64_t padded,
+                        int64_t bytes_per_element);
 
 }  // namespace vlm::sharding

@@ -124,6 +124,9 @@ struct ShardingOptions {
   torch::Dtype param_dtype = torch::kFloat32;   // compute dtype of parameters
   torch::Dtype reduce_dtype = torch::kFloat32;  // gradient all-reduce dtype
   std::string checkpoint_match;         // activation checkpointing globs on unit paths ("" = none)
+  // How a context-parallel group attends (recipe: dist.cp_mode; context_parallel.h): "ulysses"
+  // | "ring". Read by apply_policies only when the dims' cp > 1 (the degree is ParallelOptions::cp).
+  std::string cp_mode = "ulysses";
   AdamWOptions optim;
   uint64_t lora_seed = 0;               // seed of the LoRA A initialisation (sharding/parallel/lora.h)
 };

@@ -199,7 +199,7 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model
   const ExpertLoad eload{source, dims.device(), opts.param_dtype, &expert_load};
   if (ep_rules) sm->dispatcher_ = apply_expert_parallel(model, dims, source != nullptr ? &eload : nullptr);
   // 0c. Context parallelism: the decoder's attentions exchange over the cp group.
-  apply_context_parallel(model, dims);
+  apply_context_parallel(model, dims, vlm::parse_sequence_mode(opts.cp_mode, "ShardingOptions::cp_mode"));
   // 1. Policy table.
   sm->units_ = resolve_units(model, opts);
   for (const auto& u : sm->units_)

@@ -19,8 +19,8 @@
 //                         (expert_parallel.h); dims.ep() must be > 1. With a ParamSource
 //                         the held experts are read here (step 1b skips them)
 //   0c. apply_context_parallel  dims.cp() > 1: the model's sequence exchange over the cp
-//                         group (context_parallel.h); the engines below count cp ranks as
-//                         data-parallel replicas
+//                         group in opts.cp_mode (context_parallel.h); the engines below
+//                         count cp ranks as data-parallel replicas
 //   1. resolve_units      policy table + optimizer groups -> unit table (policy.h)
 //   1b. materialize_units with a ParamSource (model built on meta): each rank allocates and
 //                         reads only what it keeps (sharded_load.h)

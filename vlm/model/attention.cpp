@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "vlm/runtime/check.h"
+#include "vlm/model/ring_attention.h"
 #include "vlm/model/rotary.h"
 #include "vlm/runtime/device_staging.h"
 
@@ -149,6 +150,10 @@ torch::Tensor TextAttentionImpl::forward(const torch::Tensor& x, const torch::Te
     cache->v = v;
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  if (sp != nullptr && sp->mode() == SequenceMode::kRing) {  // this rank's queries, k/v around the ring
+    auto o = ring_attention(*sp, q, k, v, mask, cu_seqlens, scale, "ring attention");  // [B, H, Ls, D]
+    return out(o.transpose(1, 2).reshape({b, l, num_heads * head_dim}), gate);
+  }
   if (sp != nullptr) {  // Ulysses: every token, H / cp heads; then back to this rank's tokens
     auto hs = seq_to_heads(*sp, q, k, v, "sequence parallel q/k/v");  // [B, H / cp, L_full, D]
     const int64_t lf = hs.q.size(2), hc = hs.q.size(1);

@@ -65,9 +65,11 @@ class TextAttentionImpl : public torch::nn::Module {
   // x: [B, L, d]; cos/sin: [B, L, R] (R = rotary dims, activation dtype); mask: bool [B, 1, L, T];
   // cache: when given, the new keys/values are appended to it and attention runs over all.
   // cu_seqlens (packed row, B == 1, no mask, no cache): causal attention inside each
-  // segment [cu[i], cu[i+1]) only. sp (no cache): x, cos and sin are this rank's chunk of
-  // Ls = L / cp tokens, mask [B, 1, L, L] and cu_seqlens the whole sequence's; attention runs
-  // over every token with H / cp heads (Ulysses, sequence_parallel.h). -> [B, L or Ls, d]
+  // segment [cu[i], cu[i+1]) only. sp (no cache): x, cos and sin are this rank's Ls = L / cp
+  // tokens, cu_seqlens the whole sequence's; Ulysses: mask [B, 1, L, L], attention runs over
+  // every token with H / cp heads (sequence_parallel.h); ring: mask is the key padding
+  // [B, L] bool, this rank's queries attend every key block in turn (ring_attention.h).
+  // -> [B, L or Ls, d]
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& mask, LayerKv* cache,
                         const std::vector<int64_t>* cu_seqlens = nullptr, SequenceExchange* sp = nullptr);

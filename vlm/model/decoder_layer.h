@@ -25,7 +25,8 @@ struct LayerCache {
 class DecoderLayerImpl : public torch::nn::Module {
  public:
   DecoderLayerImpl(const TextConfig& cfg, int64_t layer_index, const torch::TensorOptions& opts);
-  // x: [B, L, d]; cos/sin: [B, L, R]; mask: bool [B, 1, L, T] (attention) and padding: [B, L]
+  // x: [B, L, d]; cos/sin: [B, L, R]; mask: bool [B, 1, L, T] (attention; ring sequence
+  // parallelism: the key padding [B, cp x L]) and padding: [B, L]
   // (the new tokens' attention_mask, linear attention), either undefined; cache: optional;
   // cu_seqlens: optional packed-row segments (TextAttentionImpl::forward); aux: the forward's
   // load-balancing state (sparse layers; null = none); sp: the sequence split over a

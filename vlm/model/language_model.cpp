@@ -46,6 +46,7 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torc
   const int64_t b = embeds.size(0), l = embeds.size(1);
   // Attention sees the whole sequence: lf tokens (l on a sequence-parallel rank's chunk).
   const int64_t lf = sp != nullptr ? l * sp->size() : l;
+  const bool ring = sp != nullptr && sp->mode() == SequenceMode::kRing;
   VLM_CHECK(sp == nullptr || (cache == nullptr && aux == nullptr),
             "sequence parallelism: no KV cache and no load-balancing loss (training forwards of dense models)");
   VLM_CHECK(text_cu_seqlens == nullptr || (b == 1 && !attention_mask.defined() && cache == nullptr),
@@ -63,15 +64,21 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torc
   if (cache && cache->layers.empty()) cache->layers.resize(layers.size());
   auto cs = mrope_cos_sin(stage_to_device(position_ids, embeds.device()), cfg.rotary_dim(), cfg.rope_theta,
                           cfg.mrope_section, embeds.scalar_type(), cfg.mrope_interleaved);  // [B, L, R]
-  // Undefined: causal attention without a mask tensor (flash attention on CUDA).
-  auto mask = attention_mask.defined() ? causal_padding_mask(stage_to_device(attention_mask, embeds.device()), lf)
-                                       : torch::Tensor();
+  // Undefined: causal attention without a mask tensor (flash attention on CUDA). Ring
+  // attention takes the key padding [B, L] itself and builds each block's mask from positions.
+  torch::Tensor mask;
+  if (attention_mask.defined()) {
+    mask = stage_to_device(attention_mask, embeds.device());
+    mask = ring ? mask.to(torch::kBool) : causal_padding_mask(mask, lf);
+  }
   // The new tokens' padding, for linear-attention layers (zeroed before the mixer); under
-  // sequence parallelism this rank's chunk of it.
-  const int64_t first = past + (sp != nullptr ? sp->rank() * l : 0);
-  auto padding = attention_mask.defined() && cfg.count_layers(MixerKind::linear_attention) > 0
-                     ? stage_to_device(attention_mask.narrow(1, first, l), embeds.device())
-                     : torch::Tensor();
+  // sequence parallelism this rank's tokens of it.
+  torch::Tensor padding;
+  if (attention_mask.defined() && cfg.count_layers(MixerKind::linear_attention) > 0) {
+    padding = sp == nullptr ? attention_mask.narrow(1, past, l)
+                            : gather_layout(attention_mask, 1, sequence_layout(lf, sp->size(), sp->rank(), sp->mode()));
+    padding = stage_to_device(padding, embeds.device());
+  }
   // Owned copy: activation checkpointing reruns the layer in backward, after the caller's
   // vector is gone.
   std::shared_ptr<const std::vector<int64_t>> cu;

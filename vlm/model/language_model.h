@@ -55,8 +55,8 @@ class LanguageModelImpl : public torch::nn::Module {
   // aux: optional (mixture of experts): the forward's load-balancing state; every sparse layer
   // records its routing there and attaches the aux-loss gradient (moe.h), finished here.
   // sp: optional (sequence parallelism, sequence_parallel.h; no cache, no aux): embeds,
-  // position_ids and deepstack are this rank's chunk of L / cp tokens; attention_mask and
-  // text_cu_seqlens the whole (padded) sequence's -> this rank's [B, L / cp, d].
+  // position_ids and deepstack are this rank's L / cp tokens (sequence_layout of sp's mode);
+  // attention_mask and text_cu_seqlens the whole (padded) sequence's -> this rank's [B, L / cp, d].
   torch::Tensor forward(const torch::Tensor& embeds, const torch::Tensor& position_ids,
                         const torch::Tensor& attention_mask, KvCache* cache, UnitRunner& runner,
                         const std::string& prefix = "model", const DeepStackInputs* deepstack = nullptr,

@@ -13,6 +13,59 @@ SequenceChunk sequence_chunk(int64_t length, int64_t cp, int64_t rank) {
   return c;
 }
 
+const char* sequence_mode_name(SequenceMode mode) { return mode == SequenceMode::kRing ? "ring" : "ulysses"; }
+
+SequenceMode parse_sequence_mode(const std::string& name, const std::string& what) {
+  if (name == "ulysses") return SequenceMode::kUlysses;
+  VLM_CHECK(name == "ring", what, ": expected \"ulysses\" or \"ring\", got \"", name,
+            "\" (hint: dist.cp_mode picks how a context-parallel group attends)");
+  return SequenceMode::kRing;
+}
+
+std::vector<int64_t> SequenceLayout::positions() const {
+  std::vector<int64_t> p;
+  p.reserve(static_cast<size_t>(len));
+  for (const TokenRun& r : runs)
+    for (int64_t i = 0; i < r.len; ++i) p.push_back(r.begin + i);
+  return p;
+}
+
+SequenceLayout sequence_layout(int64_t length, int64_t cp, int64_t rank, SequenceMode mode) {
+  VLM_ASSERT(cp >= 1 && rank >= 0 && rank < cp, "sequence_layout: rank ", rank, " of ", cp);
+  SequenceLayout s;
+  if (mode == SequenceMode::kUlysses) {
+    const SequenceChunk c = sequence_chunk(length, cp, rank);
+    s.padded = c.padded;
+    s.len = c.len;
+    s.runs = {{c.begin, c.len}};
+    return s;
+  }
+  const int64_t n = 2 * cp;  // chunks r and 2 cp - 1 - r: r < cp <= 2 cp - 1 - r, so in order
+  s.padded = (length + n - 1) / n * n;
+  const int64_t c = s.padded / n;
+  s.len = 2 * c;
+  s.runs = {{rank * c, c}, {(n - 1 - rank) * c, c}};
+  return s;
+}
+
+torch::Tensor gather_layout(const torch::Tensor& x, int64_t dim, const SequenceLayout& layout) {
+  VLM_ASSERT(x.size(dim) == layout.padded, "gather_layout: ", x.sizes(), " has no ", layout.padded,
+             " tokens along dim ", dim);
+  if (layout.runs.size() == 1) return x.narrow(dim, layout.runs[0].begin, layout.runs[0].len);
+  std::vector<torch::Tensor> parts;
+  for (const TokenRun& r : layout.runs) parts.push_back(x.narrow(dim, r.begin, r.len));
+  return torch::cat(parts, dim);
+}
+
+torch::Tensor layout_local_index(const SequenceLayout& layout) {
+  auto index = torch::full({layout.padded}, int64_t{-1}, torch::kInt64);
+  auto* p = index.data_ptr<int64_t>();
+  int64_t local = 0;
+  for (const TokenRun& r : layout.runs)
+    for (int64_t i = 0; i < r.len; ++i) p[r.begin + i] = local++;
+  return index;
+}
+
 std::string ulysses_heads_problem(int64_t heads, int64_t kv_heads, int64_t cp, const std::string& heads_name,
                                   const std::string& kv_name) {
   if (heads % cp != 0) return str(heads, " ", heads_name, " do not divide by cp = ", cp);

@@ -206,17 +206,17 @@ ForwardOutput VisionLanguageModelImpl::forward_chunk(const Batch& batch, torch::
             "sequence parallelism (dist.cp) has no load-balancing loss yet (hint: model.router_aux_loss_coef = 0)");
   const auto dev = embeds.device();
   const int64_t b = embeds.size(0), l = embeds.size(1), d = embeds.size(2);
-  const SequenceChunk c = sequence_chunk(l, sp_->size(), sp_->rank());
-  const int64_t pad = c.padded - l;
-  // Padding to a multiple of cp: after every real token (causal attention never reaches it),
-  // masked as a key, its own packed segment, position = the last one's.
+  const SequenceLayout lay = sequence_layout(l, sp_->size(), sp_->rank(), sp_->mode());
+  const int64_t pad = lay.padded - l;
+  // Padding to the layout's multiple: after every real token (causal attention never reaches
+  // it), masked as a key, its own packed segment, position = the last one's.
   if (pad > 0) {
     embeds = torch::cat({embeds, torch::zeros({b, pad, d}, embeds.options())}, 1);
     pos = torch::cat({pos, pos.narrow(2, l - 1, 1).expand({3, b, pad})}, 2);
     if (mask.defined()) mask = torch::cat({mask, torch::zeros({b, pad}, mask.options())}, 1);
-    if (!text_cu.empty()) text_cu.push_back(c.padded);
+    if (!text_cu.empty()) text_cu.push_back(lay.padded);
   }
-  // DeepStack features (Qwen3-VL) as this chunk's dense addends: zero but at image tokens.
+  // DeepStack features (Qwen3-VL) as this rank's dense addends: zero but at image tokens.
   DeepStackInputs ds;
   if (!deepstack.embeds.empty()) {
     ds.dense = true;
@@ -224,22 +224,25 @@ ForwardOutput VisionLanguageModelImpl::forward_chunk(const Batch& batch, torch::
       torch::Tensor full;
       if (deepstack.rows.defined()) {  // flat rows b*L+t -> b*padded+t
         auto rows = deepstack.rows + deepstack.rows.div(l, "floor") * pad;
-        full = add_rows(torch::zeros({b * c.padded, d}, e.options()), rows, e).view({b, c.padded, d});
+        full = add_rows(torch::zeros({b * lay.padded, d}, e.options()), rows, e).view({b, lay.padded, d});
       } else {
         auto m = stage_to_device(deepstack.mask, dev).to(torch::kBool);
         if (pad > 0) m = torch::cat({m, torch::zeros({b, pad}, m.options())}, 1);
-        full = torch::zeros({b, c.padded, d}, e.options()).masked_scatter(m.unsqueeze(-1).expand({b, c.padded, d}), e);
+        full = torch::zeros({b, lay.padded, d}, e.options())
+                   .masked_scatter(m.unsqueeze(-1).expand({b, lay.padded, d}), e);
       }
-      ds.embeds.push_back(full.narrow(1, c.begin, c.len));
+      ds.embeds.push_back(gather_layout(full, 1, lay));
     }
   }
-  // A copy of the chunk, so that the whole micro-batch's embeddings are not kept alive
-  // through a view (a [1, L, d] row's narrow is one).
-  auto hidden = model->forward(embeds.narrow(1, c.begin, c.len).clone(), pos.narrow(2, c.begin, c.len), mask, nullptr,
-                               *runner_, "model", ds.embeds.empty() ? nullptr : &ds,
-                               text_cu.empty() ? nullptr : &text_cu, nullptr, sp_.get());  // [B, Ls, d]
-  // The micro-batch's supervised rows (a count known on the host: no sync), those of other
-  // chunks ignored (label -100): flat row b*(L-1)+t predicts labels[b, t+1].
+  // A copy of this rank's tokens, so that the whole micro-batch's embeddings are not kept
+  // alive through a view (one run's narrow is one; ring's two runs are concatenated).
+  auto local = gather_layout(embeds, 1, lay);
+  if (lay.runs.size() == 1) local = local.clone();
+  auto hidden = model->forward(local, gather_layout(pos, 2, lay), mask, nullptr, *runner_, "model",
+                               ds.embeds.empty() ? nullptr : &ds, text_cu.empty() ? nullptr : &text_cu, nullptr,
+                               sp_.get());  // [B, Ls, d]
+  // The micro-batch's supervised rows (a count known on the host: no sync), those this rank
+  // does not hold ignored (label -100): flat row b*(L-1)+t predicts labels[b, t+1].
   ForwardOutput out;
   auto keep = stage_to_device(batch.loss_rows.defined() ? batch.loss_rows : supervised_rows(batch.labels), dev);
   out.n_tokens = keep.size(0);
@@ -247,9 +250,9 @@ ForwardOutput VisionLanguageModelImpl::forward_chunk(const Batch& batch, torch::
   auto row = keep.div(step, "floor"), t = keep - row * step;
   auto labels = stage_to_device(batch.labels, dev, torch::kInt64);
   auto next = labels.reshape({-1}).index_select(0, row * l + t + 1);
-  auto inside = t.ge(c.begin).logical_and(t.lt(c.begin + c.len));
-  next = torch::where(inside, next, torch::full({}, -100, next.options()));
-  auto local = row * c.len + (t - c.begin).clamp(0, c.len - 1);
+  auto at = stage_to_device(layout_local_index(lay), dev).index_select(0, t);  // local index, -1: not held
+  next = torch::where(at.ge(0), next, torch::full({}, -100, next.options()));
+  auto local = row * lay.len + at.clamp_min(0);
   out.loss_sum = head_loss(hidden.reshape({-1, d}).index_select(0, local), next);
   return out;
 }

@@ -72,9 +72,10 @@ class VisionLanguageModelImpl : public torch::nn::Module {
   // through the whole vision tower and enters loss_sum multiplied by 0, so every call runs
   // every unit. loss_sum is defined only when labels are given.
   // With a sequence exchange of cp > 1 ranks (set_sequence_exchange), the training path
-  // (labels, no logits) runs the decoder on this rank's chunk of the sequence
-  // (sequence_parallel.h): loss_sum is this rank's part of the micro-batch's loss (the cp
-  // ranks' parts sum to it), n_tokens the micro-batch's supervised tokens (all chunks).
+  // (labels, no logits) runs the decoder on this rank's tokens of the sequence (one chunk,
+  // or two in ring mode: sequence_parallel.h): loss_sum is this rank's part of the
+  // micro-batch's loss (the cp ranks' parts sum to it), n_tokens the micro-batch's supervised
+  // tokens (all ranks').
   // Every rank of the group must run the same micro-batch. Logits and generation do not split.
   ForwardOutput forward(const Batch& batch, bool return_logits = false);
 
@@ -109,9 +110,9 @@ class VisionLanguageModelImpl : public torch::nn::Module {
   Linear lm_head{nullptr};  // null when tie_word_embeddings
 
  private:
-  // The training path on this rank's chunk of the sequence (forward's sp branch): embeds
-  // [B, L, d] and pos [3, B, L] of the whole micro-batch, mask [B, L] or undefined (causal),
-  // text_cu the packed row's boundaries (empty: not packed).
+  // The training path on this rank's tokens (forward's sp branch; sequence_layout of the
+  // exchange's mode): embeds [B, L, d] and pos [3, B, L] of the whole micro-batch, mask
+  // [B, L] or undefined (causal), text_cu the packed row's boundaries (empty: not packed).
   ForwardOutput forward_chunk(const Batch& batch, torch::Tensor embeds, torch::Tensor pos, torch::Tensor mask,
                               std::vector<int64_t> text_cu, const DeepStackInputs& deepstack);
 
