@@ -1,4 +1,4 @@
-// Context parallelism, Ulysses mode (sharding/parallel/context_parallel.h,
+// Context parallelism, Ulysses and ring modes (sharding/parallel/context_parallel.h,
 // vlm/model/sequence_parallel.h), in real processes on Gloo over loopback.
 //
 // Equality with one process: per configuration, 10 AdamW steps (clipping active) of a global
@@ -23,8 +23,11 @@
 // micro-batch is a filler (one pad token, nothing supervised) in the dp 2 x cp 2 runs.
 // tiny-qwen3.5 (three Gated DeltaNet layers, 2 key and 4 value heads, and a gated attention
 // layer): the linear layers split by value heads, the recurrence and the causal conv of each
-// head whole on one rank (at cp 4 each key head serves two ranks).
-// Refusals: cp not dividing the attention heads or the linear layers' value heads.
+// head whole on one rank (at cp 4 each key head serves two ranks), in either mode.
+// Refusals: cp not dividing the attention heads (Ulysses) or the linear layers' value heads.
+// Ring mode (cp_mode "ring": load-balanced chunks, ring attention, vlm/model/ring_attention.h)
+// to the same standards: every family and layout at cp 2 and cp 4 and dp 2 x cp 2 (filler),
+// recompute at cp 2; step 0's bytes equal the formulas; the layout covers the sequence.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -48,13 +51,14 @@ const char* cpd_layout_name(CpLayout l) {
 }
 
 struct CpConfig {
+  vlm::SequenceMode mode = vlm::SequenceMode::kUlysses;
   std::string preset = "tiny";
   CpLayout layout = CpLayout::kRight;
   std::string policy = "ddp";  // everything: ddp | fsdp
   bool ckpt = false;           // activation checkpointing of the decoder layers
   bool filler = false;         // data-parallel group 1's text micro-batch is a filler
   std::string tag(const ParallelDims& dims) const {
-    return vlm::str(preset, " ", cpd_layout_name(layout), " ", policy, ckpt ? " +ckpt" : "", filler ? " +filler" : "",
+    return vlm::str(vlm::sequence_mode_name(mode), " ", preset, " ", cpd_layout_name(layout), " ", policy, ckpt ? " +ckpt" : "", filler ? " +filler" : "",
                     " world ", dims.world_size(), " cp ", dims.cp(), " rank ", dims.rank());
   }
 };
@@ -162,6 +166,7 @@ ShardingOptions cpd_options(const CpConfig& c) {
   o.default_policy = c.policy;
   o.ddp_bucket_mb = 0.05;
   if (c.ckpt) o.checkpoint_match = "model.layers.*";
+  o.cp_mode = vlm::sequence_mode_name(c.mode);
   o.optim.lr = kCpLr;
   o.optim.weight_decay = kCpWd;
   o.optim.grad_clip = kCpClip;
@@ -172,6 +177,7 @@ CpResult cpd_sharded(ParallelDims& dims, const CpConfig& c) {
   auto model = cpd_model(c.preset);
   auto sm = apply_policies(*model, cpd_options(c), dims);
   EXPECT_NE(model->sequence_exchange(), nullptr);
+  EXPECT_EQ(model->sequence_exchange()->mode(), c.mode);
   const auto& cfg = model->cfg;
   const int dp = dims.dp_rank(), groups = dims.dp_size();
   CpResult r;
@@ -192,12 +198,16 @@ CpResult cpd_sharded(ParallelDims& dims, const CpConfig& c) {
       (out.loss_sum / static_cast<double>(tokens)).backward();
       sm->finish_backward(vlm::str("step ", step));
       loss_sum += out.loss_sum.item<double>();
-      if (step == 0) {
-        const auto chunk = vlm::sequence_chunk(micro[k].input_ids.size(1), dims.cp(), dims.cp_rank());
-        for (int64_t i = 0; i < cfg.text.num_hidden_layers; ++i)
-          r.formula0 += ulysses_layer_bytes(cfg.text, cfg.text.mixer(i), dims.cp(), micro[k].input_ids.size(0),
-                                            chunk.padded, 4) *
-                        (c.ckpt ? 1.5 : 1.0);  // recompute: the forward's two exchanges again
+      if (step == 0) {  // recompute: the forward's exchanges again (half of forward + backward)
+        const auto lay = vlm::sequence_layout(micro[k].input_ids.size(1), dims.cp(), dims.cp_rank(), c.mode);
+        const int64_t rows = micro[k].input_ids.size(0);
+        for (int64_t i = 0; i < cfg.text.num_hidden_layers; ++i) {
+          const auto kind = cfg.text.mixer(i);
+          const double layer = c.mode == vlm::SequenceMode::kRing && kind == vlm::MixerKind::full_attention
+                                   ? ring_layer_bytes(cfg.text, dims.cp(), rows, lay.padded, 4)
+                                   : ulysses_layer_bytes(cfg.text, kind, dims.cp(), rows, lay.padded, 4);
+          r.formula0 += layer * (c.ckpt ? 1.5 : 1.0);
+        }
       }
     }
     torch::Tensor l = torch::tensor({loss_sum}, torch::kDouble);
@@ -254,9 +264,14 @@ void cpd_check(ParallelDims& dims, const CpConfig& c) {
     if (d > worst) worst = d, worst_name = name;
   }
   EXPECT_LE(worst, 1e-5) << tag << ": worst parameter " << worst_name;
-  // Two exchanges per attention layer forward, two in backward (and two more per recompute).
-  const int64_t layers = vlm::preset(c.preset).text.num_hidden_layers;
-  EXPECT_EQ(got.a2a_calls0, 2 * layers * (c.ckpt ? 6 : 4)) << tag;
+  // Per layer and micro-batch, Ulysses (and Gated DeltaNet in either mode): two exchanges
+  // forward, two in backward; ring attention: cp - 1 hops forward, cp - 1 in backward; a
+  // recompute runs the forward's again. Two micro-batches.
+  const vlm::TextConfig text = vlm::preset(c.preset).text;
+  int64_t fwd = 0;
+  for (int64_t i = 0; i < text.num_hidden_layers; ++i)
+    fwd += c.mode == vlm::SequenceMode::kRing && text.mixer(i) == vlm::MixerKind::full_attention ? dims.cp() - 1 : 2;
+  EXPECT_EQ(got.a2a_calls0, 2 * fwd * (c.ckpt ? 3 : 2)) << tag;
   EXPECT_DOUBLE_EQ(got.a2a_bytes0, got.formula0) << tag;
   std::printf("%s: loss %.6f -> %.6f (ref %.6f), norm0 %.5f, max rel grad diff %.3g (%s), max |param diff| %.3g "
               "(%s); step 0 all-to-all %.0f B in %lld ops\n",
@@ -300,6 +315,34 @@ TEST(ContextParallelDist, DISABLED_EqualsOneProcessWorker) {
   dims.comm().barrier("end");
 }
 
+// Ring mode, the same standards: every family and layout at cp 2 (world 2, plus recompute of
+// the masked layout), at cp 4 (world 4) and at dp 2 x cp 2 (world 4, the filler micro-batch in
+// the right-padded runs).
+TEST(ContextParallelDist, DISABLED_RingEqualsOneProcessWorker) {
+  VLM_DIST_WORKER_ONLY();
+  torch::set_num_threads(1);
+  auto dims = cpd_worker_dims();
+  const bool dp2 = dims.dp_size() == 2;
+  for (const char* preset : {"tiny", "tiny-qwen2.5", "tiny-qwen3", "tiny-qwen3.5"})
+    for (CpLayout layout : {CpLayout::kRight, CpLayout::kLeftMask, CpLayout::kPacked}) {
+      CpConfig c;
+      c.mode = vlm::SequenceMode::kRing;
+      c.preset = preset;
+      c.layout = layout;
+      c.filler = dp2 && layout == CpLayout::kRight;
+      cpd_check(dims, c);
+    }
+  if (dims.world_size() == 2) {  // recompute: the hops run again in backward
+    CpConfig c;
+    c.mode = vlm::SequenceMode::kRing;
+    c.preset = "tiny-qwen3";
+    c.layout = CpLayout::kLeftMask;
+    c.ckpt = true;
+    cpd_check(dims, c);
+  }
+  dims.comm().barrier("end");
+}
+
 TEST(ContextParallelDist, EqualsOneProcessCp2World2) {
   fsdp_testing::launch(2, "ContextParallelDist.DISABLED_EqualsOneProcessWorker", 540, [](int) { return cpd_env(2); });
 }
@@ -310,6 +353,21 @@ TEST(ContextParallelDist, EqualsOneProcessCp4World4) {
 
 TEST(ContextParallelDist, EqualsOneProcessDp2Cp2World4) {
   fsdp_testing::launch(4, "ContextParallelDist.DISABLED_EqualsOneProcessWorker", 540, [](int) { return cpd_env(2); });
+}
+
+TEST(ContextParallelDist, RingEqualsOneProcessCp2World2) {
+  fsdp_testing::launch(2, "ContextParallelDist.DISABLED_RingEqualsOneProcessWorker", 540,
+                       [](int) { return cpd_env(2); });
+}
+
+TEST(ContextParallelDist, RingEqualsOneProcessCp4World4) {
+  fsdp_testing::launch(4, "ContextParallelDist.DISABLED_RingEqualsOneProcessWorker", 540,
+                       [](int) { return cpd_env(4); });
+}
+
+TEST(ContextParallelDist, RingEqualsOneProcessDp2Cp2World4) {
+  fsdp_testing::launch(4, "ContextParallelDist.DISABLED_RingEqualsOneProcessWorker", 540,
+                       [](int) { return cpd_env(2); });
 }
 
 TEST(ContextParallel, RefusesWhatItCannotSplit) {
@@ -330,6 +388,58 @@ TEST(ContextParallel, RefusesWhatItCannotSplit) {
       << context_parallel_problem(q35, 2);
   EXPECT_NE(context_parallel_problem(q35, 4).find("6 value heads do not divide by cp = 4"), std::string::npos)
       << context_parallel_problem(q35, 4);
+  // Ring attention has no head-count requirement; Gated DeltaNet layers keep theirs.
+  const auto ring = vlm::SequenceMode::kRing;
+  EXPECT_EQ(context_parallel_problem(vlm::preset("tiny").text, 8, ring), "");
+  EXPECT_EQ(context_parallel_problem(t, 4, ring), "");
+  EXPECT_NE(context_parallel_problem(q35, 2, ring).find("Gated DeltaNet layers: 3 key heads"), std::string::npos);
+  EXPECT_EQ(context_parallel_problem(vlm::preset("tiny-qwen3.5").text, 4, ring), "");
+}
+
+// Ring layout: rank r holds chunks r and 2 cp - 1 - r of 2 cp; the ranks cover the padded
+// sequence once, and the local index inverts the held positions.
+TEST(ContextParallel, RingLayoutCoversThePaddedSequence) {
+  for (int64_t cp : {2, 3, 4})
+    for (int64_t len : {1, 7, 8, 13, 24}) {
+      const int64_t padded = (len + 2 * cp - 1) / (2 * cp) * (2 * cp), c = padded / (2 * cp);
+      std::vector<int> held(static_cast<size_t>(padded), 0);
+      for (int64_t r = 0; r < cp; ++r) {
+        const auto lay = vlm::sequence_layout(len, cp, r, vlm::SequenceMode::kRing);
+        ASSERT_EQ(lay.padded, padded) << "len " << len << " cp " << cp;
+        ASSERT_EQ(lay.len, padded / cp);
+        ASSERT_EQ(lay.runs.size(), 2u);
+        EXPECT_EQ(lay.runs[0].begin, r * c);
+        EXPECT_EQ(lay.runs[1].begin, (2 * cp - 1 - r) * c);
+        const auto pos = lay.positions();
+        const auto index = vlm::layout_local_index(lay);
+        for (size_t i = 0; i < pos.size(); ++i) {
+          ++held[static_cast<size_t>(pos[i])];
+          EXPECT_EQ(index[pos[i]].item<int64_t>(), static_cast<int64_t>(i));
+          if (i > 0) EXPECT_LT(pos[i - 1], pos[i]) << "held positions in sequence order";
+        }
+        EXPECT_EQ(index.ge(0).sum().item<int64_t>(), lay.len);
+        // A padded length gives the same layout back.
+        EXPECT_EQ(vlm::sequence_layout(padded, cp, r, vlm::SequenceMode::kRing).positions(), pos);
+      }
+      for (int h : held) EXPECT_EQ(h, 1) << "len " << len << " cp " << cp;
+    }
+  // Ulysses' layout is sequence_chunk's one run.
+  const auto u = vlm::sequence_layout(13, 4, 2, vlm::SequenceMode::kUlysses);
+  const auto c = vlm::sequence_chunk(13, 4, 2);
+  ASSERT_EQ(u.runs.size(), 1u);
+  EXPECT_EQ(u.padded, c.padded);
+  EXPECT_EQ(u.runs[0].begin, c.begin);
+  EXPECT_EQ(u.len, c.len);
+}
+
+// The ring formula by hand: tiny has 2 kv heads of head_dim D; cp 4, 3 rows of 16 tokens (4 per
+// rank) in fp32: 3 hops forward and 3 back, each B x Hkv x 4 x D x 2 (k, v) x 4 bytes.
+TEST(ContextParallel, RingLayerBytesByHand) {
+  const vlm::TextConfig t = vlm::preset("tiny").text;
+  const double hop = 3.0 * 2 * 4 * static_cast<double>(t.head_dim()) * 2 * 4;
+  EXPECT_EQ(t.num_key_value_heads, 2);
+  EXPECT_DOUBLE_EQ(ring_layer_bytes(t, 4, 3, 16, 4), 6 * hop);
+  EXPECT_DOUBLE_EQ(ring_layer_bytes(t, 1, 3, 16, 4), 0.0);
 }
 
 TEST(ContextParallel, ChunksCoverThePaddedSequence) {
