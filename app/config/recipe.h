@@ -337,7 +337,8 @@ struct DistSection {
       "(docs/context_parallel.md)");
     v("cp_mode", cp_mode, Choice{{"ulysses", "ring"}},
       "how a split sequence attends: `ulysses` (an all-to-all around each attention gives every rank H / cp heads "
-      "of the whole sequence; cp must divide the heads); `ring` is not built yet");
+      "of the whole sequence; cp must divide the heads) or `ring` (ring attention: rank r holds chunks r and "
+      "2 cp - 1 - r of 2 cp, the key/value blocks go around the ring, cp - 1 hops per attention; any head counts)");
   }
 };
 

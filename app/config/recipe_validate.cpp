@@ -108,8 +108,6 @@ void Recipe::validate(Purpose purpose) const {
   }
 
   // dist
-  if (dist.cp > 1 && dist.cp_mode == "ring")
-    fail("dist.cp_mode", "\"ring\" (ring attention) is not built yet (expected \"ulysses\")");
   if (dist.cp > 1 && dist.ep > 1)
     fail("dist.cp", "cp = " + std::to_string(dist.cp) + " with ep = " + std::to_string(dist.ep) +
                         ": context and expert parallelism together are not built yet (expected one of them 1)");

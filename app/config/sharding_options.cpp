@@ -31,6 +31,7 @@ vlm::sharding::ShardingOptions sharding_options(const Recipe& recipe) {
   o.param_dtype = recipe_dtype(recipe.precision.param_dtype);
   o.reduce_dtype = recipe_dtype(recipe.precision.reduce_dtype);
   o.checkpoint_match = recipe.activation_checkpointing.match;
+  o.cp_mode = recipe.dist.cp_mode;
   const auto& op = recipe.optim;
   o.optim.lr = op.lr;
   o.optim.weight_decay = op.weight_decay;
