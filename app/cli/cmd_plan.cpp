@@ -265,24 +265,29 @@ double plan_all_to_all(const RecipePlan& p) {
 }
 
 // Context parallelism (dist.cp > 1): the micro-batch's decoder split over cp ranks (the
-// activation plan's shape.cp) and the Ulysses exchanges' bytes per rank and micro-batch
-// (sharding/parallel/context_parallel.h; a checkpointed layer exchanges q/k/v and the output
-// again in its recompute).
+// activation plan's shape.cp) and the exchanges' bytes per rank and micro-batch
+// (sharding/parallel/context_parallel.h: Ulysses' all-to-alls, or ring mode's k/v hops for
+// the attention layers; a checkpointed layer exchanges again in its recompute).
 void plan_context_parallel(RecipePlan& p) {
   const Recipe& r = p.recipe;
   if (r.dist.cp <= 1) return;
   p.cp = static_cast<int>(r.dist.cp);
   VLM_CHECK(p.world % p.cp == 0, r.source, ": dist.cp = ", p.cp, " does not divide the world size ", p.world,
             " (hint: --world-size a multiple of dist.cp)");
-  const std::string problem = vlm::sharding::context_parallel_problem(p.cfg.text, p.cp);
-  VLM_CHECK(problem.empty(), r.source, ": dist.cp = ", p.cp, ": ", problem);
+  const auto mode = vlm::parse_sequence_mode(r.dist.cp_mode, r.source + ": dist.cp_mode");
+  const std::string problem = vlm::sharding::context_parallel_problem(p.cfg.text, p.cp, mode);
+  VLM_CHECK(problem.empty(), r.source, ": dist.cp = ", p.cp, " (cp_mode ", r.dist.cp_mode, "): ", problem);
   p.pb.shape.cp = p.cp;
   const auto& sh = p.pb.shape;
-  const int64_t padded = (sh.seq_len + p.cp - 1) / p.cp * p.cp;
+  const int64_t padded = vlm::sequence_layout(sh.seq_len, p.cp, 0, mode).padded;
   const auto b = static_cast<int64_t>(c10::elementSize(p.opts.param_dtype));
-  for (int64_t i = 0; i < p.cfg.text.num_hidden_layers; ++i)
-    p.cp_bytes += vlm::sharding::ulysses_layer_bytes(p.cfg.text, p.cfg.text.mixer(i), p.cp, sh.rows, padded, b) *
-                  (p.checkpointed(vlm::str("model.layers.", i)) ? 1.5 : 1.0);
+  for (int64_t i = 0; i < p.cfg.text.num_hidden_layers; ++i) {
+    const auto kind = p.cfg.text.mixer(i);
+    const double layer = mode == vlm::SequenceMode::kRing && kind == vlm::MixerKind::full_attention
+                             ? vlm::sharding::ring_layer_bytes(p.cfg.text, p.cp, sh.rows, padded, b)
+                             : vlm::sharding::ulysses_layer_bytes(p.cfg.text, kind, p.cp, sh.rows, padded, b);
+    p.cp_bytes += layer * (p.checkpointed(vlm::str("model.layers.", i)) ? 1.5 : 1.0);
+  }
 }
 
 // The model on the meta device under the recipe's policies, and its memory, traffic and

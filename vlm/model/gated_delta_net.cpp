@@ -270,7 +270,7 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& x, const torch::Te
   torch::Tensor o;  // [B, L, Hv, Dv]
   if (sp == nullptr) {
     o = mix_row(qkv, pb, pa, state, cu, all_heads());
-  } else {  // Ulysses: rank j gets the channels of its heads ([q, k, v, b, a]) of this chunk
+  } else {  // by heads (either mode): rank j gets the channels of its heads ([q, k, v, b, a]) of this rank's tokens
     const int64_t cp = sp->size();
     std::vector<int64_t> idx;
     for (int64_t j = 0; j < cp; ++j) {
@@ -285,9 +285,10 @@ torch::Tensor GatedDeltaNetImpl::forward(const torch::Tensor& x, const torch::Te
     auto send = all.index_select(-1, stage_to_device(torch::tensor(idx, torch::kInt64), all.device()))
                     .view({b, l, cp, w}).permute({2, 0, 1, 3}).contiguous();  // [cp, B, Ls, w]
     auto got = sp->all_to_all(send, "sequence parallel linear attention inputs");  // chunk j: rank j's tokens
-    auto full = got.permute({1, 0, 2, 3}).reshape({b, lf, w});                   // [B, L, w]
+    auto full = rank_order_to_sequence(got.permute({1, 0, 2, 3}).reshape({b, lf, w}), 1, cp, sp->mode());  // [B, L, w]
     auto parts = full.split_with_sizes({ch, heads.hv, heads.hv}, -1);
     o = mix_row(parts[0], parts[1], parts[2], nullptr, cu, heads);              // [B, L, hv, Dv]
+    o = sequence_to_rank_order(o, 1, cp, sp->mode());
     o = heads_to_seq(*sp, o.transpose(1, 2), "sequence parallel linear attention output");  // [B, Ls, Hv, Dv]
   }
   o = norm(o.reshape({-1, head_v_dim}), z.reshape({-1, head_v_dim})).reshape({b, l, num_v_heads * head_v_dim});

@@ -98,11 +98,12 @@ class GatedDeltaNetImpl : public LayerBase {
   // HF does, so left padding leaves the state at zero) or undefined; state: when given,
   // continued from and updated (decoding); cu_seqlens (packed row, B == 1, no state): the
   // conv and the recurrent state restart at every segment [cu[i], cu[i+1]). -> [B, L, d]
-  // sp (no state; sequence_parallel.h): x and mask are this rank's chunk of L / cp tokens,
-  // cu_seqlens the whole sequence's; the projections run on the chunk, one all-to-all gives
-  // this rank Hv / cp value heads (and their key heads, repeated when fewer than cp) of every
-  // token, the conv and the rule run there with the heads' slices of conv1d, A_log and
-  // dt_bias, and a second all-to-all brings the output back to the chunk. -> [B, L or Ls, d]
+  // sp (no state; sequence_parallel.h, either mode): x and mask are this rank's L / cp tokens
+  // (sequence_layout), cu_seqlens the whole sequence's; the projections run on them, one
+  // all-to-all gives this rank Hv / cp value heads (and their key heads, repeated when fewer
+  // than cp) of every token, put in sequence order (ring: rank_order_to_sequence), the conv
+  // and the rule run there with the heads' slices of conv1d, A_log and dt_bias, and a second
+  // all-to-all brings the output back to the rank's tokens. -> [B, L or Ls, d]
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& mask, LinearAttentionState* state,
                         const std::vector<int64_t>* cu_seqlens = nullptr, SequenceExchange* sp = nullptr);
   ParamInit init_rule(const std::string& name) const override;

@@ -66,6 +66,23 @@ torch::Tensor layout_local_index(const SequenceLayout& layout) {
   return index;
 }
 
+torch::Tensor rank_order_to_sequence(const torch::Tensor& x, int64_t dim, int64_t cp, SequenceMode mode) {
+  if (mode == SequenceMode::kUlysses || cp == 1) return x;
+  const int64_t l = x.size(dim);
+  VLM_ASSERT(l % (2 * cp) == 0, "rank_order_to_sequence: ", l, " tokens do not divide by 2 cp = ", 2 * cp);
+  auto v = x.unflatten(dim, {cp, 2, l / (2 * cp)});  // [.., rank, run, c, ..]
+  // Chunks 0 .. cp-1: each rank's first run; chunks cp .. 2cp-1: the second runs, last rank first.
+  return torch::cat({v.select(dim + 1, 0), v.select(dim + 1, 1).flip(dim)}, dim).flatten(dim, dim + 1);
+}
+
+torch::Tensor sequence_to_rank_order(const torch::Tensor& x, int64_t dim, int64_t cp, SequenceMode mode) {
+  if (mode == SequenceMode::kUlysses || cp == 1) return x;
+  const int64_t l = x.size(dim);
+  VLM_ASSERT(l % (2 * cp) == 0, "sequence_to_rank_order: ", l, " tokens do not divide by 2 cp = ", 2 * cp);
+  auto v = x.unflatten(dim, {2, cp, l / (2 * cp)});  // [.., half, chunk, c, ..]
+  return torch::stack({v.select(dim, 0), v.select(dim, 1).flip(dim)}, dim + 1).flatten(dim, dim + 2);
+}
+
 std::string ulysses_heads_problem(int64_t heads, int64_t kv_heads, int64_t cp, const std::string& heads_name,
                                   const std::string& kv_name) {
   if (heads % cp != 0) return str(heads, " ", heads_name, " do not divide by cp = ", cp);

@@ -107,6 +107,13 @@ HeadShardedQkv seq_to_heads(SequenceExchange& ex, const torch::Tensor& q, const 
 // rank's tokens, every head).
 torch::Tensor heads_to_seq(SequenceExchange& ex, const torch::Tensor& o, const std::string& what);
 
+// A whole sequence gathered from the cp ranks in rank order (each rank's held tokens, as an
+// all-to-all returns them) <-> the sequence in position order, along `dim` (size L). Ulysses:
+// the same order (x itself); ring: rank r's runs are chunks r and 2 cp - 1 - r. For mixers that
+// need every token in order on one rank (Gated DeltaNet's conv and recurrence).
+torch::Tensor rank_order_to_sequence(const torch::Tensor& x, int64_t dim, int64_t cp, SequenceMode mode);
+torch::Tensor sequence_to_rank_order(const torch::Tensor& x, int64_t dim, int64_t cp, SequenceMode mode);
+
 // Whether a layer of `heads` query and `kv_heads` key/value heads can be split over cp ranks
 // ("" if so, else why not, naming them `heads_name` and `kv_name`).
 std::string ulysses_heads_problem(int64_t heads, int64_t kv_heads, int64_t cp,

@@ -236,9 +236,9 @@ ForwardOutput VisionLanguageModelImpl::forward_chunk(const Batch& batch, torch::
   }
   // A copy of this rank's tokens, so that the whole micro-batch's embeddings are not kept
   // alive through a view (one run's narrow is one; ring's two runs are concatenated).
-  auto local = gather_layout(embeds, 1, lay);
-  if (lay.runs.size() == 1) local = local.clone();
-  auto hidden = model->forward(local, gather_layout(pos, 2, lay), mask, nullptr, *runner_, "model",
+  auto mine = gather_layout(embeds, 1, lay);
+  if (lay.runs.size() == 1) mine = mine.clone();
+  auto hidden = model->forward(mine, gather_layout(pos, 2, lay), mask, nullptr, *runner_, "model",
                                ds.embeds.empty() ? nullptr : &ds, text_cu.empty() ? nullptr : &text_cu, nullptr,
                                sp_.get());  // [B, Ls, d]
   // The micro-batch's supervised rows (a count known on the host: no sync), those this rank

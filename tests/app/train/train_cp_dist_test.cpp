@@ -3,7 +3,7 @@
 // batch of 4 samples, padded and packed:
 //   - dist.cp = 2 at world 2 (one data-parallel group) and dist.cp = 2 at world 4 (two) follow
 //     the world-1 run's loss curve, and count each supervised token once (the metrics'
-//     supervised_tokens equal the world-1 run's);
+//     supervised_tokens equal the world-1 run's); so does dist.cp_mode = "ring" at cp 4, world 4;
 //   - a checkpoint of the cp 2 run (step 3) resumes at world 1 on the cp run's curve, and a
 //     world-1 checkpoint resumes at cp 2;
 //   - a recipe whose cp does not divide the world, or does not divide the heads, stops every
@@ -69,7 +69,7 @@ void expect_cp_curve(const std::map<int64_t, double>& got, const std::map<int64_
   }
 }
 
-TEST_F(TrainContextParallel, Cp2FollowsOneProcessPaddedAndPackedAndResumesAcrossCp) {
+TEST_F(TrainContextParallel, FollowsOneProcessPaddedAndPackedInBothModesAndResumesAcrossCp) {
   for (const bool packing : {false, true}) {
     SCOPED_TRACE(packing ? "packed" : "padded");
     TempDir one("cp-one"), cp2("cp-w2"), dp2cp2("cp-w4");
@@ -85,6 +85,14 @@ TEST_F(TrainContextParallel, Cp2FollowsOneProcessPaddedAndPackedAndResumesAcross
     expect_cp_curve(vlm::test::losses_by_step(dp2cp2 / "run"), want, 1, 6, "dp 2 x cp 2 at world 4");
     EXPECT_EQ(tokens_by_step(cp2 / "run"), tokens_by_step(one / "run"));
     EXPECT_EQ(tokens_by_step(dp2cp2 / "run"), tokens_by_step(one / "run"));
+    {  // ring mode: cp 4 at world 4
+      TempDir ring("cp-ring");
+      auto rr = train(ring / "run", 4, 4, packing, {"--set", "dist.cp_mode=ring"});
+      ASSERT_TRUE(vlm::test::all_ok(rr));
+      EXPECT_NE(rr[0].output.find("per group of 4 context-parallel ranks"), std::string::npos) << rr[0].output;
+      expect_cp_curve(vlm::test::losses_by_step(ring / "run"), want, 1, 6, "ring cp 4 at world 4");
+      EXPECT_EQ(tokens_by_step(ring / "run"), tokens_by_step(one / "run"));
+    }
     if (packing) continue;
     {  // cp 2 checkpoint -> world 1
       TempDir dir("cp-to-one");

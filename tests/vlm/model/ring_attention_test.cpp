@@ -137,3 +137,24 @@ TEST(RingAttention, RefusesTokensOffTheLayout) {
 }
 
 }  // namespace ring_attention_test
+
+namespace ring_attention_test {
+
+// What an all-to-all hands a rank (every rank's held tokens, in rank order) put back in
+// sequence order, and the inverse (Gated DeltaNet under ring mode): against gather_layout of
+// each rank's layout, both modes, cp 1-4.
+TEST(SequenceLayout, RankOrderRoundTripsTheSequence) {
+  for (auto mode : {vlm::SequenceMode::kUlysses, vlm::SequenceMode::kRing})
+    for (int64_t cp : {1, 2, 3, 4}) {
+      const int64_t l = 2 * cp * 3;
+      auto seq = torch::arange(2 * l * 5, torch::kFloat32).view({2, l, 5});  // [B, L, w]
+      std::vector<torch::Tensor> held;
+      for (int64_t r = 0; r < cp; ++r) held.push_back(vlm::gather_layout(seq, 1, vlm::sequence_layout(l, cp, r, mode)));
+      const auto rank_order = torch::cat(held, 1);
+      const std::string tag = vlm::str(vlm::sequence_mode_name(mode), " cp ", cp);
+      EXPECT_TRUE(torch::equal(vlm::rank_order_to_sequence(rank_order, 1, cp, mode), seq)) << tag;
+      EXPECT_TRUE(torch::equal(vlm::sequence_to_rank_order(seq, 1, cp, mode), rank_order)) << tag;
+    }
+}
+
+}  // namespace ring_attention_test
