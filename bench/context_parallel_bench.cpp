@@ -1,5 +1,6 @@
-// Context parallelism (dist.cp, Ulysses) on the CPU: one rank of a cp group, launched with
-// `vlmtrain launch --nproc-per-node CP --exec build/bench/context_parallel_bench --cp CP ...`
+// Context parallelism (dist.cp, either mode) on the CPU: one rank of a cp group, launched with
+// `vlmtrain launch --nproc-per-node CP --exec build/bench/context_parallel_bench --cp CP
+// [--mode ulysses|ring] ...`
 // (world = cp: one data-parallel group). Every rank trains on the same synthetic micro-batch
 // (bench/synthetic_batch.h: one row of `text` tokens around one image of `image` merged
 // tokens), DDP, fp32, AdamW; the first step is warm-up, then `reps` steps are measured.
@@ -8,10 +9,11 @@
 //
 //   vlmtrain launch --nproc-per-node 2 --exec build/bench/context_parallel_bench --cp 2 --text 4000
 //
-// Rank 0 prints one JSON line: cp, seq_len, the measured peak of CPU tensor bytes over a step
+// Rank 0 prints one JSON line: cp, mode, seq_len, the measured peak of CPU tensor bytes over a step
 // (vlm/runtime/tensor_memory.h, rank 0) and the step plan's (app/plan/step_memory.h with
 // shape.cp), the step's wall seconds (median), the CPU seconds of a step summed over the
-// ranks (getrusage: user + system, every thread), and rank 0's all-to-all bytes per step.
+// ranks (getrusage: user + system, every thread), and rank 0's all-to-all bytes per step (ring:
+// the hops, each an all-to-all with one non-empty split).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -61,6 +63,7 @@ int main(int argc, char** argv) {
   const int64_t text = arg(argc, argv, "--text", 2000), image = arg(argc, argv, "--image", 64);
   const int64_t reps = arg(argc, argv, "--reps", 3);
   const std::string preset = sarg(argc, argv, "--preset", "small");
+  const std::string mode = sarg(argc, argv, "--mode", "ulysses");
   vlm::TensorMemoryMeter::install();
   sh::ParallelOptions po;
   po.device = "cpu";
@@ -73,6 +76,7 @@ int main(int argc, char** argv) {
   vlm::materialize(*model, {torch::kCPU, torch::kFloat32, 5});
   sh::ShardingOptions so;
   so.default_policy = "ddp";
+  so.cp_mode = mode;
   auto sm = sh::apply_policies(*model, so, dims);
   vlm::Batch batch = vlm::bench::synthetic_batch(cfg, 1, text, image, 7);
   batch.right_padded = true;
@@ -86,6 +90,7 @@ int main(int argc, char** argv) {
   shape.patches = batch.pixel_values.size(0);
   shape.loss_rows = tokens;
   shape.cp = cp;
+  shape.cp_ring = mode == "ring";
   const double planned = step_model.step(shape, 1, 1).total();
 
   std::vector<double> walls, cpus;
@@ -117,6 +122,7 @@ int main(int argc, char** argv) {
   if (dims.is_main()) {
     nlohmann::json j = {{"preset", preset},
                         {"cp", cp},
+                        {"mode", cp > 1 ? mode : "-"},
                         {"seq_len", shape.seq_len},
                         {"threads", at::get_num_threads()},
                         {"measured_peak_bytes", peak},

@@ -276,17 +276,21 @@ void plan_context_parallel(RecipePlan& p) {
             " (hint: --world-size a multiple of dist.cp)");
   const auto mode = vlm::parse_sequence_mode(r.dist.cp_mode, r.source + ": dist.cp_mode");
   const std::string problem = vlm::sharding::context_parallel_problem(p.cfg.text, p.cp, mode);
-  VLM_CHECK(problem.empty(), r.source, ": dist.cp = ", p.cp, " (cp_mode ", r.dist.cp_mode, "): ", problem);
+  VLM_CHECK(problem.empty(), r.source, ": dist.cp = ", p.cp, " (cp_mode ", r.dist.cp_mode, "): ", problem,
+            mode == vlm::SequenceMode::kUlysses && problem.find("Gated DeltaNet") == std::string::npos
+                ? " (hint: dist.cp_mode = \"ring\" has no requirement on the attention heads)"
+                : "");
   p.pb.shape.cp = p.cp;
+  p.pb.shape.cp_ring = mode == vlm::SequenceMode::kRing;
   const auto& sh = p.pb.shape;
   const int64_t padded = vlm::sequence_layout(sh.seq_len, p.cp, 0, mode).padded;
   const auto b = static_cast<int64_t>(c10::elementSize(p.opts.param_dtype));
   for (int64_t i = 0; i < p.cfg.text.num_hidden_layers; ++i) {
     const auto kind = p.cfg.text.mixer(i);
-    const double layer = mode == vlm::SequenceMode::kRing && kind == vlm::MixerKind::full_attention
-                             ? vlm::sharding::ring_layer_bytes(p.cfg.text, p.cp, sh.rows, padded, b)
-                             : vlm::sharding::ulysses_layer_bytes(p.cfg.text, kind, p.cp, sh.rows, padded, b);
-    p.cp_bytes += layer * (p.checkpointed(vlm::str("model.layers.", i)) ? 1.5 : 1.0);
+    const bool ckpt = p.checkpointed(vlm::str("model.layers.", i));
+    p.cp_bytes += mode == vlm::SequenceMode::kRing && kind == vlm::MixerKind::full_attention
+                      ? vlm::sharding::ring_layer_bytes(p.cfg.text, p.cp, sh.rows, padded, b, ckpt)
+                      : vlm::sharding::ulysses_layer_bytes(p.cfg.text, kind, p.cp, sh.rows, padded, b) * (ckpt ? 1.5 : 1.0);
   }
 }
 

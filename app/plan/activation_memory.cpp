@@ -199,13 +199,15 @@ UnitActivation merger(const VisionConfig& v, Op o, const VisionUnitLayout& l, bo
 
 // `self_attn` on the normed x (n1: whether it needs a gradient), per token: returns whether
 // its output does.
-bool attention_mixer(const TextConfig& tc, Op& o, const std::string& a, bool n1, bool packed, int64_t cp) {
+bool attention_mixer(const TextConfig& tc, Op& o, const std::string& a, bool n1, bool packed, int64_t cp, bool ring) {
   const double d = static_cast<double>(tc.hidden_size);
   const double heads = static_cast<double>(tc.num_attention_heads), kvh = static_cast<double>(tc.num_key_value_heads);
   const double hd = heads * static_cast<double>(tc.head_dim()), kvd = kvh * static_cast<double>(tc.head_dim());
-  // Ulysses: attention saves the exchanged k / v, whose kv heads are repeated up to cp.
-  const double kvd_attn = static_cast<double>(std::max<int64_t>(tc.num_key_value_heads, cp)) *
-                          static_cast<double>(tc.head_dim());
+  // Ulysses: attention saves the exchanged k / v, whose kv heads are repeated up to cp (ring:
+  // the rank's own).
+  const double kvd_attn =
+      static_cast<double>(ring ? tc.num_key_value_heads : std::max<int64_t>(tc.num_key_value_heads, cp)) *
+      static_cast<double>(tc.head_dim());
   if (o.keeps_input(a + ".q_proj") || o.keeps_input(a + ".k_proj") || o.keeps_input(a + ".v_proj")) o.kept += o.p * d;
   bool q = o.linear(a + ".q_proj", d, n1), k = o.linear(a + ".k_proj", d, n1);
   const bool v = o.linear(a + ".v_proj", d, n1);
@@ -219,7 +221,11 @@ bool attention_mixer(const TextConfig& tc, Op& o, const std::string& a, bool n1,
   }
   const bool attn = q || k || v;
   if (attn) o.kept += o.p * (2 * hd + 2 * kvd_attn) + kF * heads;  // rotated q, k; v; out; logsumexp
-  const bool split = cp > 1;  // Ulysses: the output comes back through the exchange, a new tensor
+  // Ring over packed rows: each layer's segment ids of the whole row, int64 [cp x local tokens].
+  if (attn && ring && packed && cp > 1) o.kept += 8.0 * static_cast<double>(cp);
+  // Ulysses: the output comes back through the exchange, a new tensor; ring: the ring's output
+  // [B, H, L, D] made o_proj's [B, L, H * D], a copy.
+  const bool split = cp > 1;
   // Packed without flash: the per-sample outputs (counted above) are concatenated into
   // o_proj's input, kept when o_proj keeps its input.
   if (attn && packed && !flash_varlen(o, tc.head_dim()) && !split && o.keeps_input(a + ".o_proj")) o.kept += o.p * hd;
@@ -296,14 +302,14 @@ bool moe_block(const TextConfig& tc, Op& o, const std::string& m, double d, bool
 }
 
 UnitActivation decoder_layer(const TextConfig& tc, Op o, const std::string& l, int64_t index, bool rg, bool packed,
-                             double pad, int64_t cp) {
+                             double pad, int64_t cp, bool ring) {
   const double d = static_cast<double>(tc.hidden_size), inter = static_cast<double>(tc.intermediate_size);
   UnitActivation u;
   u.keeps_input = norm_keeps_input(true, o.p, rg, o.t.weight(l + ".input_layernorm"));
   const bool c = tc.norm == NormKind::rms_norm_centered;
   const bool n1 = o.rms(l + ".input_layernorm", d, rg, false, 1, c);
   const bool h = (tc.mixer(index) == MixerKind::linear_attention ? linear_mixer(tc, o, l + ".linear_attn", n1, pad)
-                                                                  : attention_mixer(tc, o, l + ".self_attn", n1, packed, cp)) ||
+                                                                  : attention_mixer(tc, o, l + ".self_attn", n1, packed, cp, ring)) ||
                  rg;
   const bool n2 = o.rms(l + ".post_attention_layernorm", d, h, true, 1, c);
   if (tc.sparse_layer(index)) {
@@ -324,11 +330,17 @@ UnitActivation decoder_layer(const TextConfig& tc, Op o, const std::string& l, i
     u.needs_grad = mlp(o, MlpKind::gated_silu, l + ".mlp", d, inter, n2) || h;
     if (u.needs_grad) u.backward_bytes = 3 * o.p * inter;
   }
-  // Ulysses' backward: the q / k / v gradients' send and receive buffers of the exchange.
+  // Ulysses' backward: the q / k / v gradients' send and receive buffers of the exchange. Ring's:
+  // dq and the output's gradient in fp32, the held and the received block and their fp32
+  // gradients (one block pair's scores, quadratic in the run length, are not counted).
+  const double hd = static_cast<double>(tc.num_attention_heads * tc.head_dim());
+  const double kvd = static_cast<double>(tc.num_key_value_heads * tc.head_dim());
   if (cp > 1 && u.needs_grad && tc.mixer(index) == MixerKind::full_attention)
-    u.backward_bytes += 2 * o.p *
-                        static_cast<double>(tc.num_attention_heads + 2 * std::max<int64_t>(tc.num_key_value_heads, cp)) *
-                        static_cast<double>(tc.head_dim());
+    u.backward_bytes += ring ? kF * 2 * hd + (2 * o.p + 2 * kF) * 2 * kvd
+                             : 2 * o.p *
+                                   static_cast<double>(tc.num_attention_heads +
+                                                       2 * std::max<int64_t>(tc.num_key_value_heads, cp)) *
+                                   static_cast<double>(tc.head_dim());
   u.output_bytes = o.p * d;
   u.kept_bytes = o.kept + u.output_bytes;
   u.per_call_bytes = o.per_call;
@@ -414,7 +426,7 @@ ActivationPlan plan_activations(VisionLanguageModelImpl& model, const MicroBatch
   bool rg = emb.needs_grad;
   for (int64_t i = 0; i < tc.num_hidden_layers; ++i) {
     const std::string l = "model.layers." + std::to_string(i);
-    const UnitActivation layer = decoder_layer(tc, op, l, i, rg, shape.packed, pad, shape.cp);
+    const UnitActivation layer = decoder_layer(tc, op, l, i, rg, shape.packed, pad, shape.cp, shape.cp_ring);
     prev = add(l, layer, chunk, prev);
     rg = layer.needs_grad;
   }

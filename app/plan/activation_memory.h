@@ -28,11 +28,12 @@
 // frozen weight keeps no normalised copy. The plan reads requires_grad() and the adapters
 // from the model it is given (meta or real), so it follows the policies as applied.
 //
-// Context parallelism (shape.cp > 1, Ulysses): the vision tower, the position ids and the
+// Context parallelism (shape.cp > 1, Ulysses or ring): the vision tower, the position ids and the
 // head's rows are the whole micro-batch's on every rank; the embeddings, the decoder layers,
 // the final norm and the rotary tables are the rank's chunk (decoder_tokens()), with the
 // attention's saved q / k / v of the exchanged layout (H / cp heads of every token: per local
-// token the same bytes, kv heads repeated up to cp when fewer), o_proj's input a tensor of
+// token the same bytes, kv heads repeated up to cp when fewer; ring: the rank's own q / k / v
+// and output, vlm/model/ring_attention.h), o_proj's input a tensor of
 // its own (the output back from the exchange, not a view of the attention's saved output),
 // and, in backward, the whole micro-batch's embedding gradient and the exchange's buffers.
 // Per unit and at the forward's end exact against rank 0 of a stand-in group; the peak's
@@ -62,10 +63,15 @@ struct MicroBatchShape {
   bool packed = false;     // one packed row with per-sample attention (text cu_seqlens)
   int64_t samples = 1;     // packed: the samples in the row (Gated DeltaNet pads each to
                            // whole 64-token chunks: half a chunk expected per sample)
-  int64_t cp = 1;          // context parallelism (Ulysses): the rank's decoder holds
-                           // ceil(L / cp) tokens of each row (vlm/model/sequence_parallel.h)
+  int64_t cp = 1;          // context parallelism: the rank's decoder holds ceil(L / cp)
+                           // tokens of each row (vlm/model/sequence_parallel.h)
+  bool cp_ring = false;    // cp in ring mode: attention keeps the rank's own k / v (no kv
+                           // head repeated) and, packed, the row's segment ids per layer
   int64_t tokens() const { return rows * seq_len; }
-  int64_t decoder_tokens() const { return rows * ((seq_len + cp - 1) / cp); }
+  int64_t decoder_tokens() const {  // ring pads to a multiple of 2 cp: two equal runs
+    const int64_t n = cp_ring && cp > 1 ? 2 * cp : cp;
+    return rows * ((seq_len + n - 1) / n * n / cp);
+  }
 };
 
 // Whose kernels run: the CPU's, or CUDA's (flash varlen over packed segments for 16-bit

@@ -115,6 +115,7 @@ StepMemory StepMemoryModel::step(const std::vector<vlm::collate::MicroBatch>& mi
   for (const auto& mb : micro_batches) {
     vlm::app::MicroBatchShape s = shape_of(mb);
     s.cp = cp_;
+    s.cp_ring = cp_ring_;
     m.inputs += input_bytes(s);
     add_activations(m, s);
     samples += static_cast<int64_t>(mb.indices.size());

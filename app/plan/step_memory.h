@@ -85,7 +85,7 @@ class StepMemoryModel {
   // the CPU); the trainer sets its GPU's.
   void set_workspace(double bytes) { workspace_ = bytes; }
   // Context parallelism (dist.cp): the micro-batches' decoders run on chunks of L / cp tokens.
-  void set_context_parallel(int64_t cp) { cp_ = cp; }
+  void set_context_parallel(int64_t cp, bool ring = false) { cp_ = cp, cp_ring_ = ring; }
 
   // A step of these micro-batches.
   StepMemory step(const std::vector<vlm::collate::MicroBatch>& micro_batches) const;
@@ -114,6 +114,7 @@ class StepMemoryModel {
   double persistent_ = 0, gathered_ = 0, reduce_ = 0, grads_ = 0, step_grads_ = 0;
   int64_t prefetch_samples_ = 0;
   int64_t cp_ = 1;
+  bool cp_ring_ = false;  // cp in ring mode (MicroBatchShape::cp_ring)
 };
 
 }  // namespace vlm::app

@@ -135,7 +135,7 @@ TrainModel build_model(const Recipe& recipe, vlm::sharding::ParallelDims& dims) 
       *m.model, plan, m.sm->unit_table(), so.param_dtype,
       dims.device().is_cuda() ? AttentionPath::cuda : AttentionPath::cpu,
       recipe.data.prefetch * recipe.batch.samples_per_rank);
-  m.step_memory->set_context_parallel(dims.cp());
+  m.step_memory->set_context_parallel(dims.cp(), so.cp_mode == "ring");
   if (dims.device().is_cuda())
     m.step_memory->set_workspace(
         training_blas_workspace_bytes(at::cuda::getDeviceProperties(dims.device().index())->major));

@@ -89,11 +89,15 @@ double ulysses_layer_bytes(const vlm::TextConfig& cfg, vlm::MixerKind kind, int6
 }
 
 double ring_layer_bytes(const vlm::TextConfig& cfg, int64_t cp, int64_t batch, int64_t padded,
-                        int64_t bytes_per_element) {
-  const double block = static_cast<double>(batch) * static_cast<double>(cfg.num_key_value_heads) *
-                       static_cast<double>(padded / cp) * static_cast<double>(cfg.head_dim()) * 2.0 *
-                       static_cast<double>(bytes_per_element);  // k and v of this rank's tokens
-  return 2.0 * static_cast<double>(cp - 1) * block;
+                        int64_t bytes_per_element, bool recomputed) {
+  if (cp <= 1) return 0.0;
+  // k and v of one rank's tokens, in elements.
+  const double kv = static_cast<double>(batch) * static_cast<double>(cfg.num_key_value_heads) *
+                    static_cast<double>(padded / cp) * static_cast<double>(cfg.head_dim()) * 2.0;
+  const double hop = kv * static_cast<double>(bytes_per_element);
+  const double forward = static_cast<double>(cp - 1) * hop;
+  const double backward = static_cast<double>(cp - 1) * hop + static_cast<double>(cp) * kv * 4.0;  // dk/dv in fp32
+  return forward * (recomputed ? 2.0 : 1.0) + backward;
 }
 
 }  // namespace vlm::sharding

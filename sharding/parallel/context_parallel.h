@@ -22,12 +22,14 @@
 //   attention, ulysses, Hk = max(Hkv, cp):
 //     forward  (cp-1)/cp x B x L/cp x D x b x ((H + 2 Hk) [q, k, v] + H [output])
 //   attention, ring (each hop is an all-to-all whose only non-empty split goes to the next
-//   rank):
-//     forward  (cp-1) x B x Hkv x L/cp x D x 2 [k and v] x b
+//   rank), kv = B x Hkv x L/cp x D x 2 [k and v]:
+//     forward  (cp-1) x kv x b
+//     backward (cp-1) x kv x b [the blocks again] + cp x kv x 4 [their fp32 gradients, the
+//              last hop home]
 //   Gated DeltaNet (either mode: split by heads), Hk = max(key heads, cp), Hv value heads:
 //     forward  (cp-1)/cp x B x L/cp x b x ((2 Hk Dk + Hv Dv + 2 Hv) [q, k, v, b, a] + Hv Dv [output])
-//   backward the same again (the reverse exchanges of the gradients; each ring hop's
-//   gradient goes back to its sender).
+//   Ulysses backward: the same again (the reverse exchanges of the gradients).
+// A layer under activation checkpointing runs its forward's exchanges again.
 // ulysses_layer_bytes() and ring_layer_bytes() are those formulas.
 #pragma once
 #include <torch/torch.h>
@@ -65,8 +67,9 @@ std::string context_parallel_problem(const vlm::TextConfig& cfg, int64_t cp,
 // tokens (a multiple of cp).
 double ulysses_layer_bytes(const vlm::TextConfig& cfg, vlm::MixerKind kind, int64_t cp, int64_t batch,
                            int64_t padded, int64_t bytes_per_element);
-// The same for an attention layer in ring mode (`padded` a multiple of 2 cp).
+// The same for an attention layer in ring mode (`padded` a multiple of 2 cp), its forward
+// counted twice when the layer is `recomputed` (activation checkpointing).
 double ring_layer_bytes(const vlm::TextConfig& cfg, int64_t cp, int64_t batch, int64_t padded,
-                        int64_t bytes_per_element);
+                        int64_t bytes_per_element, bool recomputed = false);
 
 }  // namespace vlm::sharding

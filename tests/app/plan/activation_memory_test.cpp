@@ -44,13 +44,16 @@ struct MeterRunner : vlm::UnitRunner {
 };
 
 // A one-process stand-in for a cp group's exchange (rank 0): a copy of x, as the all-to-all's
-// output is a new tensor of x's shape.
+// output (and a ring hop's) is a new tensor of x's shape.
 struct CopyExchange : vlm::SequenceExchange {
-  explicit CopyExchange(int64_t cp) : cp_(cp) {}
+  CopyExchange(int64_t cp, vlm::SequenceMode mode) : cp_(cp), mode_(mode) {}
   int64_t size() const override { return cp_; }
   int64_t rank() const override { return 0; }
+  vlm::SequenceMode mode() const override { return mode_; }
   torch::Tensor all_to_all(const torch::Tensor& x, const std::string&) override { return x.clone(); }
+  torch::Tensor ring_pass(const torch::Tensor& x, const std::string&) override { return x.clone(); }
   int64_t cp_;
+  vlm::SequenceMode mode_;
 };
 
 // rows x len tokens, right padded (the last 5 tokens of each row padding); one image per
@@ -126,6 +129,7 @@ struct Case {
   int64_t cp = 1;  // context parallelism: rank 0 of a stand-in group of cp
   int64_t len = 96;
   bool absolute_peak = true;  // hold the backward peak to 5% (check_saving holds the saving instead)
+  vlm::SequenceMode cp_mode = vlm::SequenceMode::kUlysses;  // of the stand-in group
 };
 
 struct Measured {
@@ -134,7 +138,7 @@ struct Measured {
 
 void check(const Case& k, Measured* measured = nullptr) {
   SCOPED_TRACE(k.preset + " " + c10::toString(k.dtype) + " " + mix_name(k.mix) + (k.packed ? " packed" : "") +
-               (k.gh == 0 ? " text only" : "") + (k.cp > 1 ? " cp " + std::to_string(k.cp) : ""));
+               (k.gh == 0 ? " text only" : "") + (k.cp > 1 ? " cp " + std::to_string(k.cp) + " " + vlm::sequence_mode_name(k.cp_mode) : ""));
   TensorMemoryMeter::install();
   vlm::VisionLanguageModel m(vlm::preset(k.preset), torch::TensorOptions().device(torch::kMeta));
   vlm::materialize(*m, {torch::kCPU, k.dtype, 0});
@@ -143,7 +147,7 @@ void check(const Case& k, Measured* measured = nullptr) {
   const auto& c = m->cfg;
   auto runner = std::make_shared<MeterRunner>();
   m->set_runner(runner);
-  if (k.cp > 1) m->set_sequence_exchange(std::make_shared<CopyExchange>(k.cp));
+  if (k.cp > 1) m->set_sequence_exchange(std::make_shared<CopyExchange>(k.cp, k.cp_mode));
   const int64_t rows = 4, len = k.len;
   auto batch = make_batch(c, rows, len, k.gh, k.gw, k.dtype, k.packed);
   const int64_t base = TensorMemoryMeter::live_bytes();
@@ -157,6 +161,7 @@ void check(const Case& k, Measured* measured = nullptr) {
   vlm::app::MicroBatchShape shape{k.packed ? 1 : rows, k.packed ? rows * len : len, rows * k.gh * k.gw, out.n_tokens,
                              k.packed, k.packed ? rows : 1};
   shape.cp = k.cp;
+  shape.cp_ring = k.cp_mode == vlm::SequenceMode::kRing;
   const auto plan = vlm::app::plan_activations(*m, shape, k.dtype);
   auto none = [](const std::string&) { return false; };
   size_t compared = 0;
@@ -252,6 +257,17 @@ TEST(ActivationPlan, MatchesRankZeroOfAContextParallelGroup) {
   }
   check_saving({"tiny", torch::kFloat32, Mix::trained, 0, 0, false, 1, 384}, 2);
   check_saving({"tiny-qwen3.5", torch::kFloat32, Mix::trained, 8, 16, false, 1, 384}, 2);
+}
+
+// Ring mode (rank 0 holds chunks 0 and 2 cp - 1; its attention keeps its own q / k / v).
+TEST(ActivationPlan, MatchesRankZeroOfARingGroup) {
+  const auto ring = vlm::SequenceMode::kRing;
+  for (int64_t cp : {2, 4}) {
+    check_saving({"tiny", torch::kFloat32, Mix::trained, 8, 16, false, 1, 384, true, ring}, cp);
+    check_saving({"tiny-qwen2.5", torch::kFloat32, Mix::lora_qv, 8, 16, /*packed=*/true, 1, 384, true, ring}, cp);
+  }
+  check_saving({"tiny-qwen3", torch::kBFloat16, Mix::frozen_vision, 8, 16, false, 1, 384, true, ring}, 2);
+  check_saving({"tiny-qwen3.5", torch::kFloat32, Mix::trained, 8, 16, false, 1, 384, true, ring}, 2);
 }
 
 }  // namespace

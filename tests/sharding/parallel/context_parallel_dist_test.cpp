@@ -204,10 +204,9 @@ CpResult cpd_sharded(ParallelDims& dims, const CpConfig& c) {
         const int64_t rows = micro[k].input_ids.size(0);
         for (int64_t i = 0; i < cfg.text.num_hidden_layers; ++i) {
           const auto kind = cfg.text.mixer(i);
-          const double layer = c.mode == vlm::SequenceMode::kRing && kind == vlm::MixerKind::full_attention
-                                   ? ring_layer_bytes(cfg.text, dims.cp(), rows, lay.padded, 4)
-                                   : ulysses_layer_bytes(cfg.text, kind, dims.cp(), rows, lay.padded, 4);
-          r.formula0 += layer * (c.ckpt ? 1.5 : 1.0);
+          r.formula0 += c.mode == vlm::SequenceMode::kRing && kind == vlm::MixerKind::full_attention
+                            ? ring_layer_bytes(cfg.text, dims.cp(), rows, lay.padded, 4, c.ckpt)
+                            : ulysses_layer_bytes(cfg.text, kind, dims.cp(), rows, lay.padded, 4) * (c.ckpt ? 1.5 : 1.0);
         }
       }
     }
@@ -266,13 +265,17 @@ void cpd_check(ParallelDims& dims, const CpConfig& c) {
   }
   EXPECT_LE(worst, 1e-5) << tag << ": worst parameter " << worst_name;
   // Per layer and micro-batch, Ulysses (and Gated DeltaNet in either mode): two exchanges
-  // forward, two in backward; ring attention: cp - 1 hops forward, cp - 1 in backward; a
-  // recompute runs the forward's again. Two micro-batches.
+  // forward, two in backward; ring attention: cp - 1 hops forward, 2 (cp - 1) + 1 in backward
+  // (the blocks and their gradients, and the gradients home); a recompute runs the forward's
+  // again. Two micro-batches.
   const vlm::TextConfig text = vlm::preset(c.preset).text;
-  int64_t fwd = 0;
-  for (int64_t i = 0; i < text.num_hidden_layers; ++i)
-    fwd += c.mode == vlm::SequenceMode::kRing && text.mixer(i) == vlm::MixerKind::full_attention ? dims.cp() - 1 : 2;
-  EXPECT_EQ(got.a2a_calls0, 2 * fwd * (c.ckpt ? 3 : 2)) << tag;
+  int64_t ops = 0;
+  for (int64_t i = 0; i < text.num_hidden_layers; ++i) {
+    const bool ring = c.mode == vlm::SequenceMode::kRing && text.mixer(i) == vlm::MixerKind::full_attention;
+    const int64_t fwd = ring ? dims.cp() - 1 : 2, bwd = ring ? 2 * dims.cp() - 1 : 2;
+    ops += fwd * (c.ckpt ? 2 : 1) + bwd;
+  }
+  EXPECT_EQ(got.a2a_calls0, 2 * ops) << tag;
   EXPECT_DOUBLE_EQ(got.a2a_bytes0, got.formula0) << tag;
   std::printf("%s: loss %.6f -> %.6f (ref %.6f), norm0 %.5f, max rel grad diff %.3g (%s), max |param diff| %.3g "
               "(%s); step 0 all-to-all %.0f B in %lld ops\n",

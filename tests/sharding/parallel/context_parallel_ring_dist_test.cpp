@@ -68,12 +68,14 @@ TEST(ContextParallelRing, LayoutCoversThePaddedSequence) {
 }
 
 // The ring formula by hand: tiny has 2 kv heads of head_dim D; cp 4, 3 rows of 16 tokens (4 per
-// rank) in fp32: 3 hops forward and 3 back, each B x Hkv x 4 x D x 2 (k, v) x 4 bytes.
+// rank) in bf16: a block is B x Hkv x 4 x D x 2 (k, v) elements; forward 3 hops of blocks,
+// backward 3 hops of blocks and 4 of their fp32 gradients; a recompute, the forward's again.
 TEST(ContextParallelRing, LayerBytesByHand) {
   const vlm::TextConfig t = vlm::preset("tiny").text;
-  const double hop = 3.0 * 2 * 4 * static_cast<double>(t.head_dim()) * 2 * 4;
+  const double block = 3.0 * 2 * 4 * static_cast<double>(t.head_dim()) * 2;
   EXPECT_EQ(t.num_key_value_heads, 2);
-  EXPECT_DOUBLE_EQ(ring_layer_bytes(t, 4, 3, 16, 4), 6 * hop);
+  EXPECT_DOUBLE_EQ(ring_layer_bytes(t, 4, 3, 16, 2), 3 * block * 2 + 3 * block * 2 + 4 * block * 4);
+  EXPECT_DOUBLE_EQ(ring_layer_bytes(t, 4, 3, 16, 2, true), 6 * block * 2 + 3 * block * 2 + 4 * block * 4);
   EXPECT_DOUBLE_EQ(ring_layer_bytes(t, 1, 3, 16, 4), 0.0);
 }
 

@@ -1,15 +1,22 @@
-// Ring attention (vlm/model/ring_attention.h) alone, with cp ranks emulated in one process: each
-// rank's call gets its own tokens' q / k / v (gathered from whole-sequence leaves) and a fake
-// exchange whose ring pass hands it the block rank (rank - s) mod cp holds at step s, gathered
-// from the same leaves (the real exchange, over Comm, is tested in
-// tests/sharding/parallel/context_parallel_dist_test.cpp). The ranks' outputs, put back in
-// sequence order, and the gradients of the whole-sequence q, k, v (through every rank's graph)
-// equal plain attention on the whole sequence (vlm::attention with causal_padding_mask, causal,
-// or varlen_attention for packed rows). fp32, GQA (4 heads, 2 kv heads), cp 2, 3, 4; key
-// padding with rows whose every key of a block is masked (no NaN); packed segments; the ring
-// layout and the contiguous one (whose last block every rank skips: it must still enter the
-// graph). Outputs and gradients within 1e-5 of the largest value.
+// Ring attention (vlm/model/ring_attention.h) alone, with cp ranks emulated in one process:
+// one thread per rank, each with its own tokens' q / k / v (leaves of its own, gathered from
+// whole-sequence tensors) and an in-memory exchange whose ring_pass hands each rank what the
+// previous one passed (a barrier per hop; a rank that waits 60 s fails instead of hanging). The
+// real exchange, over Comm, is tested in tests/sharding/parallel/context_parallel_dist_test.cpp.
+// The ranks' outputs, put back in sequence order, and their q, k, v gradients (each rank's
+// backward in its thread, the dk / dv travelling the ring) equal plain attention on the whole
+// sequence and its gradients (vlm::attention with causal_padding_mask, causal, or
+// varlen_attention for packed rows). fp32, GQA (4 heads, 2 kv heads), cp 2, 3, 4; key padding
+// with rows whose every key of a block is masked (no NaN); packed segments; the ring layout and
+// the contiguous one (whose last block every rank skips: its hops still run). Outputs and
+// gradients within 1e-5 of the largest value; cp - 1 hops forward, 2 cp - 1 in backward.
 #include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
 
 #include "vlm/model/attention.h"
 #include "vlm/model/language_model.h"
@@ -18,12 +25,44 @@
 
 namespace ring_attention_test {
 
-// Rank `rank` of a group of `cp` in one process: ring_pass returns the next block from the
-// whole-sequence leaves k / v (their gradients flow there), after checking what it was given.
+// The group's in-memory ring: ring_pass deposits x in its rank's slot and, once every rank has
+// deposited, takes the previous rank's.
+class RingBoard {
+ public:
+  explicit RingBoard(int64_t cp) : cp_(cp), slots_(static_cast<size_t>(cp)) {}
+  torch::Tensor pass(int64_t rank, const torch::Tensor& x) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    slots_[static_cast<size_t>(rank)] = x.detach().clone();
+    wait_all(lock);
+    auto got = slots_[static_cast<size_t>((rank - 1 + cp_) % cp_)];
+    wait_all(lock);  // nobody deposits the next hop before every rank took this one
+    return got;
+  }
+
+ private:
+  void wait_all(std::unique_lock<std::mutex>& lock) {
+    const int64_t gen = generation_;
+    if (++arrived_ == cp_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    if (!cv_.wait_for(lock, std::chrono::seconds(60), [&] { return generation_ != gen; }))
+      throw std::runtime_error("ring board: a rank waited 60 s for the others (a hop missing on some rank)");
+  }
+  const int64_t cp_;
+  std::vector<torch::Tensor> slots_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  int64_t arrived_ = 0, generation_ = 0;
+};
+
+// Rank `rank` of the group on the board.
 class RingFake : public vlm::SequenceExchange {
  public:
-  RingFake(int64_t cp, int64_t rank, vlm::SequenceMode mode, torch::Tensor k, torch::Tensor v)
-      : cp_(cp), rank_(rank), mode_(mode), k_(std::move(k)), v_(std::move(v)) {}
+  RingFake(RingBoard& board, int64_t cp, int64_t rank, vlm::SequenceMode mode)
+      : board_(board), cp_(cp), rank_(rank), mode_(mode) {}
   int64_t size() const override { return cp_; }
   int64_t rank() const override { return rank_; }
   vlm::SequenceMode mode() const override { return mode_; }
@@ -33,21 +72,14 @@ class RingFake : public vlm::SequenceExchange {
   }
   torch::Tensor ring_pass(const torch::Tensor& x, const std::string&) override {
     ++passes;
-    auto sent = block((rank_ - passes + 1 + cp_) % cp_);  // what this rank held: it goes on
-    EXPECT_TRUE(x.sizes() == sent.sizes() && torch::equal(x.detach(), sent.detach())) << "hop " << passes;
-    return block((rank_ - passes + cp_) % cp_);
-  }
-  // [B, 2 Hkv, Lr, D]: rank src's keys and values.
-  torch::Tensor block(int64_t src) const {
-    const auto lay = vlm::sequence_layout(k_.size(2), cp_, src, mode_);
-    return torch::cat({vlm::gather_layout(k_, 2, lay), vlm::gather_layout(v_, 2, lay)}, 1);
+    return board_.pass(rank_, x);
   }
   int64_t passes = 0;
 
  private:
+  RingBoard& board_;
   int64_t cp_, rank_;
   vlm::SequenceMode mode_;
-  torch::Tensor k_, v_;
 };
 
 enum class RaMask { kCausal, kPadding, kPacked };
@@ -56,6 +88,7 @@ struct RaCase {
   int64_t cp;
   vlm::SequenceMode mode;
   RaMask mask;
+  int64_t tile_bytes = vlm::kRingTileBytes;  // small: every block pair runs in several tiles
 };
 
 double ra_rel(const torch::Tensor& a, const torch::Tensor& b) {
@@ -93,23 +126,52 @@ void ra_check(const RaCase& c) {
     want = vlm::attention(q, k, v, m, scale, !m.defined());
   }
   auto grads = torch::autograd::grad({want}, {q, k, v}, {dout});
-  // The ring: each rank's tokens, its own fake exchange.
-  std::vector<torch::Tensor> outs(static_cast<size_t>(c.cp));
+  // The ring: one thread per rank, its own leaves.
+  struct RankRun {
+    torch::Tensor out, dq, dk, dv;
+    int64_t forward_passes = 0, passes = 0;
+    std::string error;
+  };
+  std::vector<RankRun> runs(static_cast<size_t>(c.cp));
+  RingBoard board(c.cp);
+  std::vector<std::thread> threads;
+  for (int64_t r = 0; r < c.cp; ++r)
+    threads.emplace_back([&, r] {
+      RankRun& run = runs[static_cast<size_t>(r)];
+      try {
+        RingFake ex(board, c.cp, r, c.mode);
+        const auto lay = vlm::sequence_layout(l, c.cp, r, c.mode);
+        auto qr = vlm::gather_layout(q, 2, lay).detach().requires_grad_();
+        auto kr = vlm::gather_layout(k, 2, lay).detach().requires_grad_();
+        auto vr = vlm::gather_layout(v, 2, lay).detach().requires_grad_();
+        run.out = vlm::ring_attention(ex, qr, kr, vr, key_mask, cu.empty() ? nullptr : &cu, scale, "test ring",
+                                      c.tile_bytes);
+        run.forward_passes = ex.passes;
+        auto g = torch::autograd::grad({run.out}, {qr, kr, vr}, {vlm::gather_layout(dout, 2, lay)});
+        run.dq = g[0], run.dk = g[1], run.dv = g[2];
+        run.passes = ex.passes;
+      } catch (const std::exception& e) {
+        run.error = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
   auto got = torch::zeros_like(want);
+  std::vector<torch::Tensor> ring_grads = {torch::zeros_like(q), torch::zeros_like(k), torch::zeros_like(v)};
   for (int64_t r = 0; r < c.cp; ++r) {
-    RingFake ex(c.cp, r, c.mode, k, v);
+    const RankRun& run = runs[static_cast<size_t>(r)];
+    ASSERT_EQ(run.error, "") << tag << " rank " << r;
     const auto lay = vlm::sequence_layout(l, c.cp, r, c.mode);
-    auto o = vlm::ring_attention(ex, vlm::gather_layout(q, 2, lay), vlm::gather_layout(k, 2, lay),
-                                 vlm::gather_layout(v, 2, lay), key_mask, cu.empty() ? nullptr : &cu, scale,
-                                 "test ring");
-    EXPECT_EQ(ex.passes, c.cp - 1) << tag;
-    ASSERT_EQ(o.sizes(), (std::vector<int64_t>{b, h, lay.len, d})) << tag;
+    EXPECT_EQ(run.forward_passes, c.cp - 1) << tag;
+    EXPECT_EQ(run.passes, c.cp == 1 ? 0 : 3 * (c.cp - 1) + 1) << tag << ": forward and backward hops";
+    ASSERT_EQ(run.out.sizes(), (std::vector<int64_t>{b, h, lay.len, d})) << tag;
     auto index = torch::tensor(lay.positions(), torch::kInt64);
-    got = got.index_add(2, index, o);
+    got = got.index_add(2, index, run.out.detach());
+    ring_grads[0] = ring_grads[0].index_add(2, index, run.dq);
+    ring_grads[1] = ring_grads[1].index_add(2, index, run.dk);
+    ring_grads[2] = ring_grads[2].index_add(2, index, run.dv);
   }
   EXPECT_FALSE(torch::isnan(got).any().item<bool>()) << tag;
   EXPECT_LE(ra_rel(got, want), 1e-5) << tag << ": output";
-  auto ring_grads = torch::autograd::grad({got}, {q, k, v}, {dout});
   const char* names[] = {"q", "k", "v"};
   for (int i = 0; i < 3; ++i) {
     EXPECT_FALSE(torch::isnan(ring_grads[i]).any().item<bool>()) << tag << " grad " << names[i];
@@ -123,11 +185,20 @@ TEST(RingAttention, EqualsWholeSequenceAttention) {
       for (RaMask m : {RaMask::kCausal, RaMask::kPadding, RaMask::kPacked}) ra_check({cp, mode, m});
 }
 
+// Tiles of 3 query rows (a score row is B x H x m x 4 bytes): uneven tiles, the masks cut by row.
+TEST(RingAttention, TiledBlocksEqualWholeSequenceAttention) {
+  for (RaMask m : {RaMask::kPadding, RaMask::kPacked}) {
+    const int64_t b = m == RaMask::kPacked ? 1 : 2;
+    ra_check({3, vlm::SequenceMode::kRing, m, 3 * b * 4 * 4 * 4});
+  }
+}
+
 TEST(RingAttention, OneRankIsPlainAttention) { ra_check({1, vlm::SequenceMode::kRing, RaMask::kPadding}); }
 
 TEST(RingAttention, RefusesTokensOffTheLayout) {
   auto q = torch::randn({1, 4, 3, 8}), k = torch::randn({1, 2, 3, 8});
-  RingFake ex(2, 0, vlm::SequenceMode::kRing, torch::randn({1, 2, 6, 8}), torch::randn({1, 2, 6, 8}));
+  RingBoard board(2);
+  RingFake ex(board, 2, 0, vlm::SequenceMode::kRing);
   try {
     vlm::ring_attention(ex, q, k, k, torch::Tensor(), nullptr, 1.0, "test ring");
     FAIL() << "3 tokens per rank cannot be half of 2 chunks";
