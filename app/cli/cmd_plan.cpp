@@ -264,10 +264,10 @@ double plan_all_to_all(const RecipePlan& p) {
   return total;
 }
 
-// Context parallelism (dist.cp > 1): the micro-batch's decoder split over cp ranks (the
-// activation plan's shape.cp) and the exchanges' bytes per rank and micro-batch
+// Context parallelism (dist.cp > 1): the micro-batch's decoder and vision tower split over cp
+// ranks (the activation plan's shape.cp) and the exchanges' bytes per rank and micro-batch
 // (sharding/parallel/context_parallel.h: Ulysses' all-to-alls, or ring mode's k/v hops for
-// the attention layers; a checkpointed layer exchanges again in its recompute).
+// the attention layers, and the tower's; a checkpointed layer exchanges again in its recompute).
 void plan_context_parallel(RecipePlan& p) {
   const Recipe& r = p.recipe;
   if (r.dist.cp <= 1) return;
@@ -292,6 +292,10 @@ void plan_context_parallel(RecipePlan& p) {
                       ? vlm::sharding::ring_layer_bytes(p.cfg.text, p.cp, sh.rows, padded, b, ckpt)
                       : vlm::sharding::ulysses_layer_bytes(p.cfg.text, kind, p.cp, sh.rows, padded, b) * (ckpt ? 1.5 : 1.0);
   }
+  // The vision tower's split (its exchanges and the mergers' gathers; a text-only micro-batch
+  // runs the dummy image).
+  p.cp_bytes += vlm::sharding::vision_split_bytes(p.cfg.vision, p.cp, sh.patches > 0 ? sh.patches : p.cfg.vision.merge_unit(),
+                                                  b, p.checkpointed("visual.blocks.0"));
 }
 
 // The model on the meta device under the recipe's policies, and its memory, traffic and

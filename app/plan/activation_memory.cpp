@@ -8,6 +8,7 @@
 #include "vlm/runtime/check.h"
 #include "vlm/model/chunked_cross_entropy.h"
 #include "vlm/model/lora.h"
+#include "vlm/model/vision_split.h"
 
 namespace vlm::app {
 
@@ -144,7 +145,7 @@ bool mlp(Op& o, MlpKind type, const std::string& m, double w, double inter, bool
 }
 
 // A tower block, per patch: its norms and MLP as the tower reports them.
-UnitActivation vision_block(const VisionConfig& v, Op o, const VisionUnitLayout& l, bool rg) {
+UnitActivation vision_block(const VisionConfig& v, Op o, const VisionUnitLayout& l, bool rg, bool split) {
   const double e = static_cast<double>(v.embed_dim), iv = static_cast<double>(v.intermediate_size);
   const bool rms = l.norm == NormKind::rms_norm;
   const MlpKind type = l.mlp;
@@ -156,9 +157,12 @@ UnitActivation vision_block(const VisionConfig& v, Op o, const VisionUnitLayout&
   const bool qkv = o.linear(b + ".attn.qkv", e, n1);
   // Per group: the qkv output (v is a view of it), rotated q and k, each group's output, then
   // their concatenation, kept by proj. Flash varlen: rotated q, k, a contiguous v and the
-  // kernel's output, which proj keeps itself.
+  // kernel's output, which proj keeps itself. Split over a cp group (vision_split.h), per
+  // local row: the exchanged q, k, v and the output (measured on the CPU); with flash varlen
+  // also the output back from the exchange (proj's input), a tensor of its own.
   const bool varlen = flash_varlen(o, v.head_dim());
-  if (qkv) o.kept += (varlen ? 4 : 6) * o.p * e + kF * static_cast<double>(v.num_heads);
+  const double attn_rows = split ? (varlen ? 5 : 4) : (varlen ? 4 : 6);
+  if (qkv) o.kept += attn_rows * o.p * e + kF * static_cast<double>(v.num_heads);
   if (o.keeps_input(b + ".attn.proj") && (!varlen || !qkv)) o.kept += o.p * e;
   const bool h = o.linear(b + ".attn.proj", e, qkv) || rg;
   const bool n2 = o.norm(rms, b + ".norm2", e, h, true);
@@ -371,8 +375,13 @@ ActivationPlan plan_activations(VisionLanguageModelImpl& model, const MicroBatch
   const auto& v = cfg.vision;
   const auto& tc = cfg.text;
   // No image: the dummy 1-token image still runs (its graph stays alive through the loss's
-  // zero term).
-  const double patches = static_cast<double>(shape.patches > 0 ? shape.patches : v.merge_unit());
+  // zero term). Context parallelism: the tower's rows are this rank's run of the patches padded
+  // to a multiple of cp x merge^2 (vlm/model/vision_split.h), when its heads divide by cp.
+  const int64_t all_patches = shape.patches > 0 ? shape.patches : v.merge_unit();
+  const bool vsplit = vision_splits(v.num_heads, shape.cp);
+  const int64_t split_step = shape.cp * v.merge_unit();
+  const double patches = static_cast<double>(
+      vsplit ? (all_patches + split_step - 1) / split_step * v.merge_unit() : all_patches);
   const double merged = patches / static_cast<double>(v.merge_unit());
   const double tokens = static_cast<double>(shape.tokens());
   const double chunk = static_cast<double>(shape.decoder_tokens());  // this rank's decoder tokens
@@ -398,7 +407,7 @@ ActivationPlan plan_activations(VisionLanguageModelImpl& model, const MicroBatch
         u.needs_grad = rg || t.weight(l.path);
         break;
       case VisionUnitLayout::Kind::block:
-        u = vision_block(v, op, l, rg);
+        u = vision_block(v, op, l, rg, vsplit);
         tower_grad = tower_grad || u.needs_grad;
         break;
       case VisionUnitLayout::Kind::merger:

@@ -28,8 +28,11 @@
 // frozen weight keeps no normalised copy. The plan reads requires_grad() and the adapters
 // from the model it is given (meta or real), so it follows the policies as applied.
 //
-// Context parallelism (shape.cp > 1, Ulysses or ring): the vision tower, the position ids and the
-// head's rows are the whole micro-batch's on every rank; the embeddings, the decoder layers,
+// Context parallelism (shape.cp > 1, Ulysses or ring): the vision tower's units hold the
+// rank's run of the patches (padded to a multiple of cp x merge^2, vlm/model/vision_split.h;
+// the whole micro-batch's when its heads do not divide by cp), each block keeping the exchanged
+// q / k / v and output; the position ids and the head's rows are the whole micro-batch's on
+// every rank; the embeddings, the decoder layers,
 // the final norm and the rotary tables are the rank's chunk (decoder_tokens()), with the
 // attention's saved q / k / v of the exchanged layout (H / cp heads of every token: per local
 // token the same bytes, kv heads repeated up to cp when fewer; ring: the rank's own q / k / v

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "sharding/parallel/all_to_all_rows.h"
+#include "vlm/model/vision_split.h"
 #include "vlm/runtime/check.h"
 
 namespace vlm::sharding {
@@ -98,6 +99,18 @@ double ring_layer_bytes(const vlm::TextConfig& cfg, int64_t cp, int64_t batch, i
   const double forward = static_cast<double>(cp - 1) * hop;
   const double backward = static_cast<double>(cp - 1) * hop + static_cast<double>(cp) * kv * 4.0;  // dk/dv in fp32
   return forward * (recomputed ? 2.0 : 1.0) + backward;
+}
+
+double vision_split_bytes(const vlm::VisionConfig& v, int64_t cp, int64_t patches, int64_t bytes_per_element,
+                          bool recomputed) {
+  if (!vlm::vision_splits(v.num_heads, cp)) return 0.0;
+  const int64_t unit = v.merge_unit(), step = cp * unit;
+  const double rows = static_cast<double>((patches + step - 1) / step * step / cp);  // Sp / cp
+  const double b = static_cast<double>(bytes_per_element), c = static_cast<double>(cp);
+  const double block = (c - 1) / c * rows * static_cast<double>(v.head_dim() * 4 * v.num_heads) * b;  // forward
+  const double merger = (c - 1) * rows / static_cast<double>(unit) * static_cast<double>(v.out_hidden_size) * b;
+  const double mergers = 1.0 + static_cast<double>(v.deepstack_visual_indexes.size());
+  return static_cast<double>(v.depth) * block * (recomputed ? 3.0 : 2.0) + mergers * merger * 2.0;
 }
 
 }  // namespace vlm::sharding

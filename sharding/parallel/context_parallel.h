@@ -71,5 +71,16 @@ double ulysses_layer_bytes(const vlm::TextConfig& cfg, vlm::MixerKind kind, int6
 // counted twice when the layer is `recomputed` (activation checkpointing).
 double ring_layer_bytes(const vlm::TextConfig& cfg, int64_t cp, int64_t batch, int64_t padded,
                         int64_t bytes_per_element, bool recomputed = false);
+// The vision tower's split (vlm/model/vision_split.h, either mode) for a micro-batch of
+// `patches` patches (a text-only one: the dummy image's merge^2), Sp padded to a multiple of
+// cp x merge^2, U = merge^2, H the tower's heads of D dims, O the merger's output:
+//   every block: forward (cp-1)/cp x Sp/cp x D x b x (3 H [q, k, v] + H [output]), backward
+//   the same again;
+//   every merger (and DeepStack merger): forward (cp-1) x Sp/(cp U) x O x b [its rows to each
+//   other rank], backward the same again.
+// The tower's units recomputed (activation checkpointing): `recomputed` adds the blocks'
+// forward again. 0 when the tower's heads do not divide by cp (it is not split).
+double vision_split_bytes(const vlm::VisionConfig& v, int64_t cp, int64_t patches, int64_t bytes_per_element,
+                          bool recomputed = false);
 
 }  // namespace vlm::sharding

@@ -5,6 +5,7 @@
 #include "vlm/runtime/check.h"
 #include "vlm/model/rotary.h"
 #include "vlm/model/recompute_tail.h"
+#include "vlm/model/vision_split.h"
 #include "vlm/runtime/device_staging.h"
 
 namespace vlm {
@@ -18,8 +19,9 @@ Qwen2VisionBlockImpl::Qwen2VisionBlockImpl(const VlmConfig& cfg, const torch::Te
 }
 
 torch::Tensor Qwen2VisionBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
-                                       const torch::Tensor& sin, const std::vector<int64_t>& cu) {
-  auto h = x + attn(norm1(x), cos, sin, cu);
+                                       const torch::Tensor& sin, const std::vector<int64_t>& cu,
+                                            SequenceExchange* sp) {
+  auto h = x + attn(norm1(x), cos, sin, cu, sp);
   return residual_linear(this, h, mlp->hidden(norm2(h)), mlp->out_proj());
 }
 
@@ -113,43 +115,45 @@ int64_t Qwen2VisionEncoderImpl::connector_parameters() {
 }
 
 torch::Tensor Qwen2VisionEncoderImpl::forward(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw,
-                                         UnitRunner& runner, const std::string& prefix) {
+                                              UnitRunner& runner, const std::string& prefix, SequenceExchange* sp) {
   const auto& v = cfg.vision;
   const int64_t unit = v.merge_unit();
   auto g = grid_thw.to(torch::kCPU, torch::kInt64);
-  const int64_t expect = image_cu_seqlens(g).back();  // patches, summed on the host (no ATen op)
-  VLM_CHECK(pixel_values.dim() == 2 && pixel_values.size(0) == expect, "pixel_values has ",
-            pixel_values.size(0), " rows but image_grid_thw ", g.sizes(), " sums to ", expect,
-            " patches (hint: rows = sum of t*gh*gw over images)");
-  auto x = runner.run(prefix + ".patch_embed", *patch_embed, pixel_values,
-                      [pe = patch_embed](const torch::Tensor& p) mutable { return pe(p); });  // [S, E]
-  auto cs = vision_rotary(g, v.head_dim(), v.spatial_merge_size, x.device());
+  const int64_t s = image_cu_seqlens(g).back();  // patches, summed on the host (no ATen op)
+  VLM_CHECK(pixel_values.dim() == 2 && pixel_values.size(0) == s, "pixel_values has ", pixel_values.size(0),
+            " rows but image_grid_thw ", g.sizes(), " sums to ", s, " patches (hint: rows = sum of t*gh*gw over images)");
+  const VisionSplit split = vision_split(sp, s, unit, v.num_heads);
   const auto cu_full = image_cu_seqlens(g);
   std::vector<int64_t> cu_window = cu_full;
-  torch::Tensor window;  // [M] with window attention
-  const int64_t s = x.size(0);
+  // Qwen2.5 windows: the patches in window order (whole merge groups), host-computed, so that
+  // each window (and each image) is contiguous; undone on the merged features at the end.
+  torch::Tensor window, order;  // [M] merged tokens, [S] patch rows
   if (v.window_attention()) {
     auto wi = get_window_index(g, v);
-    window = stage_to_device(wi.index, x.device());
+    window = wi.index;
     cu_window = wi.cu_seqlens;
-    auto permute = [&](const torch::Tensor& t) {
-      return t.reshape({s / unit, unit, -1}).index_select(0, window).reshape({s, -1});
-    };
-    x = permute(x);
-    cs.cos = permute(cs.cos);
-    cs.sin = permute(cs.sin);
+    order = (window.unsqueeze(1) * unit + torch::arange(unit, torch::kInt64)).reshape({-1});
   }
+  // The unit keeps only its rows (window order, this rank's): the whole output is transient.
+  auto x = runner.run(prefix + ".patch_embed", *patch_embed, pixel_values,
+                      [pe = patch_embed, split, order](const torch::Tensor& p) mutable {
+                        return split.rows(pe(p), order);
+                      });  // [S or Sr, E]
+  auto cs = vision_rotary(g, v.head_dim(), v.spatial_merge_size, x.device());
+  const auto cos = split.rows(cs.cos, order), sin = split.rows(cs.sin, order);
+  const auto seg_full = split.segments(cu_full), seg_window = split.segments(cu_window);
   const auto& full = v.fullatt_block_indexes;
   for (int64_t i = 0; i < v.depth; ++i) {
     const bool is_full = !v.window_attention() || std::find(full.begin(), full.end(), i) != full.end();
-    const auto& cu = is_full ? cu_full : cu_window;
+    const auto& cu = is_full ? seg_full : seg_window;
     Qwen2VisionBlock& blk = blocks[i];
     x = runner.run(prefix + ".blocks." + std::to_string(i), *blk, x,
-                   [blk, cos = cs.cos, sin = cs.sin, cu](const torch::Tensor& h) mutable { return blk(h, cos, sin, cu); });
+                   [blk, cos, sin, cu, sp = split.sp](const torch::Tensor& h) mutable { return blk(h, cos, sin, cu, sp); });
   }
   auto out = runner.run(prefix + ".merger", *merger, x,
-                        [mg = merger](const torch::Tensor& h) mutable { return mg(h); });  // [M, O]
-  if (window.defined()) out = out.index_select(0, torch::argsort(window));
+                        [mg = merger](const torch::Tensor& h) mutable { return mg(h); });  // [M or Sr / U, O]
+  out = split.gather(out, "vision merger features");                                      // [M, O]
+  if (window.defined()) out = out.index_select(0, stage_to_device(torch::argsort(window), out.device()));
   return out;
 }
 

@@ -26,8 +26,10 @@ class Qwen2VisionBlockImpl : public torch::nn::Module {
  public:
   Qwen2VisionBlockImpl(const VlmConfig& cfg, const torch::TensorOptions& opts);
   // x: [S, E]; cos/sin: [S, D] fp32; cu_seqlens: segment bounds (images or windows) -> [S, E]
+  // sp: the tower split over a context-parallel group (vision_split.h): x, cos and sin are
+  // this rank's rows, cu_seqlens the whole padded sequence's.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const std::vector<int64_t>& cu_seqlens);
+                        const std::vector<int64_t>& cu_seqlens, SequenceExchange* sp = nullptr);
   Norm norm1{nullptr}, norm2{nullptr};
   VisionAttention attn{nullptr};
   Mlp mlp{nullptr};
@@ -53,8 +55,8 @@ class Qwen2VisionEncoderImpl : public VisionTowerImpl {
  public:
   Qwen2VisionEncoderImpl(const VlmConfig& cfg, const torch::TensorOptions& opts);
   VisionOutput encode(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw, UnitRunner& runner,
-                      const std::string& prefix) override {
-    return {forward(pixel_values, grid_thw, runner, prefix), {}};
+                      const std::string& prefix, SequenceExchange* sp) override {
+    return {forward(pixel_values, grid_thw, runner, prefix, sp), {}};
   }
   void append_units(std::vector<Unit>& units, const std::string& prefix) override;
   std::vector<VisionUnitLayout> unit_layouts(const std::string& prefix) override;
@@ -62,9 +64,9 @@ class Qwen2VisionEncoderImpl : public VisionTowerImpl {
   torch::Tensor first_weight() override { return patch_embed->proj->weight; }
   // pixel_values: [S, C*T*P*P]; grid_thw: [N, 3] int64 -> image features [M, O] in
   // merge-block order. Units run through `runner` as "<prefix>.patch_embed",
-  // "<prefix>.blocks.N", "<prefix>.merger".
+  // "<prefix>.blocks.N", "<prefix>.merger". sp: VisionTowerImpl::encode's.
   torch::Tensor forward(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw,
-                        UnitRunner& runner, const std::string& prefix = "visual");
+                        UnitRunner& runner, const std::string& prefix = "visual", SequenceExchange* sp = nullptr);
   VlmConfig cfg;
   PatchEmbed patch_embed{nullptr};
   torch::nn::ModuleList blocks_list{nullptr};  // registered as "blocks"

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "vlm/runtime/check.h"
+#include "vlm/model/vision_split.h"
 #include "vlm/model/rotary.h"
 #include "vlm/families/qwen2_vision.h"
 #include "vlm/model/recompute_tail.h"
@@ -19,8 +20,9 @@ Qwen3VisionBlockImpl::Qwen3VisionBlockImpl(const VisionConfig& v, const torch::T
 }
 
 torch::Tensor Qwen3VisionBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
-                                            const torch::Tensor& sin, const std::vector<int64_t>& cu) {
-  auto h = x + attn(norm1(x), cos, sin, cu);
+                                            const torch::Tensor& sin, const std::vector<int64_t>& cu,
+                                            SequenceExchange* sp) {
+  auto h = x + attn(norm1(x), cos, sin, cu, sp);
   return residual_linear(this, h, mlp->hidden(norm2(h)), mlp->out_proj());
 }
 
@@ -166,38 +168,44 @@ int64_t Qwen3VisionEncoderImpl::connector_parameters() {
 }
 
 VisionOutput Qwen3VisionEncoderImpl::encode(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw,
-                                            UnitRunner& runner, const std::string& prefix) {
+                                            UnitRunner& runner, const std::string& prefix, SequenceExchange* sp) {
   const auto& v = cfg;
   auto g = grid_thw.to(torch::kCPU, torch::kInt64);
-  const int64_t expect = image_cu_seqlens(g).back();  // patches, summed on the host (no ATen op)
-  VLM_CHECK(pixel_values.dim() == 2 && pixel_values.size(0) == expect, "pixel_values has ",
-            pixel_values.size(0), " rows but image_grid_thw ", g.sizes(), " sums to ", expect,
-            " patches (hint: rows = sum of t*gh*gw over images)");
+  const int64_t s = image_cu_seqlens(g).back();  // patches, summed on the host (no ATen op)
+  VLM_CHECK(pixel_values.dim() == 2 && pixel_values.size(0) == s, "pixel_values has ", pixel_values.size(0),
+            " rows but image_grid_thw ", g.sizes(), " sums to ", s, " patches (hint: rows = sum of t*gh*gw over images)");
+  const VisionSplit split = vision_split(sp, s, v.merge_unit(), v.num_heads);
+  // The unit keeps only this rank's rows: the whole output is transient.
   auto x = runner.run(prefix + ".patch_embed", *patch_embed, pixel_values,
-                      [pe = patch_embed](const torch::Tensor& p) mutable { return pe(p); });  // [S, E]
+                      [pe = patch_embed, split](const torch::Tensor& p) mutable { return split.rows(pe(p)); });  // [S or Sr, E]
   // Learned positions: sum over the 4 bilinear taps (weights fp32, as HF), cast to x's dtype.
+  // Split: this rank's rows' taps (padding rows: tap 0 with weight 0).
   auto taps = qwen3_position_taps(g, side, v.spatial_merge_size);
-  auto tap_index = stage_to_device(taps.index, x.device()), tap_weight = stage_to_device(taps.weight, x.device()).unsqueeze(-1);
+  auto tap_index = stage_to_device(split.rows(taps.index), x.device());
+  auto tap_weight = stage_to_device(split.rows(taps.weight), x.device()).unsqueeze(-1);
   x = runner.run(prefix + ".pos_embed", *pos_embed, x,
                  [pe = pos_embed, tap_index, tap_weight](const torch::Tensor& h) mutable {
                    return h + (pe(tap_index) * tap_weight).sum(1).to(h.scalar_type());
                  });
   auto cs = vision_rotary(g, v.head_dim(), v.spatial_merge_size, x.device(), v.rope_theta);
-  const auto cu = image_cu_seqlens(g);
+  const auto cos = split.rows(cs.cos), sin = split.rows(cs.sin);
+  const auto cu = split.segments(image_cu_seqlens(g));
   VisionOutput out;
   for (int64_t i = 0; i < v.depth; ++i) {
     Qwen3VisionBlock& blk = blocks[size_t(i)];
     x = runner.run(prefix + ".blocks." + std::to_string(i), *blk, x,
-                   [blk, cos = cs.cos, sin = cs.sin, cu](const torch::Tensor& h) mutable { return blk(h, cos, sin, cu); });
+                   [blk, cos, sin, cu, sp = split.sp](const torch::Tensor& h) mutable { return blk(h, cos, sin, cu, sp); });
     const int64_t k = deepstack_slot(i);
     if (k >= 0) {
       Qwen3Merger& m = deepstack_mergers[size_t(k)];
-      out.deepstack.push_back(runner.run(prefix + ".deepstack_merger_list." + std::to_string(k), *m, x,
-                                         [m](const torch::Tensor& h) mutable { return m(h); }));  // [M, O]
+      auto d = runner.run(prefix + ".deepstack_merger_list." + std::to_string(k), *m, x,
+                          [m](const torch::Tensor& h) mutable { return m(h); });  // [M or Sr / U, O]
+      out.deepstack.push_back(split.gather(d, "vision deepstack features"));
     }
   }
   out.features = runner.run(prefix + ".merger", *merger, x,
-                            [mg = merger](const torch::Tensor& h) mutable { return mg(h); });  // [M, O]
+                            [mg = merger](const torch::Tensor& h) mutable { return mg(h); });  // [M or Sr / U, O]
+  out.features = split.gather(out.features, "vision merger features");                      // [M, O]
   return out;
 }
 

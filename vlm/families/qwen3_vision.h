@@ -26,8 +26,10 @@ class Qwen3VisionBlockImpl : public torch::nn::Module {
  public:
   Qwen3VisionBlockImpl(const VisionConfig& v, const torch::TensorOptions& opts);
   // x: [S, E]; cos/sin: [S, D] fp32 -> [S, E]
+  // sp: the tower split over a context-parallel group (vision_split.h): x, cos and sin are
+  // this rank's rows, cu_seqlens the whole padded sequence's.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const std::vector<int64_t>& cu_seqlens);
+                        const std::vector<int64_t>& cu_seqlens, SequenceExchange* sp = nullptr);
   Norm norm1{nullptr}, norm2{nullptr};
   VisionAttention attn{nullptr};
   Mlp mlp{nullptr};
@@ -60,7 +62,7 @@ class Qwen3VisionEncoderImpl : public VisionTowerImpl {
  public:
   Qwen3VisionEncoderImpl(const VlmConfig& cfg, const torch::TensorOptions& opts);
   VisionOutput encode(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw, UnitRunner& runner,
-                      const std::string& prefix) override;
+                      const std::string& prefix, SequenceExchange* sp) override;
   void append_units(std::vector<Unit>& units, const std::string& prefix) override;
   std::vector<VisionUnitLayout> unit_layouts(const std::string& prefix) override;
   int64_t connector_parameters() override;

@@ -5,6 +5,7 @@
 
 #include "vlm/runtime/check.h"
 #include "vlm/model/ring_attention.h"
+#include "vlm/model/vision_split.h"
 #include "vlm/model/rotary.h"
 #include "vlm/runtime/device_staging.h"
 
@@ -83,14 +84,17 @@ VisionAttentionImpl::VisionAttentionImpl(int64_t dim, int64_t heads, const torch
 }
 
 torch::Tensor VisionAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
-                                           const torch::Tensor& sin, const std::vector<int64_t>& cu) {
+                                           const torch::Tensor& sin, const std::vector<int64_t>& cu,
+                                           SequenceExchange* sp) {
   const int64_t s = x.size(0), dim = x.size(1), d = dim / num_heads;
   auto parts = qkv(x).reshape({s, 3, num_heads, d}).unbind(1);  // 3 x [S, H, D]
   const auto dt = x.scalar_type();
   auto c = cos.unsqueeze(1), sn = sin.unsqueeze(1);              // [S, 1, D] fp32
   auto q = apply_rotary(parts[0].to(torch::kFloat32), c, sn).to(dt);
   auto k = apply_rotary(parts[1].to(torch::kFloat32), c, sn).to(dt);
-  auto o = varlen_attention(q, k, parts[2], cu, 1.0 / std::sqrt(static_cast<double>(d)));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  auto o = sp != nullptr ? vision_attention_split(*sp, q, k, parts[2], cu, scale)  // [S, H, D]
+                         : varlen_attention(q, k, parts[2], cu, scale);
   return proj(o.reshape({s, dim}));
 }
 

@@ -40,9 +40,11 @@ torch::Tensor varlen_attention(const torch::Tensor& q, const torch::Tensor& k, c
 class VisionAttentionImpl : public torch::nn::Module {
  public:
   VisionAttentionImpl(int64_t dim, int64_t num_heads, const torch::TensorOptions& opts);
-  // x: [S, dim]; cos/sin: [S, D] fp32 (2D rotary); -> [S, dim]
+  // x: [S, dim]; cos/sin: [S, D] fp32 (2D rotary); -> [S, dim]. sp (vision_split.h): x, cos
+  // and sin are this rank's rows, cu_seqlens the whole padded sequence's segments; attention
+  // runs over every patch with H / cp heads.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const std::vector<int64_t>& cu_seqlens);
+                        const std::vector<int64_t>& cu_seqlens, SequenceExchange* sp = nullptr);
   int64_t num_heads;
   Linear qkv{nullptr}, proj{nullptr};
 };

@@ -39,8 +39,9 @@ std::vector<Unit> VisionLanguageModelImpl::units() {
   return u;
 }
 
-VisionOutput VisionLanguageModelImpl::image_features(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw) {
-  return visual->encode(pixel_values, grid_thw, *runner_, "visual");
+VisionOutput VisionLanguageModelImpl::image_features(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw,
+                                                     SequenceExchange* sp) {
+  return visual->encode(pixel_values, grid_thw, *runner_, "visual", sp);
 }
 
 torch::Tensor VisionLanguageModelImpl::head(const torch::Tensor& hidden) {
@@ -65,7 +66,7 @@ torch::Tensor VisionLanguageModelImpl::head_loss(const torch::Tensor& hidden, co
 }
 
 torch::Tensor VisionLanguageModelImpl::embed_inputs(const Batch& batch, bool dummy_vision, torch::Tensor* zero_term,
-                                        DeepStackInputs* deepstack) {
+                                        DeepStackInputs* deepstack, SequenceExchange* sp) {
   const auto& ids = batch.input_ids;
   VLM_CHECK(ids.defined() && ids.dim() == 2, "input_ids: expected [B, L] int64, got ",
             ids.defined() ? ids.sizes() : torch::IntArrayRef{});
@@ -74,7 +75,7 @@ torch::Tensor VisionLanguageModelImpl::embed_inputs(const Batch& batch, bool dum
   std::vector<torch::Tensor> deep;
   if (has_image) {
     VLM_CHECK(batch.image_grid_thw.defined(), "pixel_values given without image_grid_thw");
-    auto vo = image_features(batch.pixel_values, batch.image_grid_thw);  // [M, d]
+    auto vo = image_features(batch.pixel_values, batch.image_grid_thw, sp);  // [M, d]
     features = vo.features;
     deep = std::move(vo.deepstack);
   } else if (dummy_vision) {
@@ -82,7 +83,7 @@ torch::Tensor VisionLanguageModelImpl::embed_inputs(const Batch& batch, bool dum
     const auto w = visual->first_weight();
     auto grid = torch::tensor({int64_t{1}, v.spatial_merge_size, v.spatial_merge_size}, torch::kInt64).view({1, 3});
     auto pixels = torch::zeros({v.merge_unit(), v.patch_dim()}, w.options());
-    auto dummy = image_features(pixels, grid);
+    auto dummy = image_features(pixels, grid, sp);
     auto sum = dummy.features.sum().to(torch::kFloat32);
     for (const auto& d : dummy.deepstack) sum = sum + d.sum().to(torch::kFloat32);
     if (zero_term) *zero_term = sum * 0.0;
@@ -128,7 +129,9 @@ ForwardOutput VisionLanguageModelImpl::forward(const Batch& batch, bool return_l
   const auto& ids = batch.input_ids;
   torch::Tensor zero_term;
   DeepStackInputs deepstack;
-  auto embeds = embed_inputs(batch, /*dummy_vision=*/true, &zero_term, &deepstack);
+  // Training under context parallelism: the vision tower and the decoder split over the group.
+  const bool split = sp_ && sp_->size() > 1 && batch.labels.defined() && !return_logits;
+  auto embeds = embed_inputs(batch, /*dummy_vision=*/true, &zero_term, &deepstack, split ? sp_.get() : nullptr);
   const int64_t b = embeds.size(0), l = embeds.size(1), d = embeds.size(2);
   auto mask = batch.attention_mask.defined() ? batch.attention_mask
                                              : torch::ones({b, l}, ids.options().dtype(torch::kInt64));
@@ -143,7 +146,7 @@ ForwardOutput VisionLanguageModelImpl::forward(const Batch& batch, bool return_l
   if (!pos.defined())
     pos = packed ? packed_position_ids(ids, batch.image_grid_thw, text_cu, cfg)
                  : get_rope_index(ids, batch.image_grid_thw, mask, cfg).position_ids;
-  if (sp_ && sp_->size() > 1 && batch.labels.defined() && !return_logits) {
+  if (split) {
     auto out = forward_chunk(batch, embeds, pos, batch.right_padded || packed ? torch::Tensor() : mask,
                              std::move(text_cu), deepstack);
     if (zero_term.defined()) out.loss_sum = out.loss_sum + zero_term;

@@ -90,14 +90,18 @@ class VisionLanguageModelImpl : public torch::nn::Module {
 
   // --- building blocks (also used by generation) ---
   // Image features [M, d] in merge-block order, and the DeepStack features (units visual.*).
-  VisionOutput image_features(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw);
+  // sp: the patches split over a context-parallel group (vision_split.h), every feature back
+  // on every rank; null: whole.
+  VisionOutput image_features(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw,
+                              SequenceExchange* sp = nullptr);
   // Token embeddings with image features spliced in at image_token_id positions: [B, L, d].
   // With dummy_vision and no image, runs the dummy image and returns the sum of its
   // features (DeepStack ones included) times 0 in *zero_term (a scalar to add to the loss).
   // deepstack (optional): filled with the image positions and DeepStack features for
   // LanguageModel::forward (left empty without images or for families without DeepStack).
+  // sp: image_features' (the tower split over a context-parallel group).
   torch::Tensor embed_inputs(const Batch& batch, bool dummy_vision, torch::Tensor* zero_term,
-                             DeepStackInputs* deepstack = nullptr);
+                             DeepStackInputs* deepstack = nullptr, SequenceExchange* sp = nullptr);
   // hidden: [..., d] -> logits [..., V] in the activation dtype (unit lm_head).
   torch::Tensor head(const torch::Tensor& hidden);
   // Summed cross-entropy of head(hidden) against labels, chunked (unit "lm_head").

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "vlm/model/layer_kinds.h"
+#include "vlm/model/sequence_parallel.h"
 #include "vlm/model/unit_runner.h"
 
 namespace vlm {
@@ -46,9 +47,12 @@ struct VisionUnitLayout {
 class VisionTowerImpl : public torch::nn::Module {
  public:
   // pixel_values: [S, C*T*P*P]; grid_thw: [N, 3] int64 (host) -> features (+ deepstack).
-  // Units run through `runner` as "<prefix>.<unit>" in the order of append_units.
+  // Units run through `runner` as "<prefix>.<unit>" in the order of append_units. sp: split
+  // the patches over a context-parallel group (vision_split.h; every rank of the group calls
+  // with the same micro-batch and gets every feature); null: whole.
   virtual VisionOutput encode(const torch::Tensor& pixel_values, const torch::Tensor& grid_thw,
-                              UnitRunner& runner, const std::string& prefix = "visual") = 0;
+                              UnitRunner& runner, const std::string& prefix = "visual",
+                              SequenceExchange* sp = nullptr) = 0;
   // The tower's units in call order ("visual.patch_embed", "visual.blocks.0", ...).
   virtual void append_units(std::vector<Unit>& units, const std::string& prefix = "visual") = 0;
   // The same units, in the same order, as the activation cost model counts them.

@@ -189,7 +189,10 @@ TEST(Plan, ExpertParallelHalvesTheExpertsAndPlansTheAllToAll) {
 // document: the decoder's activations per rank shrink, the parameters per rank do not, and the
 // Ulysses bytes equal the formula written out here: per layer and micro-batch, forward and
 // backward, 2 x (cp - 1)/cp x L/cp x D x 2 bytes x (2 H + 2 max(Hkv, cp)); the recipe
-// checkpoints every layer, whose recompute exchanges again (x 1.5).
+// checkpoints every layer, whose recompute exchanges again (x 1.5). The vision tower's split
+// (27 blocks of 16 heads of 72 dims, 240,000 patches, merge 2 x 2, 4 mergers of 4096 outputs,
+// blocks not checkpointed): per block 2 x (cp - 1)/cp x S/cp x 72 x 2 bytes x 4 x 16, per
+// merger 2 x (cp - 1) x S/(4 cp) x 4096 x 2 bytes.
 TEST(Plan, ContextParallelSplitsTheDecoderAndPlansTheAllToAll) {
   const std::string recipe = vlm::test::source_dir() + "/recipes/ocr_qwen3vl.toml";
   auto plan = [&](int cp, int world) {
@@ -210,7 +213,11 @@ TEST(Plan, ContextParallelSplitsTheDecoderAndPlansTheAllToAll) {
   EXPECT_LT(a2, a1);
   EXPECT_LT(a8, a2);
   auto bytes = [](double cp) {
-    return 36 * 1.5 * 2 * (cp - 1) / cp * (65536 / cp) * 128 * 2 * (2 * 32 + 2 * std::max(8.0, cp));
+    const double decoder = 36 * 1.5 * 2 * (cp - 1) / cp * (65536 / cp) * 128 * 2 * (2 * 32 + 2 * std::max(8.0, cp));
+    const double patches = 240000;
+    const double vision = 27 * 2 * (cp - 1) / cp * (patches / cp) * 72 * 2 * 4 * 16 +
+                          4 * 2 * (cp - 1) * (patches / (4 * cp)) * 4096 * 2;
+    return decoder + vision;
   };
   EXPECT_DOUBLE_EQ(two["context_parallel"]["all_to_all_bytes_per_micro_batch"].get<double>(), bytes(2));
   EXPECT_DOUBLE_EQ(eight["context_parallel"]["all_to_all_bytes_per_micro_batch"].get<double>(), bytes(8));

@@ -18,8 +18,12 @@
 // tokens of each chunk). cp 2 and 4 at world 2 and 4; dp 2 x cp 2 at world 4 (with FSDP
 // full_shard for one configuration, activation checkpointing of the decoder layers in
 // another: the exchange runs again in the recompute).
+// The vision tower splits too (vlm/model/vision_split.h): each rank of a group encodes its
+// run of the patches (a micro-batch's 32, 44 or 76 patches padded to a multiple of cp x 4; the
+// text-only micro-batch's 4-patch dummy image leaves ranks with padding only), and the vision
+// gradients are compared like every other.
 // Bytes: step 0's all-to-all bytes on the cp comm equal ulysses_layer_bytes() over the
-// layers and micro-batches. No hang: the second data-parallel group's text
+// layers and vision_split_bytes() over the micro-batches. No hang: the second data-parallel group's text
 // micro-batch is a filler (one pad token, nothing supervised) in the dp 2 x cp 2 runs.
 // tiny-qwen3.5 (three Gated DeltaNet layers, 2 key and 4 value heads, and a gated attention
 // layer): the linear layers split by value heads, the recurrence and the causal conv of each
@@ -37,6 +41,7 @@
 #include "collate/micro_batch.h"
 #include "sharding/parallel/context_parallel.h"
 #include "tests/sharding/parallel/fsdp_testing.h"
+#include "vlm/model/vision_split.h"
 
 namespace {
 
@@ -65,7 +70,8 @@ struct CpConfig {
 };
 
 // Sample i of `kind` (0 image, 1 text-only) at `step`: a prompt of 3 + i tokens, the image
-// (grids of 4 or 8 merged tokens), an answer of 3 + (i + step) % 4 supervised tokens.
+// (grids of 4, 8 or 3 merged tokens: 16, 32 or 12 patches, so that a micro-batch's patches
+// need not divide by cp x merge^2), an answer of 3 + (i + step) % 4 supervised tokens.
 vlm::TokenizedSample cpd_sample(const vlm::VlmConfig& c, int step, int kind, int i) {
   torch::manual_seed(1000 * step + 100 * kind + i);
   vlm::TokenizedSample s;
@@ -74,7 +80,9 @@ vlm::TokenizedSample cpd_sample(const vlm::VlmConfig& c, int step, int kind, int
   auto text = torch::randint(10, 1000, {prompt + answer}, torch::kInt64);
   for (int64_t k = 0; k < prompt; ++k) s.input_ids.push_back(text[k].item<int64_t>());
   if (kind == 0) {
-    const std::array<int64_t, 3> grid = i % 2 == 0 ? std::array<int64_t, 3>{1, 4, 4} : std::array<int64_t, 3>{1, 4, 8};
+    const std::array<int64_t, 3> grid = i % 2 == 0 ? std::array<int64_t, 3>{1, 4, 4}
+                                        : i == 3   ? std::array<int64_t, 3>{1, 2, 6}
+                                                   : std::array<int64_t, 3>{1, 4, 8};
     const int64_t patches = grid[0] * grid[1] * grid[2];
     s.grid_thw.push_back(grid);
     s.pixel_values = torch::randn({patches, c.vision.patch_dim()});
@@ -208,6 +216,10 @@ CpResult cpd_sharded(ParallelDims& dims, const CpConfig& c) {
                             ? ring_layer_bytes(cfg.text, dims.cp(), rows, lay.padded, 4, c.ckpt)
                             : ulysses_layer_bytes(cfg.text, kind, dims.cp(), rows, lay.padded, 4) * (c.ckpt ? 1.5 : 1.0);
         }
+        // The vision tower's split: the images' patches, or the dummy image of a text-only one.
+        const auto& px = micro[k].pixel_values;
+        const int64_t patches = px.defined() && px.size(0) > 0 ? px.size(0) : cfg.vision.merge_unit();
+        r.formula0 += vision_split_bytes(cfg.vision, dims.cp(), patches, 4);
       }
     }
     torch::Tensor l = torch::tensor({loss_sum}, torch::kDouble);
@@ -268,8 +280,13 @@ void cpd_check(ParallelDims& dims, const CpConfig& c) {
   // forward, two in backward; ring attention: cp - 1 hops forward, 2 (cp - 1) + 1 in backward
   // (the blocks and their gradients, and the gradients home); a recompute runs the forward's
   // again. Two micro-batches.
-  const vlm::TextConfig text = vlm::preset(c.preset).text;
-  int64_t ops = 0;
+  const vlm::VlmConfig vc = vlm::preset(c.preset);
+  const vlm::TextConfig& text = vc.text;
+  // The vision tower: two exchanges per block forward and two backward, one gather per
+  // merger forward and one backward.
+  int64_t ops = vlm::vision_splits(vc.vision.num_heads, dims.cp())
+                    ? 4 * vc.vision.depth + 2 * (1 + static_cast<int64_t>(vc.vision.deepstack_visual_indexes.size()))
+                    : 0;
   for (int64_t i = 0; i < text.num_hidden_layers; ++i) {
     const bool ring = c.mode == vlm::SequenceMode::kRing && text.mixer(i) == vlm::MixerKind::full_attention;
     const int64_t fwd = ring ? dims.cp() - 1 : 2, bwd = ring ? 2 * dims.cp() - 1 : 2;
