@@ -311,20 +311,26 @@ ParallelDims cpd_worker_dims() {
 }
 std::vector<std::string> cpd_env(int cp) { return {vlm::str("VLMTRAIN_TEST_CP=", cp)}; }
 
+// Every family and layout in `mode`, the filler micro-batch in the right-padded runs of a
+// dp 2 group.
+void cpd_every_family(ParallelDims& dims, vlm::SequenceMode mode) {
+  for (const char* preset : {"tiny", "tiny-qwen2.5", "tiny-qwen3", "tiny-qwen3.5"})
+    for (CpLayout layout : {CpLayout::kRight, CpLayout::kLeftMask, CpLayout::kPacked}) {
+      CpConfig c;
+      c.mode = mode;
+      c.preset = preset;
+      c.layout = layout;
+      c.filler = dims.dp_size() == 2 && layout == CpLayout::kRight;
+      cpd_check(dims, c);
+    }
+}
+
 TEST(ContextParallelDist, DISABLED_EqualsOneProcessWorker) {
   VLM_DIST_WORKER_ONLY();
   torch::set_num_threads(1);
   auto dims = cpd_worker_dims();
-  const bool dp2 = dims.dp_size() == 2;
-  for (const char* preset : {"tiny", "tiny-qwen2.5", "tiny-qwen3", "tiny-qwen3.5"})
-    for (CpLayout layout : {CpLayout::kRight, CpLayout::kLeftMask, CpLayout::kPacked}) {
-      CpConfig c;
-      c.preset = preset;
-      c.layout = layout;
-      c.filler = dp2 && layout == CpLayout::kRight;
-      cpd_check(dims, c);
-    }
-  if (dims.world_size() == 2 || dp2) {  // FSDP over the world (cp ranks are replicas), and recompute
+  cpd_every_family(dims, vlm::SequenceMode::kUlysses);
+  if (dims.world_size() == 2 || dims.dp_size() == 2) {  // FSDP over the world (cp ranks are replicas), and recompute
     CpConfig c;
     c.policy = "fsdp";
     cpd_check(dims, c);
@@ -343,16 +349,7 @@ TEST(ContextParallelDist, DISABLED_RingEqualsOneProcessWorker) {
   VLM_DIST_WORKER_ONLY();
   torch::set_num_threads(1);
   auto dims = cpd_worker_dims();
-  const bool dp2 = dims.dp_size() == 2;
-  for (const char* preset : {"tiny", "tiny-qwen2.5", "tiny-qwen3", "tiny-qwen3.5"})
-    for (CpLayout layout : {CpLayout::kRight, CpLayout::kLeftMask, CpLayout::kPacked}) {
-      CpConfig c;
-      c.mode = vlm::SequenceMode::kRing;
-      c.preset = preset;
-      c.layout = layout;
-      c.filler = dp2 && layout == CpLayout::kRight;
-      cpd_check(dims, c);
-    }
+  cpd_every_family(dims, vlm::SequenceMode::kRing);
   if (dims.world_size() == 2) {  // recompute: the hops run again in backward
     CpConfig c;
     c.mode = vlm::SequenceMode::kRing;
