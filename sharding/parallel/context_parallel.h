@@ -14,8 +14,9 @@
 // Gradients: each rank's backward gives its tokens' share of every parameter's gradient;
 // the data-parallel engines (DDP, FSDP over the world) sum over all ranks, cp ranks
 // included, and the trainer divides by the step's supervised tokens counted once per group,
-// so the update equals one process's on the whole batch. The vision tower runs on every
-// rank of the group (its features of other ranks' tokens get no gradient there).
+// so the update equals one process's on the whole batch. The vision tower splits its patches
+// over the group too when its heads divide by cp (vlm/model/vision_split.h); otherwise it runs
+// whole on every rank (its features of other ranks' tokens get no gradient there).
 //
 // Bytes per layer and micro-batch on a rank (Comm counters, all_to_all: what it sends to
 // the other cp - 1 ranks), elements of b bytes, L the padded length:
