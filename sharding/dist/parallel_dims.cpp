@@ -227,6 +227,7 @@ struct ParallelDims::Init {
     p.ep_comm_ = local_comm(opts);
     p.expert_replicate_ = local_comm(opts);
     p.cp_comm_ = local_comm(opts);
+    p.tp_comm_ = local_comm(opts);
   }
 
   // The expert-parallel degree from the options.
@@ -247,6 +248,19 @@ struct ParallelDims::Init {
               "divisor of the world size, 1 for none)");
     VLM_CHECK(opts.cp == 1 || opts.ep == 1, "dist.cp = ", opts.cp, " with dist.ep = ", opts.ep,
               ": context and expert parallelism together are not built yet (hint: one of them 1)");
+  }
+
+  // The tensor-parallel degree from the options.
+  void tp_shape() {
+    p.tp_ = opts.tp;
+    VLM_CHECK(opts.tp >= 1 && env.world_size % opts.tp == 0, "dist.tp = ", opts.tp,
+              " does not divide the world size ", env.world_size,
+              " (hint: tensor parallelism splits each layer within groups of tp consecutive ranks, usually the GPUs "
+              "of one node; pick a divisor of the world size, 1 for none)");
+    VLM_CHECK(opts.tp == 1 || (opts.cp == 1 && opts.ep == 1 && !opts.mesh), "dist.tp = ", opts.tp,
+              " with dist.cp = ", opts.cp, ", dist.ep = ", opts.ep, opts.mesh ? " and a hybrid_shard mesh" : "",
+              ": tensor parallelism with context, expert or hybrid-sharded data parallelism is not built yet "
+              "(hint: tp with ddp / fsdp over the world / tp data-parallel ranks)");
   }
 
   // The rendezvous store: rank 0 hosts it, or every rank joins the torchrun agent's (under
@@ -338,6 +352,21 @@ struct ParallelDims::Init {
 
   // One group per lane (the header comment), each with the main group's transport.
   void lanes() {
+    if (p.tp_ > 1) {  // the data-parallel group of this tp rank: every tp-th rank
+      agree(p.tp_, "tp", "tensor");
+      const int tp_rank = p.tp_rank(), dp = env.world_size / p.tp_;
+      c10::intrusive_ptr<c10d::Backend> g;
+      p.comm_ = make_comm(str("tp_dp/", tp_rank, "/main"), "data", env.rank / p.tp_, dp, &g);
+      p.lane_groups_[0] = g;
+      for (int l = 1; l < kNumLanes; ++l) {
+        const std::string name = lane_name(static_cast<Lane>(l));
+        p.lanes_[l] = opts.lanes ? make_comm(str("tp_dp/", tp_rank, "/", name), str("data/", name), env.rank / p.tp_, dp,
+                                             &p.lane_groups_[l])
+                                 : p.comm_;
+      }
+      p.lanes_[0] = p.comm_;
+      return;
+    }
     if (p.backend_ == Backend::kGloo) attach_shm(*p.comm_, store, env.rank, env.world_size);
     p.lanes_[0] = p.comm_;
     for (int l = 1; l < kNumLanes; ++l) {
@@ -435,6 +464,18 @@ struct ParallelDims::Init {
     if (g) p.mesh_groups_.push_back(g);
   }
 
+  // Tensor parallelism's groups (ParallelOptions::tp): runs of tp consecutive ranks ("tp<g>").
+  // tp 1: local. (The ranks agreed on tp in lanes().)
+  void tp_groups() {
+    p.tp_comm_ = local_comm(opts);
+    p.tp_comm_->set_plane("data/tp", p.control_.get());
+    if (p.tp_ == 1) return;
+    const int group = env.rank / p.tp_;
+    c10::intrusive_ptr<c10d::Backend> g;
+    p.tp_comm_ = make_comm(str("tp/", group), str("data/tp", group), p.tp_rank(), p.tp_, &g);
+    if (g) p.mesh_groups_.push_back(g);
+  }
+
   // Every communicator created now, not at its first use: NCCL makes a group's communicator
   // lazily at its first collective, several of which would otherwise come inside backward on
   // the autograd thread, where a rank that reaches them differently waits for the watchdog.
@@ -471,6 +512,7 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
   in.mesh_shape();
   in.ep_shape();
   in.cp_shape();
+  in.tp_shape();
   if (env.world_size == 1) {
     in.local_comms();
     return p;
@@ -482,6 +524,7 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
   in.mesh_groups();
   in.ep_groups();
   in.cp_groups();
+  in.tp_groups();
   in.warm_up_comms();
   if (p.backend_ == Backend::kNccl) p.start_watchdog();
   return p;
@@ -508,6 +551,7 @@ std::vector<Comm*> ParallelDims::data_comms() const {
   add(ep_comm_);
   add(expert_replicate_);
   add(cp_comm_);
+  add(tp_comm_);
   return out;
 }
 

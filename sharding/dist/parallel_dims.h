@@ -87,6 +87,13 @@ struct ParallelOptions {
   // micro-batches (the data-parallel ranks are the world / cp groups). It must divide the
   // world size; not with ep > 1 yet. 1: none.
   int cp = 1;
+  // Tensor parallelism (recipe: dist.tp; sharding/parallel/tensor_parallel.h): groups of `tp`
+  // consecutive ranks (the innermost dimension: one node's NVLink domain) split each decoder
+  // layer's heads and MLP width and the vocabulary between them and run the same
+  // micro-batches. The data plane's lanes then span the data-parallel ranks only: the world /
+  // tp ranks with this rank's tp_rank(). It must divide the world size; not with cp, ep or
+  // the hybrid_shard mesh yet. 1: none.
+  int tp = 1;
 };
 
 // The NCCL environment vlmtrain runs with, set before the first NCCL process group unless
@@ -159,10 +166,19 @@ class ParallelDims {
   // exchange q/k/v over the group's comm (its own process group); local when cp is 1.
   int cp() const { return cp_; }
   int cp_rank() const { return env_.rank % cp_; }
-  int dp_rank() const { return env_.rank / cp_; }
-  int dp_size() const { return env_.world_size / cp_; }
+  int dp_rank() const { return env_.rank / (cp_ * tp_); }
+  int dp_size() const { return env_.world_size / (cp_ * tp_); }
   Comm& cp_comm() const { return *cp_comm_; }
-  // Every distinct data-plane comm (lanes, mesh groups, expert- and context-parallel groups).
+  // Tensor parallelism (ParallelOptions::tp): rank = dp_rank() * tp() + tp_rank(). The tp
+  // ranks of a group share their data and exchange activations over tp_comm() (its own
+  // process group); the lanes (comm(lane)) are the data-parallel group of this tp_rank().
+  int tp() const { return tp_; }
+  int tp_rank() const { return env_.rank % tp_; }
+  Comm& tp_comm() const { return *tp_comm_; }
+  // The ranks that run the same micro-batches (a context- or tensor-parallel group: cp x tp
+  // consecutive ranks) and the data-parallel index of this rank's group.
+  int data_group_size() const { return cp_ * tp_; }
+  // Every distinct data-plane comm (lanes, mesh groups, expert-, context- and tensor-parallel groups).
   std::vector<Comm*> data_comms() const;
   // The data plane's counters summed over its comms (lanes and mesh), and their reset.
   CommStats data_stats() const;
@@ -217,6 +233,8 @@ class ParallelDims {
   std::shared_ptr<Comm> expert_replicate_;  // same experts: their gradient all-reduce
   int cp_ = 1;
   std::shared_ptr<Comm> cp_comm_;  // context-parallel group: the sequence exchanges
+  int tp_ = 1;
+  std::shared_ptr<Comm> tp_comm_;  // tensor-parallel group: the activation exchanges
   std::vector<c10::intrusive_ptr<c10d::Backend>> mesh_groups_;
   std::vector<CommWarmUp> warm_ups_;
 };

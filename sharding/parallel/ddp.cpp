@@ -119,6 +119,18 @@ torch::Tensor DdpReducer::grad(int64_t i) const {
   return accumulated_[i] ? views_[i] : torch::Tensor();
 }
 
+torch::Tensor DdpReducer::grad_or_zeros(int64_t i) {
+  if (!in_bucket_[i]) {
+    if (!params_[i].grad().defined()) params_[i].mutable_grad() = torch::zeros_like(params_[i]);
+    return params_[i].grad();
+  }
+  if (!accumulated_[i]) {
+    views_[i].zero_();
+    accumulated_[i] = 1;
+  }
+  return views_[i];
+}
+
 double DdpReducer::buffer_bytes() const {
   double bytes = 0;
   for (const auto& b : buckets_) bytes += static_cast<double>(b.flat.numel() * b.flat.element_size());

@@ -88,6 +88,9 @@ class DdpReducer {
   // view (param-shaped, reduce dtype) if that holds a gradient (a contribution since
   // zero_grad(), or any finish_backward since then), else undefined; otherwise its .grad.
   torch::Tensor grad(int64_t i) const;
+  // grad(i), made a zero gradient first when it has none (tensor parallelism writes a summed
+  // gradient into every replicated parameter's, tensor_parallel.h).
+  torch::Tensor grad_or_zeros(int64_t i);
 
   int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
   // Parameter indices (into the constructor's list) of bucket b, in bucket order.

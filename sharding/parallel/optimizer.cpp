@@ -98,6 +98,7 @@ ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const
     g.ddp_of.assign(g.params.size(), nullptr);
     g.param_steps.assign(g.params.size(), 0);
     g.active.assign(g.params.size(), 0);
+    g.tp_shared.assign(g.params.size(), 0);
     groups_.push_back(std::move(g));
   }
 }
@@ -149,14 +150,66 @@ torch::Tensor ShardedAdamW::segment_grad(const Group& g, const Segment& s) const
   return grad.reshape({-1}).narrow(0, s.param_offset, s.len).to(torch::kFloat32);
 }
 
+void ShardedAdamW::set_tensor_parallel(Comm* tp, const std::function<bool(const std::string&)>& replicated) {
+  tp_ = tp != nullptr && tp->world_size() > 1 ? tp : nullptr;
+  for (auto& g : groups_)
+    for (size_t k = 0; k < g.params.size(); ++k) g.tp_shared[k] = tp_ != nullptr && replicated(g.params[k].name);
+}
+
+void ShardedAdamW::reduce_tensor_parallel(const std::string& ctx) {
+  if (tp_ == nullptr || tp_reduced_) return;
+  torch::NoGradGuard no_grad;
+  if (fsdp_ != nullptr) fsdp_->check_reduced(ctx);
+  wait();
+  // Every rank of the tp group holds the same units and layout (its slices have the same
+  // shapes), so the views line up element for element.
+  std::vector<torch::Tensor> views;
+  for (auto& g : groups_) {
+    if (g.fsdp != nullptr) {
+      for (const auto& s : g.segments)
+        if (g.tp_shared[s.param]) views.push_back(g.fsdp->shard_grad().narrow(0, s.flat_offset - g.lo, s.len));
+      continue;
+    }
+    for (size_t k = 0; k < g.params.size(); ++k) {
+      if (!g.tp_shared[k]) continue;
+      torch::Tensor grad = g.ddp_of[k] != nullptr ? g.ddp_of[k]->grad_or_zeros(g.ddp_index[k]) : param_grad(g, k);
+      if (!grad.defined()) {
+        g.params[k].param.mutable_grad() = torch::zeros_like(g.params[k].param);
+        grad = g.params[k].param.grad();
+      }
+      views.push_back(grad.view({-1}));
+    }
+  }
+  tp_reduced_ = true;
+  if (views.empty()) return;
+  std::vector<torch::Tensor> flat;
+  for (const auto& v : views) flat.push_back(v.to(torch::kFloat32));
+  torch::Tensor sum = torch::cat(flat);
+  tp_->all_reduce(sum, ReduceOp::kSum, ctx);
+  int64_t off = 0;
+  for (auto& v : views) {
+    v.copy_(sum.narrow(0, off, v.numel()));
+    off += v.numel();
+  }
+}
+
 std::vector<torch::Tensor> ShardedAdamW::norm_parts() const {
   std::vector<torch::Tensor> parts;
+  const bool skip_shared = tp_ != nullptr && tp_->rank() != 0;  // counted on tp rank 0
   for (const auto& g : groups_) {
+    if (g.fsdp != nullptr && skip_shared) {
+      for (const auto& s : g.segments) {
+        const int64_t a = std::max(s.flat_offset, g.own_lo), b = std::min(s.flat_offset + s.len, g.own_hi);
+        if (!g.tp_shared[s.param] && a < b) parts.push_back(g.fsdp->shard_grad().narrow(0, a - g.lo, b - a));
+      }
+      continue;
+    }
     if (g.fsdp != nullptr) {  // the reduced shard grad covers R_r; counted once over the replicas
       if (g.own_hi > g.own_lo) parts.push_back(g.fsdp->shard_grad().narrow(0, g.own_lo - g.lo, g.own_hi - g.own_lo));
       continue;
     }
     for (size_t k = 0; k < g.params.size(); ++k) {
+      if (skip_shared && g.tp_shared[k]) continue;
       const torch::Tensor grad = param_grad(g, k);
       if (!grad.defined()) continue;
       const int64_t a = std::max(g.lo, g.offsets[k]), b = std::min(g.hi, g.offsets[k] + grad.numel());
@@ -176,7 +229,7 @@ double ShardedAdamW::agree(double local_sumsq, const std::string& ctx) {
   int64_t i = 1;
   for (const auto& g : groups_)
     for (size_t k = 0; k < g.params.size(); ++k) d[i++] = local_had_grad(g, k) ? 1.0 : 0.0;
-  if (comm_.world_size() > 1) {
+  if (control().world_size() > 1) {  // the world (tp ranks hold different slices)
     control().all_reduce(t, ReduceOp::kSum, ctx);
     d = t.data_ptr<double>();
   }
@@ -191,6 +244,7 @@ double ShardedAdamW::clip_grad_norm(const std::string& ctx) {
   torch::NoGradGuard no_grad;
   if (fsdp_ != nullptr) fsdp_->check_reduced(ctx);
   wait();
+  reduce_tensor_parallel(ctx + ", tensor-parallel gradient sum");
   const double norm = std::sqrt(agree(sum_of_squares(norm_parts()), ctx));
   if (opts_.grad_clip > 0) {
     const double coef = opts_.grad_clip / (norm + 1e-6);
@@ -229,6 +283,7 @@ void ShardedAdamW::step(double lr_scale, const std::string& ctx) {
   torch::NoGradGuard no_grad;
   if (fsdp_ != nullptr) fsdp_->check_reduced(ctx);
   wait();
+  reduce_tensor_parallel(ctx + ", tensor-parallel gradient sum");
   if (!agreed_) agree(0.0, ctx + ", gradient flags");
   agreed_ = false;
   ++step_;
@@ -436,6 +491,7 @@ void ShardedAdamW::zero_grad() {
   for (DdpReducer* d : ddps_) d->zero_grad();  // bucket accumulation and had-gradient flags
   if (fsdp_ != nullptr) fsdp_->zero_grad();  // shard grads and their had-gradient flags
   agreed_ = false;
+  tp_reduced_ = false;
 }
 
 int64_t ShardedAdamW::state_numel() const {

@@ -8,6 +8,7 @@
 #include "sharding/parallel/fsdp.h"
 #include "sharding/parallel/lora.h"
 #include "sharding/parallel/sharded_load.h"
+#include "sharding/parallel/tensor_parallel.h"
 #include "vlm/runtime/check.h"
 #include "vlm/model/recompute_tail.h"
 
@@ -200,6 +201,11 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model
   if (ep_rules) sm->dispatcher_ = apply_expert_parallel(model, dims, source != nullptr ? &eload : nullptr);
   // 0c. Context parallelism: the decoder's attentions exchange over the cp group.
   apply_context_parallel(model, dims, vlm::parse_sequence_mode(opts.cp_mode, "ShardingOptions::cp_mode"));
+  // 0d. Tensor parallelism: the decoder's activations exchange over the tp group.
+  VLM_CHECK(dims.tp() == 1 || !ep_rules, "apply_policies: dist.tp = ", dims.tp(),
+            " with an ep rule: tensor and expert parallelism together are not built yet (hint: ddp / fsdp for the "
+            "experts, which then run on each tp rank's chunk of the tokens)");
+  apply_tensor_parallel(model, dims);
   // 1. Policy table.
   sm->units_ = resolve_units(model, opts);
   for (const auto& u : sm->units_)
@@ -278,6 +284,10 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model
   // 7. Optimizer.
   sm->optimizer_ = std::make_unique<ShardedAdamW>(comm, sm->units_, opts.optim, sm->fsdp_.get(), &dims.control(),
                                                   opts.optimizer_offload, &dims.expert_replicate_comm());
+  if (dims.tp() > 1)
+    sm->optimizer_->set_tensor_parallel(&dims.tp_comm(), [cfg = model.cfg](const std::string& name) {
+      return tensor_parallel_replicated(cfg, name);
+    });
   sm->optimizer_->attach_ddp(sm->reducer_.get());
   sm->optimizer_->attach_ddp(sm->expert_reducer_.get());
   if (opts.optimizer_offload) {  // offload.h: each read of parameters waits for its update

@@ -111,6 +111,10 @@ struct TextConfig {
   std::vector<int64_t> mlp_only_layers;         // ... and i is not listed here (dense MLP)
   bool output_router_logits = false;            // config.json keys kept for export; training
   double router_aux_loss_coef = 0.001;          // uses the recipe's train.router_aux_loss_coef
+  // Not from config.json: the tensor-parallel degree the model is built for (dist.tp;
+  // tensor_parallel.h): embed_tokens / lm_head hold vocab_size / tp rows and each decoder
+  // layer heads / tp heads and intermediate_size / tp channels. 1: whole.
+  int64_t tensor_parallel = 1;
 
   int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : hidden_size / num_attention_heads; }
   // Rotated dims of each q / k head (HF: int(head_dim * partial_rotary_factor)).

@@ -31,16 +31,26 @@ class DecoderLayerImpl : public torch::nn::Module {
   // cu_seqlens: optional packed-row segments (TextAttentionImpl::forward); aux: the forward's
   // load-balancing state (sparse layers; null = none); sp: the sequence split over a
   // context-parallel group (sequence_parallel.h; null = none) -> [B, L, d]
+  // tp: the tensor-parallel group (tensor_parallel.h; the layer was built with its local
+  // heads and MLP width). tp_sequence: x is this rank's chunk [B, L / tp, d] of the sequence
+  // (cos, sin, mask, padding and cu_seqlens the whole padded sequence's) and the result too
+  // (Megatron's sequence parallelism); else x is the whole sequence and the mixer and MLP
+  // outputs are all-reduced (evaluation, generation).
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& mask, const torch::Tensor& padding, LayerCache* cache = nullptr,
                         const std::vector<int64_t>* cu_seqlens = nullptr, RouterAuxState* aux = nullptr,
-                        SequenceExchange* sp = nullptr);
+                        SequenceExchange* sp = nullptr, SequenceExchange* tp = nullptr, bool tp_sequence = true);
   MixerKind mixer;
   Norm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   TextAttention self_attn{nullptr};     // full_attention layers
   GatedDeltaNet linear_attn{nullptr};   // linear_attention layers
   Mlp mlp{nullptr};              // dense layers
   SparseMoeBlock moe{nullptr};   // sparse layers (registered as "mlp")
+
+ private:
+  torch::Tensor forward_tp(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                           const torch::Tensor& mask, const torch::Tensor& padding, LayerCache* cache,
+                           const std::vector<int64_t>* cu_seqlens, SequenceExchange& tp, bool sequence);
 };
 TORCH_MODULE(DecoderLayer);
 

@@ -174,14 +174,16 @@ GenerationOutput generate(VisionLanguageModelImpl& model, const Batch& prompt, c
       auto rope = get_rope_index(ids, prompt.image_grid_thw, mask, model.cfg);
       deltas = rope.rope_deltas.to(dev);
       auto hidden = model.model->forward(embeds, rope.position_ids, mask, o.use_cache ? &cache : nullptr,
-                                         runner, "model", deepstack.embeds.empty() ? nullptr : &deepstack);
+                                         runner, "model", deepstack.embeds.empty() ? nullptr : &deepstack, nullptr,
+                                         nullptr, nullptr, model.tensor_exchange());
       last = hidden.select(1, hidden.size(1) - 1);
     } else {
       auto tok = ids.narrow(1, ids.size(1) - 1, 1);  // [B, 1]
-      auto embeds = model.model->embed(tok, runner, "model");
+      auto embeds = model.model->embed(tok, runner, "model", model.tensor_exchange());
       // Position of the new token: cache index + rope delta, on all three streams.
       auto pos = (deltas + cache.length()).view({1, b, 1}).expand({3, b, 1}).contiguous();
-      auto hidden = model.model->forward(embeds, pos, mask, &cache, runner, "model");
+      auto hidden = model.model->forward(embeds, pos, mask, &cache, runner, "model", nullptr, nullptr, nullptr, nullptr,
+                                         model.tensor_exchange());
       last = hidden.select(1, 0);
     }
     auto logits = model.head(last).to(torch::kFloat32);  // [B, V]

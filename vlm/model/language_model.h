@@ -43,8 +43,10 @@ struct DeepStackInputs {
 class LanguageModelImpl : public torch::nn::Module {
  public:
   LanguageModelImpl(const TextConfig& cfg, const torch::TensorOptions& opts);
-  // input_ids: [B, L] -> embeddings [B, L, d] (unit "<prefix>.embed_tokens")
-  torch::Tensor embed(const torch::Tensor& input_ids, UnitRunner& runner, const std::string& prefix = "model");
+  // input_ids: [B, L] -> embeddings [B, L, d] (unit "<prefix>.embed_tokens"); tp: the
+  // vocabulary-parallel lookup over the tensor-parallel group (tensor_parallel.h).
+  torch::Tensor embed(const torch::Tensor& input_ids, UnitRunner& runner, const std::string& prefix = "model",
+                      SequenceExchange* tp = nullptr);
   // embeds: [B, L, d]; position_ids: [3, B, L]; attention_mask: [B, T] (T = cached + L),
   // or undefined for plain causal attention without a mask tensor (no cache; rows whose
   // padding, if any, is at the end: right padding); cache: optional, extended in place
@@ -57,16 +59,27 @@ class LanguageModelImpl : public torch::nn::Module {
   // sp: optional (sequence parallelism, sequence_parallel.h; no cache, no aux): embeds,
   // position_ids and deepstack are this rank's L / cp tokens (sequence_layout of sp's mode);
   // attention_mask and text_cu_seqlens the whole (padded) sequence's -> this rank's [B, L / cp, d].
+  // tp: the tensor-parallel group (tensor_parallel.h; no sp, no aux). Every rank gives the
+  // same whole inputs and gets the same whole output [B, L, d]; without a cache the layers run
+  // in the sequence-parallel layout (forward_tp_sequence), with one whole.
   torch::Tensor forward(const torch::Tensor& embeds, const torch::Tensor& position_ids,
                         const torch::Tensor& attention_mask, KvCache* cache, UnitRunner& runner,
                         const std::string& prefix = "model", const DeepStackInputs* deepstack = nullptr,
                         const std::vector<int64_t>* text_cu_seqlens = nullptr,
-                        const std::shared_ptr<RouterAuxState>& aux = nullptr, SequenceExchange* sp = nullptr);
+                        const std::shared_ptr<RouterAuxState>& aux = nullptr, SequenceExchange* sp = nullptr,
+                        SequenceExchange* tp = nullptr);
   TextConfig cfg;
   Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers_list{nullptr};  // registered as "layers"
   std::vector<DecoderLayer> layers;
   Norm norm{nullptr};
+
+ private:
+  // The training forward under tensor parallelism: pads the sequence to a multiple of tp,
+  // runs the layers on this rank's chunk (sequence_chunk) and gathers the normed result.
+  torch::Tensor forward_tp_sequence(torch::Tensor embeds, torch::Tensor position_ids, torch::Tensor attention_mask,
+                                    UnitRunner& runner, const std::string& prefix, const DeepStackInputs* deepstack,
+                                    const std::vector<int64_t>* text_cu_seqlens, SequenceExchange& tp);
 };
 TORCH_MODULE(LanguageModel);
 

@@ -6,6 +6,7 @@
 #include "vlm/model/rope_index.h"
 #include "vlm/model/row_scatter.h"
 #include "vlm/runtime/device_staging.h"
+#include "vlm/model/tensor_parallel.h"
 
 namespace vlm {
 
@@ -15,8 +16,17 @@ VisionLanguageModelImpl::VisionLanguageModelImpl(const VlmConfig& c, const torch
   visual = register_module("visual", family_spec(cfg.family).make_vision(cfg, opts));
   model = register_module("model", LanguageModel(cfg.text, opts));
   if (!cfg.tie_word_embeddings) {
-    lm_head = register_module("lm_head", Linear(cfg.text.hidden_size, cfg.text.vocab_size, false, opts));
+    const int64_t tp = std::max<int64_t>(1, cfg.text.tensor_parallel);
+    lm_head = register_module("lm_head", Linear(cfg.text.hidden_size, cfg.text.vocab_size / tp, false, opts));
   }
+}
+
+void VisionLanguageModelImpl::set_tensor_exchange(std::shared_ptr<SequenceExchange> exchange) {
+  const int64_t n = exchange ? exchange->size() : 1;
+  VLM_CHECK(n == std::max<int64_t>(1, cfg.text.tensor_parallel), "set_tensor_exchange: the model was built for tp = ",
+            cfg.text.tensor_parallel, " but the exchange has ", n, " ranks (hint: set cfg.text.tensor_parallel before "
+            "building the model)");
+  tp_ = n > 1 ? std::move(exchange) : nullptr;
 }
 
 void VisionLanguageModelImpl::set_runner(std::shared_ptr<UnitRunner> runner) {
@@ -45,6 +55,13 @@ VisionOutput VisionLanguageModelImpl::image_features(const torch::Tensor& pixel_
 }
 
 torch::Tensor VisionLanguageModelImpl::head(const torch::Tensor& hidden) {
+  if (tp_) {  // this rank's vocabulary slice of the logits, gathered
+    torch::nn::Module& unit = lm_head ? static_cast<torch::nn::Module&>(*lm_head) : *model->embed_tokens;
+    return runner_->run("lm_head", unit, hidden, [head = lm_head, emb = model->embed_tokens,
+                                                  tp = tp_](const torch::Tensor& x) mutable {
+      return tp_all_gather(*tp, torch::linear(x, head ? head->weight : emb->weight), -1, "tensor parallel: logits");
+    });
+  }
   if (lm_head) {
     return runner_->run("lm_head", *lm_head, hidden, [head = lm_head](const torch::Tensor& x) mutable { return head(x); });
   }
@@ -54,6 +71,17 @@ torch::Tensor VisionLanguageModelImpl::head(const torch::Tensor& hidden) {
 }
 
 torch::Tensor VisionLanguageModelImpl::head_loss(const torch::Tensor& hidden, const torch::Tensor& labels) {
+  if (tp_) {
+    torch::nn::Module& unit = lm_head ? static_cast<torch::nn::Module&>(*lm_head) : *model->embed_tokens;
+    const bool tied = !lm_head;
+    // Every rank computes the whole loss (its backward: this rank's vocabulary slice); its value
+    // counts 1 / tp on each, so that the ranks' values sum to the loss (tensor_parallel.h).
+    auto loss = runner_->run("lm_head", unit, hidden, [head = lm_head, emb = model->embed_tokens, tied, labels,
+                                                       tp = tp_](const torch::Tensor& x) mutable {
+      return vocab_parallel_cross_entropy(*tp, x, tied ? emb->weight : head->weight, labels);
+    });
+    return loss + (loss / static_cast<double>(tp_->size()) - loss).detach();
+  }
   if (lm_head) {
     return runner_->run("lm_head", *lm_head, hidden, [head = lm_head, labels](const torch::Tensor& x) mutable {
       return chunked_linear_cross_entropy(x, head->weight, labels);
@@ -88,7 +116,7 @@ torch::Tensor VisionLanguageModelImpl::embed_inputs(const Batch& batch, bool dum
     for (const auto& d : dummy.deepstack) sum = sum + d.sum().to(torch::kFloat32);
     if (zero_term) *zero_term = sum * 0.0;
   }
-  auto embeds = model->embed(ids, *runner_, "model");  // [B, L, d]
+  auto embeds = model->embed(ids, *runner_, "model", tp_.get());  // [B, L, d]
   const int64_t n_feat = features.defined() ? features.size(0) : 0;
   // The image pad positions: collate's image_rows (host-built, staged), else found here from
   // host ids. On a device without image_rows the count check and the placement fall back to
@@ -169,7 +197,7 @@ ForwardOutput VisionLanguageModelImpl::forward(const Batch& batch, bool return_l
   // Right-padded rows (training): causal attention without a mask tensor.
   auto hidden = model->forward(embeds, pos, batch.right_padded || packed ? torch::Tensor() : mask, nullptr,
                                *runner_, "model", deepstack.embeds.empty() ? nullptr : &deepstack,
-                               packed ? &text_cu : nullptr, aux);  // [B, L, d]
+                               packed ? &text_cu : nullptr, aux, nullptr, tp_.get());  // [B, L, d]
 
   ForwardOutput out;
   if (aux) out.aux_loss = aux->finish(cfg.text.num_experts);

@@ -84,6 +84,10 @@ class VisionLanguageModelImpl : public torch::nn::Module {
   // or size 1 = none).
   void set_sequence_exchange(std::shared_ptr<SequenceExchange> exchange) { sp_ = std::move(exchange); }
   SequenceExchange* sequence_exchange() const { return sp_.get(); }
+  // Tensor parallelism: the tensor-parallel group's exchange (tensor_parallel.h; sharding/
+  // installs it on a model built with cfg.text.tensor_parallel = its size).
+  void set_tensor_exchange(std::shared_ptr<SequenceExchange> exchange);
+  SequenceExchange* tensor_exchange() const { return tp_.get(); }
   UnitRunner& runner() { return *runner_; }
   // Ordered unit table (call order of forward) for sharding.
   std::vector<Unit> units();
@@ -102,9 +106,11 @@ class VisionLanguageModelImpl : public torch::nn::Module {
   // sp: image_features' (the tower split over a context-parallel group).
   torch::Tensor embed_inputs(const Batch& batch, bool dummy_vision, torch::Tensor* zero_term,
                              DeepStackInputs* deepstack = nullptr, SequenceExchange* sp = nullptr);
-  // hidden: [..., d] -> logits [..., V] in the activation dtype (unit lm_head).
+  // hidden: [..., d] -> logits [..., V] in the activation dtype (unit lm_head; tensor
+  // parallelism: gathered over the vocabulary slices).
   torch::Tensor head(const torch::Tensor& hidden);
-  // Summed cross-entropy of head(hidden) against labels, chunked (unit "lm_head").
+  // Summed cross-entropy of head(hidden) against labels, chunked (unit "lm_head"; tensor
+  // parallelism: vocabulary-parallel, every rank the same hidden and labels).
   // hidden: [n, d], labels: [n] int64 -> fp32 scalar
   torch::Tensor head_loss(const torch::Tensor& hidden, const torch::Tensor& labels);
 
@@ -122,6 +128,7 @@ class VisionLanguageModelImpl : public torch::nn::Module {
 
   std::shared_ptr<UnitRunner> runner_;
   std::shared_ptr<SequenceExchange> sp_;
+  std::shared_ptr<SequenceExchange> tp_;
 };
 TORCH_MODULE(VisionLanguageModel);
 
