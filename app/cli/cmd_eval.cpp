@@ -118,6 +118,7 @@ int eval(const EvalArgs& a) {
   namespace sh = vlm::sharding;
   sh::ParallelOptions popts = parallel_options(recipe);
   popts.mesh = false;  // eval replicates the model (no sharding policies)
+  popts.tp = 1;        // and holds it whole (a tensor-parallel checkpoint is put back together)
   sh::ParallelDims dims = sh::ParallelDims::from_environment(popts);
   init_logging(dims.rank(), dims.world_size(), recipe.log.level, recipe.log.all_ranks);
   if (dims.distributed()) spdlog::info("{}", dims.env().describe());

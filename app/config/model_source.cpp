@@ -3,7 +3,9 @@
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
+#include <map>
 
+#include "sharding/parallel/tensor_parallel.h"
 #include "vlm/runtime/check.h"
 #include "vlm/io/hf_checkpoint.h"
 #include "vlm/model/meta_init.h"
@@ -45,6 +47,27 @@ void check_tokenizer_special_ids(const vlm::VlmConfig& cfg, const vlm::Tokenizer
   }
 }
 
+namespace {
+
+// Tensor parallelism: the whole model becomes `whole` (the source reads through it) and the
+// model is rebuilt on meta for tp ranks, its source cut to rank tp_rank's slices.
+void to_tensor_parallel(LoadedModel& out, const LoadModelOptions& opts) {
+  if (opts.tp <= 1) return;
+  VLM_CHECK(opts.deferred && out.source, "tensor parallelism (dist.tp = ", opts.tp,
+            ") loads each rank's slices of the weights: it needs model.sharded_load = true");
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& p : out.model->named_parameters()) shapes[p.key()] = p.value().sizes().vec();
+  vlm::VlmConfig cfg = out.model->cfg;
+  out.source = vlm::sharding::tensor_parallel_source(std::move(out.source), cfg, std::move(shapes), opts.tp_rank,
+                                                     opts.tp);
+  out.whole = out.model;
+  cfg.text.tensor_parallel = opts.tp;
+  out.model = vlm::VisionLanguageModel(cfg, torch::TensorOptions().device(torch::kMeta).dtype(opts.dtype));
+  out.description += vlm::str(", tensor-parallel slice ", opts.tp_rank, " of ", opts.tp);
+}
+
+}  // namespace
+
 LoadedModel load_model(const ModelSection& model, const LoadModelOptions& opts,
                        const std::string& recipe_source) {
   VLM_CHECK(model.preset.empty() != model.path.empty(),
@@ -63,6 +86,7 @@ LoadedModel load_model(const ModelSection& model, const LoadModelOptions& opts,
     else vlm::materialize(*out.model, mo);
     out.random_init = true;
     out.description = vlm::str("preset ", model.preset, " (random init, seed ", opts.seed, ")");
+    to_tensor_parallel(out, opts);
     return out;
   }
   namespace fs = std::filesystem;
@@ -86,6 +110,7 @@ LoadedModel load_model(const ModelSection& model, const LoadModelOptions& opts,
   }
   out.description = vlm::str("HF ", model.path, " (", ckpt.files().size(), " safetensors file",
                              ckpt.files().size() == 1 ? "" : "s", ")");
+  to_tensor_parallel(out, opts);
   return out;
 }
 

@@ -49,6 +49,10 @@ struct LoadModelOptions {
   // keeps (sharding/parallel/sharded_load.h). Everything about the checkpoint is checked here all
   // the same (files, names, shapes, tied head).
   bool deferred = false;
+  // Tensor parallelism (dist.tp; needs deferred): the model is built with
+  // cfg.text.tensor_parallel = tp and `source` gives rank tp_rank's slices of the weights
+  // (sharding/parallel/tensor_parallel.h).
+  int64_t tp = 1, tp_rank = 0;
 };
 
 struct LoadedModel {
@@ -59,6 +63,9 @@ struct LoadedModel {
   // With LoadModelOptions::deferred: the weights (model on the meta device until
   // apply_policies materialises it); null otherwise.
   std::unique_ptr<vlm::ParamSource> source;
+  // With tp > 1: the whole model on the meta device, which `source` reads through (it must
+  // outlive the source).
+  vlm::VisionLanguageModel whole{nullptr};
 };
 
 // Builds the model of `model` (preset: random init on opts.device; path: config.json +

@@ -319,6 +319,7 @@ struct DistSection {
   int64_t ep = 1;
   int64_t cp = 1;
   std::string cp_mode = "ulysses";
+  int64_t tp = 1;
 
   template <class V> void fields(V& v) {
     v("backend", backend, Choice{{"auto", "gloo", "nccl"}},
@@ -339,6 +340,12 @@ struct DistSection {
       "how a split sequence attends: `ulysses` (an all-to-all around each attention gives every rank H / cp heads "
       "of the whole sequence; cp must divide the heads) or `ring` (ring attention: rank r holds chunks r and "
       "2 cp - 1 - r of 2 cp, the key/value blocks go around the ring, cp - 1 hops per attention; any head counts)");
+    v("tp", tp, Range{1, 1e6},
+      "tensor parallelism: ranks per group (consecutive ranks, usually one node's GPUs) that split each decoder "
+      "layer's heads and MLP width and the vocabulary, with sequence-parallel norms, and run the same "
+      "micro-batches (DDP / FSDP then run over the world / tp data-parallel ranks); must divide the world size, "
+      "the heads, the key/value heads, intermediate_size and the vocabulary; needs model.sharded_load; not with "
+      "cp, ep, hybrid_shard or LoRA yet; 1 = none (docs/tensor_parallel.md)");
   }
 };
 

@@ -114,6 +114,28 @@ void Recipe::validate(Purpose purpose) const {
   if (dist.cp > 1 && model.router_aux_loss_coef != 0)
     fail("dist.cp", "context parallelism has no MoE load-balancing loss yet (expected model.router_aux_loss_coef = 0)");
 
+  if (dist.tp > 1 && purpose != Purpose::eval) {  // `vlmtrain eval` replicates the model (tp 1)
+    const std::string tp = "tp = " + std::to_string(dist.tp);
+    if (dist.cp > 1 || dist.ep > 1)
+      fail("dist.tp", tp + " with cp = " + std::to_string(dist.cp) + " and ep = " + std::to_string(dist.ep) +
+                          ": tensor parallelism with context or expert parallelism is not built yet (expected cp 1 "
+                          "and ep 1)");
+    if (model.router_aux_loss_coef != 0)
+      fail("dist.tp", tp + ": tensor parallelism has no MoE load-balancing loss yet (expected "
+                           "model.router_aux_loss_coef = 0)");
+    if (!model.sharded_load)
+      fail("dist.tp", tp + ": each rank loads its slices of the weights, which needs model.sharded_load = true");
+    if (purpose == Purpose::train && !data.eval.empty() && (eval.every > 0 || eval.at_end))
+      fail("dist.tp", tp + ": evaluation inside a tensor-parallel run is not built yet (expected data.eval = [] "
+                           "or eval.every = 0 and eval.at_end = false; `vlmtrain eval --checkpoint` evaluates its "
+                           "checkpoints, putting the slices back together)");
+    for (const auto& rule : sharding.module)
+      if (rule.policy == "lora" || rule.strategy == "hybrid_shard")
+        fail("dist.tp", tp + ": a sharding rule has " +
+                            (rule.policy == "lora" ? std::string("policy = \"lora\"") : "strategy = \"hybrid_shard\"") +
+                            ", which tensor parallelism does not take yet (expected ddp / fsdp / freeze rules)");
+  }
+
   // checkpoint
   if (checkpoint.resume.empty())
     fail("checkpoint.resume", "empty (expected \"auto\", \"none\" or a checkpoint directory)");

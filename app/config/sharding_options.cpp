@@ -60,6 +60,7 @@ vlm::sharding::ParallelOptions parallel_options(const Recipe& recipe) {
   po.dp_shard = static_cast<int>(recipe.dist.dp_shard);
   po.ep = static_cast<int>(recipe.dist.ep);
   po.cp = static_cast<int>(recipe.dist.cp);
+  po.tp = static_cast<int>(recipe.dist.tp);
   return po;
 }
 

@@ -14,6 +14,8 @@
 #include <sstream>
 #include <thread>
 
+#include "vlm/model/config.h"
+#include "vlm/model/tensor_parallel.h"
 #include "vlm/runtime/check.h"
 #include "vlm/runtime/runtime_info.h"
 
@@ -190,6 +192,7 @@ CheckpointWrite::CheckpointWrite(const std::string& output_dir, const TrainerSta
   }, "create " + tmp_dir_);
   try {
     if (rank_ == 0) units_ = unit_layout(model.unit_table(), model.stores_frozen());
+    tp_ = model.tp();
     nlohmann::json meta = nlohmann::json::object();
     for (auto& sl : model.state_slices()) {  // host copies (StateSlice::data)
       meta[sl.key] = {sl.lo, sl.hi, sl.numel};
@@ -230,6 +233,7 @@ std::string CheckpointWrite::commit(vlm::sharding::Comm& comm, const CheckpointF
     nlohmann::json j = {{"format_version", kFormatVersion},
                         {"state", state_.to_json()},
                         {"world_size", world_},
+                        {"tensor_parallel", tp_},
                         {"files", nlohmann::json::array()},
                         {"units", units_},
                         {"recipe_hash", files.recipe_hash},
@@ -342,6 +346,7 @@ TrainerState CheckpointReader::state() const {
   return TrainerState::from_json(meta_.at("state"), dir_ + "/trainer.json");
 }
 int64_t CheckpointReader::world_size() const { return meta_.at("world_size").get<int64_t>(); }
+int64_t CheckpointReader::tensor_parallel() const { return meta_.value("tensor_parallel", int64_t{1}); }
 std::string CheckpointReader::recipe_hash() const { return meta_.value("recipe_hash", ""); }
 std::string CheckpointReader::config_json() const { return read_text((fs::path(dir_) / "config.json").string()); }
 std::string CheckpointReader::tokenizer_path() const { return meta_.value("tokenizer", ""); }
@@ -417,6 +422,7 @@ std::vector<std::string> CheckpointReader::rng_keys(int64_t rank) const {
 }
 
 vlm::NamedTensors CheckpointReader::consolidated() const {
+  if (tensor_parallel() > 1) return consolidated_tp();
   vlm::NamedTensors out;
   for (const auto& u : meta_.at("units")) {
     const std::string path = u.at("path");
@@ -438,6 +444,36 @@ vlm::NamedTensors CheckpointReader::consolidated() const {
       }
       if (!flat.defined()) flat = read(path + kind, 0, numel);
       out.emplace_back(name, flat.narrow(0, off, n).view(shape));
+      off += n;
+    }
+  }
+  return out;
+}
+
+// Tensor parallelism: every tp rank's vectors have the unit layout's (local) shapes; each
+// split parameter is put back together from the ranks' slices (vlm::tp_unslice), a replicated
+// one taken from tp rank 0.
+vlm::NamedTensors CheckpointReader::consolidated_tp() const {
+  const int64_t tp = tensor_parallel();
+  const vlm::VlmConfig cfg = vlm::load_hf_config((fs::path(dir_) / "config.json").string());
+  vlm::NamedTensors out;
+  for (const auto& u : meta_.at("units")) {
+    const std::string path = u.at("path");
+    const int64_t numel = u.at("numel");
+    if (!u.value("stored", true)) continue;
+    const char* kind = u.at("trainable").get<bool>() ? "/master" : "/param";
+    std::vector<torch::Tensor> flats;
+    for (int64_t t = 0; t < tp; ++t) flats.push_back(read(vlm::str("tp", t, "of", tp, "/", path, kind), 0, numel));
+    int64_t off = 0;
+    for (const auto& p : u.at("params")) {
+      const std::string name = p.at("name");
+      const std::vector<int64_t> shape = p.at("shape");
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      std::vector<torch::Tensor> parts;
+      for (const auto& f : flats) parts.push_back(f.narrow(0, off, n).view(shape));
+      const vlm::TpSplit split = vlm::tensor_parallel_split(cfg, name);
+      out.emplace_back(name, split.split() ? vlm::tp_unslice(parts, split) : parts.front());
       off += n;
     }
   }

@@ -106,6 +106,7 @@ class CheckpointWrite {
   std::string output_dir_, tmp_dir_, final_dir_;
   TrainerState state_;
   int64_t rank_ = 0, world_ = 1;
+  int64_t tp_ = 1;                     // the model's tensor-parallel degree (trainer.json)
   nlohmann::json units_;               // unit layout for trainer.json
   vlm::NamedTensors tensors_;          // the snapshot, as written
   std::map<std::string, std::string> metadata_;
@@ -135,6 +136,10 @@ class CheckpointReader {
   const nlohmann::json& trainer_json() const { return meta_; }
   TrainerState state() const;
   int64_t world_size() const;
+  // dist.tp of the run that wrote it (1 when absent): its state keys are per tp rank
+  // (ShardedModel::load_state), so it resumes with the same tp only; consolidated() puts the
+  // ranks' slices back together.
+  int64_t tensor_parallel() const;
   std::string recipe_hash() const;
   std::string config_json() const;  // text of config.json
   std::string tokenizer_path() const;
@@ -162,6 +167,7 @@ class CheckpointReader {
   vlm::NamedTensors consolidated() const;
 
  private:
+  vlm::NamedTensors consolidated_tp() const;  // consolidated() of a tensor-parallel checkpoint
   struct Piece {
     size_t file;
     int64_t lo, hi;

@@ -114,6 +114,8 @@ TrainModel build_model(const Recipe& recipe, vlm::sharding::ParallelDims& dims) 
   const int64_t device_before = dims.device_context().memory().allocated;
   LoadModelOptions load_opts{static_cast<uint64_t>(recipe.run.seed), dims.device(), param_dtype};
   load_opts.deferred = recipe.model.sharded_load;  // built on meta; apply_policies materialises this rank's share
+  load_opts.tp = dims.tp();                         // tensor parallelism: this rank's slices
+  load_opts.tp_rank = dims.tp_rank();
   LoadedModel lm = load_model(recipe.model, load_opts, recipe.source);
   TrainModel m;
   m.model = lm.model;
@@ -126,7 +128,7 @@ TrainModel build_model(const Recipe& recipe, vlm::sharding::ParallelDims& dims) 
   m.sm = vlm::sharding::apply_policies(*m.model, sharding_options(recipe), dims, lm.source.get());
   lm.source.reset();  // unmaps the checkpoint
   const vlm::sharding::ShardingOptions so = sharding_options(recipe);
-  MemoryPlan plan = plan_memory(m.sm->unit_table(), dims.world_size(), so.param_dtype, so.reduce_dtype,
+  MemoryPlan plan = plan_memory(m.sm->unit_table(), dims.comm().world_size(), so.param_dtype, so.reduce_dtype,
                                 so.fsdp_accumulate_unsharded, dims.has_mesh() ? dims.dp_shard() : 0);
   if (so.optimizer_offload) plan_offload(plan, m.sm->unit_table());  // optimizer bytes -> host
   log_sharded_load(m.sm->load_stats(), m.sm->memory(), plan, rss_before_model, device_before, dims, lm.random_init,
@@ -155,7 +157,9 @@ void log_data(const Recipe& recipe, const TrainData& data, int64_t steps_total, 
   spdlog::info("data: {} | {} steps per epoch of {} samples ({} per {}) | {} steps | packing {}",
                data.dataset().summary(), data.steps_per_epoch(), recipe.batch.samples_per_rank * dims.dp_size(),
                recipe.batch.samples_per_rank,
-               dims.cp() > 1 ? fmt::format("group of {} context-parallel ranks", dims.cp()) : std::string("rank"),
+               dims.cp() > 1   ? fmt::format("group of {} context-parallel ranks", dims.cp())
+               : dims.tp() > 1 ? fmt::format("group of {} tensor-parallel ranks", dims.tp())
+                               : std::string("rank"),
                steps_total, recipe.batch.packing ? "on (padding-free rows)" : "off (padded rows)");
 }
 
@@ -209,6 +213,9 @@ TrainerState resume(const Recipe& recipe, vlm::sharding::ShardedModel& sm, vlm::
   const std::optional<std::string> from = resolve_resume(recipe.checkpoint.resume, recipe.run.output_dir);
   if (!from) return st;
   CheckpointReader ck(*from);
+  VLM_CHECK(ck.tensor_parallel() == dims.tp(), "checkpoint ", *from, " was written with dist.tp = ",
+            ck.tensor_parallel(), " but this run has dist.tp = ", dims.tp(),
+            " (hint: resume with the same dist.tp; the data-parallel world size may differ)");
   st = ck.state();
   sm.load_state(ck.reader(), st.optimizer_steps);
   const RngRestore rng = restore_rng_states(ck, dims.rank(), dims.world_size(), dims.device());
@@ -395,9 +402,9 @@ void Trainer::optimizer_step(StepResult& r, const std::string& ctx) {
 // loss), then the optimizer. Advances st past the step (all but train_seconds).
 StepResult Trainer::train_step(StagedStep& in, const std::string& ctx) {
   const StepData& sd = in.host;
-  // Context parallelism: the cp ranks of a group share their micro-batches; each shares the
-  // loss (its chunk's part), one of them counts what the micro-batches hold.
-  const bool counts = dims.cp_rank() == 0;
+  // Context / tensor parallelism: the ranks of a group share their micro-batches; each shares
+  // the loss (its chunk's part, or 1 / tp of it), one of them counts what the micro-batches hold.
+  const bool counts = dims.cp_rank() == 0 && dims.tp_rank() == 0;
   int64_t local_sup = 0;
   for (const auto& mb : sd.micro_batches) local_sup += counts ? mb.supervised_tokens : 0;
   StepResult r;
@@ -526,7 +533,7 @@ TrainSummary run_training(const Recipe& recipe) {
 
     // ---------------------------------------------------------------- data
     TrainData data(recipe, *m.tok, m.cfg, dims.rank(), dims.world_size(), [&] { comm.barrier("dataset index caches"); },
-                   [](const std::string& w) { spdlog::warn("{}", w); }, dims.cp());
+                   [](const std::string& w) { spdlog::warn("{}", w); }, dims.data_group_size());
     const int64_t steps_total = total_steps(recipe, data.steps_per_epoch());
     log_data(recipe, data, steps_total, dims);
     check_same_run(comm, recipe, m, data);

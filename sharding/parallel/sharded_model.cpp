@@ -159,11 +159,19 @@ std::vector<StateSlice> ShardedModel::state_slices() const {
     }
     out.push_back(std::move(s));
   }
+  if (tp_ > 1)
+    for (auto& s : out) s.key = vlm::str("tp", tp_rank_, "of", tp_, "/", s.key);
   return out;
 }
 
-void ShardedModel::load_state(const StateReader& read, int64_t optimizer_steps) {
+void ShardedModel::load_state(const StateReader& reader, int64_t optimizer_steps) {
   torch::NoGradGuard no_grad;
+  const std::string prefix = tp_ > 1 ? vlm::str("tp", tp_rank_, "of", tp_, "/") : std::string();
+  StateReader::Numel numel;
+  if (reader.numel) numel = [reader, prefix](const std::string& key) { return reader.numel(prefix + key); };
+  const StateReader read([reader, prefix](const std::string& key, int64_t lo, int64_t hi) {
+    return reader.read(prefix + key, lo, hi);
+  }, numel);
   optimizer_->load_state(read, optimizer_steps);
   for (const auto& u : units_) {
     if (u.trainable() || !stores_frozen()) continue;
@@ -187,6 +195,8 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model
   Comm& comm = dims.comm();
   sm->rank_ = comm.rank();
   sm->world_ = comm.world_size();
+  sm->tp_ = dims.tp();
+  sm->tp_rank_ = dims.tp_rank();
   // 0. LoRA adapters on the Linear modules the lora rules select.
   attach_lora(model, opts);
   // 0b. Expert parallelism: this rank's experts and the dispatcher.

@@ -143,7 +143,11 @@ class ShardedModel {
   // Local: no collective.
   std::vector<StateSlice> state_slices() const;
   // Restores what state_slices() saved (written by any world size). Local: no collective.
+  // Tensor parallelism (tp() > 1): the keys of both are "tp<r>of<n>/<key>", each tp rank's
+  // slices of its own vectors, so a checkpoint resumes with the same tp on any data-parallel
+  // world size (the trainer checks the tp).
   void load_state(const StateReader& read, int64_t optimizer_steps);
+  int64_t tp() const { return tp_; }
   // Whether checkpoints hold the frozen units' parameters (false when any unit has LoRA
   // adapters: a LoRA checkpoint holds the adapters, the units trained in full and their
   // optimizer state only).
@@ -171,6 +175,7 @@ class ShardedModel {
   std::unique_ptr<ShardedAdamW> optimizer_;
   std::vector<std::string> notes_;
   int64_t rank_ = 0, world_ = 1;
+  int64_t tp_ = 1, tp_rank_ = 0;  // tensor parallelism: the state keys' "tp<r>of<n>/" prefix
   bool stores_frozen_ = true;
   ShardedLoadStats load_stats_;
 };
