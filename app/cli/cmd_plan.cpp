@@ -19,6 +19,7 @@
 #include "app/config/sharding_options.h"
 #include "app/plan/step_memory.h"
 #include "sharding/parallel/context_parallel.h"
+#include "sharding/parallel/tensor_parallel.h"
 #include "sharding/parallel/expert_parallel.h"
 #include "sharding/parallel/sharded_model.h"
 #include "app/plan/activation_memory.h"
@@ -164,6 +165,8 @@ struct RecipePlan {
   double all_to_all_bytes = 0; // ep: planned all-to-all bytes per rank and micro-batch (see plan_experts)
   int cp = 1;                  // dist.cp: context parallelism (Ulysses)
   double cp_bytes = 0;         // cp: all-to-all bytes per rank and micro-batch on the cp group
+  int tp = 1;                  // dist.tp: tensor parallelism (the model holds one rank's slices)
+  double tp_bytes = 0;         // tp: bytes per rank and micro-batch on the tp group
 
   bool checkpointed(const std::string& path) const {
     for (const auto& u : units)
@@ -298,6 +301,39 @@ void plan_context_parallel(RecipePlan& p) {
                                                   b, p.checkpointed("visual.blocks.0"));
 }
 
+// Tensor parallelism (dist.tp > 1): checks the split; the meta model is then built with
+// cfg.text.tensor_parallel = tp (one rank's slices: the unit table and the memory plan show
+// what a rank holds), its data parallelism over world / tp ranks.
+void plan_tensor_parallel_shape(RecipePlan& p) {
+  const Recipe& r = p.recipe;
+  if (r.dist.tp <= 1) return;
+  p.tp = static_cast<int>(r.dist.tp);
+  VLM_CHECK(p.world % p.tp == 0, r.source, ": dist.tp = ", p.tp, " does not divide the world size ", p.world,
+            " (hint: --world-size a multiple of dist.tp)");
+  const std::string problem = vlm::sharding::tensor_parallel_problem(p.cfg, p.tp);
+  VLM_CHECK(problem.empty(), r.source, ": dist.tp = ", p.tp, ": ", problem);
+  p.cfg.text.tensor_parallel = p.tp;
+}
+
+// The tp group's bytes per rank and micro-batch (sharding/parallel/tensor_parallel.h): the
+// layers' all-gathers and reduce-scatters, the embedding's all-reduce, the final gather and
+// the loss's exchanges (one row chunk per 256 MiB of fp32 logits slice).
+void plan_tensor_parallel_bytes(RecipePlan& p) {
+  if (p.tp <= 1) return;
+  const auto& t = p.cfg.text;
+  const auto& sh = p.pb.shape;
+  const int64_t tokens = sh.tokens() / std::max<int64_t>(1, sh.rows);
+  const int64_t padded = (tokens + p.tp - 1) / p.tp * p.tp;
+  const auto b = static_cast<int64_t>(c10::elementSize(p.opts.param_dtype));
+  for (int64_t i = 0; i < t.num_hidden_layers; ++i)
+    p.tp_bytes += vlm::sharding::tensor_parallel_layer_bytes(t, t.sparse_layer(i), p.tp, sh.rows, padded, b,
+                                                             p.checkpointed(vlm::str("model.layers.", i)));
+  const double tp1 = p.tp - 1, d = static_cast<double>(t.hidden_size);
+  p.tp_bytes += 2 * tp1 * static_cast<double>(sh.tokens()) * d * static_cast<double>(b);              // embedding
+  p.tp_bytes += 2 * tp1 * static_cast<double>(sh.rows * padded / p.tp) * d * static_cast<double>(b);  // final gather
+  p.tp_bytes += tp1 * 12.0 * static_cast<double>(sh.loss_rows);                                      // loss
+}
+
 // The model on the meta device under the recipe's policies, and its memory, traffic and
 // activation plans for one micro-batch of the budget (app/plan/step_memory.h).
 RecipePlan make_recipe_plan(const PlanArgs& a) {
@@ -312,16 +348,22 @@ RecipePlan make_recipe_plan(const PlanArgs& a) {
   p.model = vlm::VisionLanguageModel(p.cfg, torch::TensorOptions().device(torch::kMeta).dtype(p.opts.param_dtype));
   sh::attach_lora(*p.model, p.opts);
   p.total = vlm::count_parameters(*p.model);  // the whole model, before the experts are split
+  plan_tensor_parallel_shape(p);
+  sh::ParamCounts whole_counts;
+  if (p.tp > 1) {  // one rank's slices; the parameter counts stay the whole model's
+    whole_counts = sh::count_params(sh::resolve_units(*p.model, p.opts));
+    p.model = vlm::VisionLanguageModel(p.cfg, torch::TensorOptions().device(torch::kMeta).dtype(p.opts.param_dtype));
+  }
   split_experts(p);
   p.units = sh::resolve_units(*p.model, p.opts);
-  p.counts = sh::count_params(p.units);
+  p.counts = p.tp > 1 ? whole_counts : sh::count_params(p.units);
   for (const auto& u : p.units)  // the experts other EP ranks hold count too
     if (u.sharding == sh::Sharding::kExpert) {
       p.counts.total += u.numel * (p.ep - 1);
       p.counts.trainable += u.numel * (p.ep - 1);
     }
-  p.mem = plan_memory(p.units, p.world, p.opts.param_dtype, p.opts.reduce_dtype, p.opts.fsdp_accumulate_unsharded,
-                      p.mesh.dp_shard);
+  p.mem = plan_memory(p.units, p.world / p.tp, p.opts.param_dtype, p.opts.reduce_dtype,
+                      p.opts.fsdp_accumulate_unsharded, p.mesh.dp_shard);
   if (p.opts.optimizer_offload) plan_offload(p.mem, p.units);  // optimizer bytes -> host
   std::vector<std::pair<std::string, std::string>> call_order;
   for (const auto& u : p.model->units())
@@ -337,6 +379,7 @@ RecipePlan make_recipe_plan(const PlanArgs& a) {
   p.step = step_model.step(p.pb.shape, 1, p.recipe.batch.samples_per_rank);
   p.act = plan_activations(*p.model, p.pb.shape, p.opts.param_dtype, apath);
   p.all_to_all_bytes = plan_all_to_all(p);
+  plan_tensor_parallel_bytes(p);
   return p;
 }
 
@@ -356,6 +399,10 @@ nlohmann::json plan_json(const RecipePlan& p) {
     j["context_parallel"] = {{"cp", p.cp}, {"mode", p.recipe.dist.cp_mode},
                              {"decoder_tokens_per_rank", p.pb.shape.decoder_tokens()},
                              {"all_to_all_bytes_per_micro_batch", p.cp_bytes}};
+  if (p.tp > 1)
+    j["tensor_parallel"] = {{"tp", p.tp}, {"data_parallel", p.world / p.tp},
+                            {"params_per_rank", vlm::count_parameters(*p.model)},
+                            {"bytes_per_micro_batch", p.tp_bytes}};
   j["mesh"] = {{"nproc_per_node", p.local_world}, {"dp_shard", p.mesh.shard()}, {"dp_replicate", p.mesh.replicate()}};
   j["param_dtype"] = p.recipe.precision.param_dtype;
   j["reduce_dtype"] = p.recipe.precision.reduce_dtype;
@@ -523,6 +570,12 @@ int plan_recipe(const PlanArgs& a) {
                 p.cp, p.recipe.dist.cp_mode.c_str(), p.world / p.cp, p.cp,
                 static_cast<long long>(p.pb.shape.decoder_tokens()), static_cast<long long>(p.pb.shape.tokens()),
                 human_bytes(p.cp_bytes).c_str());
+  if (p.tp > 1)
+    std::printf("tensor parallelism: dist.tp = %d, %d data-parallel rank(s) per tp rank (DDP / FSDP over them: the "
+                "rows above are one rank's slices, %s parameters); on the tp group %s per rank and micro-batch (not in "
+                "the totals above); activations above: one rank's heads over the whole sequence (the sequence split "
+                "of the norms between layers is not planned yet)\n",
+                p.tp, p.world / p.tp, with_commas(vlm::count_parameters(*p.model)).c_str(), human_bytes(p.tp_bytes).c_str());
   std::printf("\nparams: total %s, trainable %s (%.4f%%)\n", with_commas(p.total).c_str(),
               with_commas(p.counts.trainable).c_str(), p.total > 0 ? 100.0 * p.counts.trainable / p.total : 0.0);
   for (const auto& warning : p.mem.warnings) std::printf("warning: %s\n", warning.c_str());

@@ -332,7 +332,9 @@ const ModelFamilySpec& qwen2_5_vl_family() {
     s.validate = q25_validate;
     s.presets = {{"tiny-qwen2.5", tiny_qwen2_5_vl},
                  {"qwen2.5-vl-3b", [] { return real_qwen2_5_vl(2048, 11008, 36, 16, 2, 151936, true); }},
-                 {"qwen2.5-vl-7b", [] { return real_qwen2_5_vl(3584, 18944, 28, 28, 4, 152064, false); }}};
+                 {"qwen2.5-vl-7b", [] { return real_qwen2_5_vl(3584, 18944, 28, 28, 4, 152064, false); }},
+                 {"qwen2.5-vl-32b", [] { return real_qwen2_5_vl(5120, 27648, 64, 40, 8, 152064, false); }},
+                 {"qwen2.5-vl-72b", [] { return real_qwen2_5_vl(8192, 29568, 80, 64, 8, 152064, false); }}};
     return s;
   }();
   return spec;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
@@ -230,6 +231,47 @@ TEST(Plan, ContextParallelSplitsTheDecoderAndPlansTheAllToAll) {
                         "--set", "dist.cp=2"});
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("dist.cp = 2 does not divide the world size 3"), std::string::npos) << bad.output;
+}
+
+// Tensor parallelism: Qwen2.5-VL-72B (80 layers, d 8192, 64 heads of 128, 8 kv heads, MLP
+// 29568, vocabulary 152064, untied) on 32 GPUs of 8 per node, tp 8 x FSDP over 4, against the
+// formulas written out: each rank holds an eighth of every split parameter (q/k/v with their
+// biases, o, gate/up/down, embed_tokens, lm_head) and the rest whole; the tp group's bytes per
+// micro-batch of one row of 8192 tokens in bf16 (sharding/parallel/tensor_parallel.h) with the
+// recipe's checkpointed layers: 3 x 2 (all-gather + reduce-scatter pairs) x 7/8 x L x d x 2 per
+// layer, the embedding's all-reduce 2 x 7 x L x d x 2, the final gather 2 x 7 x L/8 x d x 2,
+// and the loss's 7 x 12 bytes per supervised row.
+TEST(Plan, TensorParallelHoldsAnEighthOfTheSplitParameters) {
+  const std::string recipe = vlm::test::source_dir() + "/recipes/ocr_qwen25.toml";
+  auto plan = [&](int tp) {
+    auto r = vlm::test::run({vlm::test::vlmtrain_bin(), "plan", recipe, "--preset", "qwen2.5-vl-72b", "--world-size",
+                             "32", "--nproc-per-node", "8", "--tokens", "8192", "--image-tokens", "4096", "--set",
+                             "dist.tp=" + std::to_string(tp), "--json"});
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return nlohmann::json::parse(r.output);
+  };
+  const auto one = plan(1), eight = plan(8);
+  EXPECT_FALSE(one.contains("tensor_parallel"));
+  ASSERT_TRUE(eight.contains("tensor_parallel"));
+  const int64_t total = one["total_params"];
+  EXPECT_EQ(eight["total_params"].get<int64_t>(), total);
+  const int64_t d = 8192, hd = 128, kv = 8 * hd, mlp = 29568, vocab = 152064;
+  const int64_t split = 80 * (d * d + d + 2 * (kv * d + kv) + d * d + 3 * mlp * d) + 2 * vocab * d;
+  EXPECT_EQ(eight["tensor_parallel"]["params_per_rank"].get<int64_t>(), total - split + split / 8);
+  EXPECT_EQ(eight["tensor_parallel"]["data_parallel"], 4);
+  const double l = 8192, pair = 2.0 * 7 / 8 * l * d * 2;
+  const double known = 80 * 3 * 2 * pair + 2 * 7 * l * d * 2 + 2 * 7 * (l / 8) * d * 2;
+  const double loss = eight["tensor_parallel"]["bytes_per_micro_batch"].get<double>() - known;
+  EXPECT_GT(loss, 0);
+  EXPECT_LE(loss, 7 * 12 * l);
+  EXPECT_DOUBLE_EQ(loss / 84, std::floor(loss / 84)) << "7 x 12 bytes per supervised row";
+  // ZeRO-3 over 32 ranks or tp 8 x ZeRO-3 over 4: about the same bytes per rank (the vision
+  // tower, frozen and unsplit, is sharded over 4 instead of 32); the gathered units shrink 8x.
+  EXPECT_LT(eight["gathered_peak_bytes"].get<double>(), one["gathered_peak_bytes"].get<double>() / 6);
+  auto bad = vlm::test::run({vlm::test::vlmtrain_bin(), "plan", recipe, "--preset", "qwen2-vl-2b", "--world-size", "8",
+                             "--set", "dist.tp=8"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("12 attention heads do not divide by tp = 8"), std::string::npos) << bad.output;
 }
 
 }  // namespace
