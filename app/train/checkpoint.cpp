@@ -309,6 +309,7 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
   VLM_CHECK(meta_.value("format_version", 0) == kFormatVersion, tj, ": format_version ",
             meta_.value("format_version", 0), ", expected ", kFormatVersion);
   VLM_CHECK(meta_.contains("files") && meta_["files"].is_array(), tj, ": missing the \"files\" list");
+  if (tensor_parallel() > 1) tp_cfg_ = vlm::load_hf_config((fs::path(dir) / "config.json").string());
   for (const auto& f : meta_["files"]) {
     const std::string path = (fs::path(dir) / f.get<std::string>()).string();
     VLM_CHECK(fs::exists(path), "checkpoint ", dir, ": rank file ", f.get<std::string>(),
@@ -336,7 +337,8 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
       int64_t n = 1;
       for (int64_t d : p.at("shape").get<std::vector<int64_t>>()) n *= d;
       const std::string name = p.at("name");
-      params_[name] = {u.at("path").get<std::string>(), off, n, index++, pieces_.count(name + "/master") > 0};
+      params_[name] = {u.at("path").get<std::string>(), off, n, index++, pieces_.count(name + "/master") > 0,
+                       p.at("shape").get<std::vector<int64_t>>()};
       off += n;
     }
   }
@@ -363,14 +365,55 @@ std::pair<std::string, int64_t> CheckpointReader::resolve(const std::string& key
   return {at.row + "/" + kind, at.offset};
 }
 
+bool CheckpointReader::tp_param_key(const std::string& key, std::string* param, std::string* kind) const {
+  if (tensor_parallel() <= 1) return false;
+  const size_t slash = key.rfind('/');
+  if (slash == std::string::npos || !params_.count(key.substr(0, slash))) return false;
+  *param = key.substr(0, slash);
+  *kind = key.substr(slash + 1);
+  return true;
+}
+
+int64_t CheckpointReader::tp_numel(const std::string& param) const {
+  const ParamAt& at = params_.at(param);
+  return vlm::tensor_parallel_split(tp_cfg_, param).split() ? at.numel * tensor_parallel() : at.numel;
+}
+
+torch::Tensor CheckpointReader::tp_full(const std::string& param, const std::string& kind) const {
+  const std::string key = param + "/" + kind;
+  if (key == tp_cache_key_) return tp_cache_;
+  const ParamAt& at = params_.at(param);
+  const int64_t tp = tensor_parallel();
+  const vlm::TpSplit split = vlm::tensor_parallel_split(tp_cfg_, param);
+  std::vector<torch::Tensor> parts;
+  for (int64_t t = 0; t < (split.split() ? tp : 1); ++t)
+    parts.push_back(read(vlm::str("tp", t, "of", tp, "/", at.row, "/", kind), at.offset, at.offset + at.numel)
+                        .view(at.shape));
+  tp_cache_ = split.split() ? vlm::tp_unslice(parts, split) : parts.front();
+  tp_cache_key_ = key;
+  return tp_cache_;
+}
+
 int64_t CheckpointReader::numel(const std::string& key) const {
   if (auto it = numel_.find(key); it != numel_.end()) return it->second;
+  std::string param, kind;
+  if (tp_param_key(key, &param, &kind)) return kind == "step" ? 1 : tp_numel(param);
   const auto [stored, offset] = resolve(key);
   if (stored.empty() || !numel_.count(stored)) return -1;
   return key.compare(key.size() - 5, 5, "/step") == 0 ? 1 : params_.at(key.substr(0, key.rfind('/'))).numel;
 }
 
 torch::Tensor CheckpointReader::read(const std::string& key, int64_t lo, int64_t hi) const {
+  std::string param, kind;
+  if (!pieces_.count(key) && tp_param_key(key, &param, &kind)) {  // the tp ranks' slices put together
+    const ParamAt& at = params_.at(param);
+    if (kind == "step")
+      return read(vlm::str("tp0of", tensor_parallel(), "/", at.row, "/step"), at.index + lo, at.index + hi);
+    const int64_t n = tp_numel(param);
+    VLM_CHECK(0 <= lo && lo <= hi && hi <= n, "checkpoint ", dir_, ": range [", lo, ", ", hi, ") of ", key,
+              " is outside its ", n, " elements (hint: a different model shape)");
+    return tp_full(param, kind).reshape({-1}).narrow(0, lo, hi - lo).clone();
+  }
   if (!pieces_.count(key)) {  // a parameter's part of its unit's vector
     const auto [stored, offset] = resolve(key);
     const int64_t n = numel(key);
@@ -450,31 +493,15 @@ vlm::NamedTensors CheckpointReader::consolidated() const {
   return out;
 }
 
-// Tensor parallelism: every tp rank's vectors have the unit layout's (local) shapes; each
-// split parameter is put back together from the ranks' slices (vlm::tp_unslice), a replicated
-// one taken from tp rank 0.
+// Tensor parallelism: each parameter from its tp ranks' slices (tp_full).
 vlm::NamedTensors CheckpointReader::consolidated_tp() const {
-  const int64_t tp = tensor_parallel();
-  const vlm::VlmConfig cfg = vlm::load_hf_config((fs::path(dir_) / "config.json").string());
   vlm::NamedTensors out;
   for (const auto& u : meta_.at("units")) {
-    const std::string path = u.at("path");
-    const int64_t numel = u.at("numel");
     if (!u.value("stored", true)) continue;
-    const char* kind = u.at("trainable").get<bool>() ? "/master" : "/param";
-    std::vector<torch::Tensor> flats;
-    for (int64_t t = 0; t < tp; ++t) flats.push_back(read(vlm::str("tp", t, "of", tp, "/", path, kind), 0, numel));
-    int64_t off = 0;
+    const char* kind = u.at("trainable").get<bool>() ? "master" : "param";
     for (const auto& p : u.at("params")) {
       const std::string name = p.at("name");
-      const std::vector<int64_t> shape = p.at("shape");
-      int64_t n = 1;
-      for (int64_t d : shape) n *= d;
-      std::vector<torch::Tensor> parts;
-      for (const auto& f : flats) parts.push_back(f.narrow(0, off, n).view(shape));
-      const vlm::TpSplit split = vlm::tensor_parallel_split(cfg, name);
-      out.emplace_back(name, split.split() ? vlm::tp_unslice(parts, split) : parts.front());
-      off += n;
+      out.emplace_back(name, tp_full(name, kind).clone());
     }
   }
   return out;

@@ -137,8 +137,9 @@ class CheckpointReader {
   TrainerState state() const;
   int64_t world_size() const;
   // dist.tp of the run that wrote it (1 when absent): its state keys are per tp rank
-  // (ShardedModel::load_state), so it resumes with the same tp only; consolidated() puts the
-  // ranks' slices back together.
+  // ("tp<r>of<n>/<unit>/<kind>", ShardedModel::state_slices), and read() also serves each
+  // parameter's whole state ("<param>/<kind>", the ranks' slices put back together), so it
+  // resumes at any tp; consolidated() puts the parameters back together.
   int64_t tensor_parallel() const;
   std::string recipe_hash() const;
   std::string config_json() const;  // text of config.json
@@ -179,7 +180,18 @@ class CheckpointReader {
     std::string row;
     int64_t offset = 0, numel = 0, index = 0;
     bool own_keys = false;
+    std::vector<int64_t> shape;  // as stored (a tensor-parallel checkpoint: one rank's slice)
   };
+  // A tensor-parallel checkpoint (tensor_parallel() > 1) serves "<param>/<kind>" over the
+  // whole parameter: its tp ranks' slices ("tp<t>of<n>/<unit>/<kind>") put back together
+  // (the last one kept), and "<param>/step" from tp rank 0's vector. Unprefixed unit vectors
+  // are not held, so a reader of another tp loads parameter by parameter.
+  bool tp_param_key(const std::string& key, std::string* param, std::string* kind) const;
+  torch::Tensor tp_full(const std::string& param, const std::string& kind) const;  // whole, as its shape
+  int64_t tp_numel(const std::string& param) const;
+  vlm::VlmConfig tp_cfg_;  // config.json (tensor-parallel checkpoints: the splits)
+  mutable std::string tp_cache_key_;
+  mutable torch::Tensor tp_cache_;
   // The stored key behind "<param>/<kind>" and the offset of its element 0 there ({"", 0}: none).
   std::pair<std::string, int64_t> resolve(const std::string& key) const;
   std::string dir_;

@@ -213,9 +213,6 @@ TrainerState resume(const Recipe& recipe, vlm::sharding::ShardedModel& sm, vlm::
   const std::optional<std::string> from = resolve_resume(recipe.checkpoint.resume, recipe.run.output_dir);
   if (!from) return st;
   CheckpointReader ck(*from);
-  VLM_CHECK(ck.tensor_parallel() == dims.tp(), "checkpoint ", *from, " was written with dist.tp = ",
-            ck.tensor_parallel(), " but this run has dist.tp = ", dims.tp(),
-            " (hint: resume with the same dist.tp; the data-parallel world size may differ)");
   st = ck.state();
   sm.load_state(ck.reader(), st.optimizer_steps);
   const RngRestore rng = restore_rng_states(ck, dims.rank(), dims.world_size(), dims.device());

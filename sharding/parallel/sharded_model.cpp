@@ -11,6 +11,7 @@
 #include "sharding/parallel/tensor_parallel.h"
 #include "vlm/runtime/check.h"
 #include "vlm/model/recompute_tail.h"
+#include "vlm/model/tensor_parallel.h"
 
 namespace vlm::sharding {
 
@@ -164,18 +165,66 @@ std::vector<StateSlice> ShardedModel::state_slices() const {
   return out;
 }
 
+// Tensor parallelism: the checkpoint's vectors of this tp rank ("tp<r>of<n>/<key>") when it
+// was written with the same tp; otherwise parameter by parameter, each whole parameter's
+// state (as the reader serves "<param>/<kind>") cut to this rank's slice (the last one kept).
+StateReader ShardedModel::tensor_parallel_reader(const StateReader& reader) const {
+  const std::string prefix = vlm::str("tp", tp_rank_, "of", tp_, "/");
+  auto shapes = std::make_shared<std::map<std::string, std::vector<int64_t>>>();
+  for (const auto& u : units_)
+    for (const auto& p : u.params) (*shapes)[p.name] = p.param.sizes().vec();
+  auto cache = std::make_shared<std::pair<std::string, torch::Tensor>>();
+  auto split_key = [](const std::string& key) {
+    const size_t slash = key.rfind('/');
+    return slash == std::string::npos ? std::make_pair(key, std::string())
+                                      : std::make_pair(key.substr(0, slash), key.substr(slash + 1));
+  };
+  auto own = [reader, prefix](const std::string& key) { return reader.numel && reader.numel(prefix + key) >= 0; };
+  StateReader::Numel numel = [reader, prefix, shapes, split_key](const std::string& key) -> int64_t {
+    if (reader.numel) {
+      const int64_t n = reader.numel(prefix + key);
+      if (n >= 0) return n;
+    }
+    const auto [param, kind] = split_key(key);
+    const auto it = shapes->find(param);
+    if (it == shapes->end()) return -1;  // another tp's unit vector: load parameter by parameter
+    if (kind == "step") return reader.numel ? reader.numel(key) : 1;
+    int64_t n = 1;
+    for (int64_t d : it->second) n *= d;
+    return n;
+  };
+  StateReader::Read read = [reader, prefix, shapes, cache, split_key, own, cfg = cfg_, tp = tp_,
+                            rank = tp_rank_](const std::string& key, int64_t lo, int64_t hi) -> torch::Tensor {
+    if (own(key) || !reader.numel) return reader.read(prefix + key, lo, hi);
+    const auto [param, kind] = split_key(key);
+    const vlm::TpSplit split = vlm::tensor_parallel_split(cfg, param);
+    if (kind == "step" || !split.split() || !shapes->count(param)) return reader.read(key, lo, hi);
+    if (cache->first != key) {
+      std::vector<int64_t> full = shapes->at(param);
+      full[static_cast<size_t>(split.dim)] *= tp;
+      int64_t n = 1;
+      for (int64_t d : full) n *= d;
+      *cache = {key, vlm::tp_slice(reader.read(key, 0, n).view(full), split, rank, tp).view({-1})};
+    }
+    return cache->second.narrow(0, lo, hi - lo);
+  };
+  return StateReader(read, numel);
+}
+
 void ShardedModel::load_state(const StateReader& reader, int64_t optimizer_steps) {
   torch::NoGradGuard no_grad;
-  const std::string prefix = tp_ > 1 ? vlm::str("tp", tp_rank_, "of", tp_, "/") : std::string();
-  StateReader::Numel numel;
-  if (reader.numel) numel = [reader, prefix](const std::string& key) { return reader.numel(prefix + key); };
-  const StateReader read([reader, prefix](const std::string& key, int64_t lo, int64_t hi) {
-    return reader.read(prefix + key, lo, hi);
-  }, numel);
+  const StateReader read = tp_ > 1 ? tensor_parallel_reader(reader) : reader;
   optimizer_->load_state(read, optimizer_steps);
   for (const auto& u : units_) {
     if (u.trainable() || !stores_frozen()) continue;
-    torch::Tensor all = read(u.path + "/param", 0, u.numel);
+    torch::Tensor all;
+    if (!read.numel || read.numel(u.path + "/param") == u.numel) {
+      all = read(u.path + "/param", 0, u.numel);
+    } else {  // written with another tp: parameter by parameter
+      std::vector<torch::Tensor> parts;
+      for (const auto& p : u.params) parts.push_back(read(p.name + "/param", 0, p.param.numel()).view({-1}));
+      all = torch::cat(parts);
+    }
     if (FsdpUnit* f = fsdp_ ? fsdp_->find_unit(u.path) : nullptr) {
       fsdp_->load_params(*f, all);
       continue;
@@ -197,6 +246,7 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model
   sm->world_ = comm.world_size();
   sm->tp_ = dims.tp();
   sm->tp_rank_ = dims.tp_rank();
+  sm->cfg_ = model.cfg;
   // 0. LoRA adapters on the Linear modules the lora rules select.
   attach_lora(model, opts);
   // 0b. Expert parallelism: this rank's experts and the dispatcher.

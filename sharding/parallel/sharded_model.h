@@ -144,8 +144,10 @@ class ShardedModel {
   std::vector<StateSlice> state_slices() const;
   // Restores what state_slices() saved (written by any world size). Local: no collective.
   // Tensor parallelism (tp() > 1): the keys of both are "tp<r>of<n>/<key>", each tp rank's
-  // slices of its own vectors, so a checkpoint resumes with the same tp on any data-parallel
-  // world size (the trainer checks the tp).
+  // slices of its own vectors. A checkpoint of the same tp loads them (any data-parallel
+  // size); one of another tp (tp 1 included) loads parameter by parameter, each parameter's
+  // whole state (StateReader "<param>/<kind>"; app/train/checkpoint.h puts a tensor-parallel
+  // checkpoint's slices back together) cut to this rank's slice.
   void load_state(const StateReader& read, int64_t optimizer_steps);
   int64_t tp() const { return tp_; }
   // Whether checkpoints hold the frozen units' parameters (false when any unit has LoRA
@@ -176,6 +178,8 @@ class ShardedModel {
   std::vector<std::string> notes_;
   int64_t rank_ = 0, world_ = 1;
   int64_t tp_ = 1, tp_rank_ = 0;  // tensor parallelism: the state keys' "tp<r>of<n>/" prefix
+  vlm::VlmConfig cfg_;            // the model's (tensor parallelism: the splits)
+  StateReader tensor_parallel_reader(const StateReader& reader) const;
   bool stores_frozen_ = true;
   ShardedLoadStats load_stats_;
 };
