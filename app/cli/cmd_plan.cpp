@@ -368,7 +368,11 @@ RecipePlan make_recipe_plan(const PlanArgs& a) {
   std::vector<std::pair<std::string, std::string>> call_order;
   for (const auto& u : p.model->units())
     call_order.emplace_back(u.path, u.shares_params_with.empty() ? u.path : u.shares_params_with);
-  p.traffic = plan_traffic(p.units, call_order, p.mesh, p.opts.param_dtype, p.opts.reduce_dtype,
+  // Tensor parallelism: DDP / FSDP run over the world / tp ranks of a tp rank (every tp-th
+  // rank: local_world / tp of them on a node).
+  const vlm::app::MeshShape dp_mesh =
+      p.tp > 1 ? vlm::app::MeshShape{p.world / p.tp, 0, std::max(1, p.local_world / p.tp)} : p.mesh;
+  p.traffic = plan_traffic(p.units, call_order, dp_mesh, p.opts.param_dtype, p.opts.reduce_dtype,
                            p.opts.fsdp_accumulate_unsharded, sh::calls_without_backward_gather(*p.model, p.units));
   sh::apply_freeze(p.units);  // requires_grad as the policies set it: what autograd keeps follows
   p.pb = planned_batch(a, p.recipe, p.cfg);

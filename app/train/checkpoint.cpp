@@ -376,7 +376,8 @@ bool CheckpointReader::tp_param_key(const std::string& key, std::string* param, 
 
 int64_t CheckpointReader::tp_numel(const std::string& param) const {
   const ParamAt& at = params_.at(param);
-  return vlm::tensor_parallel_split(tp_cfg_, param).split() ? at.numel * tensor_parallel() : at.numel;
+  const vlm::TpSplit split = vlm::tensor_parallel_split(tp_cfg_, param, tensor_parallel());
+  return split.split() ? at.numel * split.parts : at.numel;
 }
 
 torch::Tensor CheckpointReader::tp_full(const std::string& param, const std::string& kind) const {
@@ -384,7 +385,7 @@ torch::Tensor CheckpointReader::tp_full(const std::string& param, const std::str
   if (key == tp_cache_key_) return tp_cache_;
   const ParamAt& at = params_.at(param);
   const int64_t tp = tensor_parallel();
-  const vlm::TpSplit split = vlm::tensor_parallel_split(tp_cfg_, param);
+  const vlm::TpSplit split = vlm::tensor_parallel_split(tp_cfg_, param, tp);
   std::vector<torch::Tensor> parts;
   for (int64_t t = 0; t < (split.split() ? tp : 1); ++t)
     parts.push_back(read(vlm::str("tp", t, "of", tp, "/", at.row, "/", kind), at.offset, at.offset + at.numel)

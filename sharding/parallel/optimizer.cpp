@@ -150,10 +150,10 @@ torch::Tensor ShardedAdamW::segment_grad(const Group& g, const Segment& s) const
   return grad.reshape({-1}).narrow(0, s.param_offset, s.len).to(torch::kFloat32);
 }
 
-void ShardedAdamW::set_tensor_parallel(Comm* tp, const std::function<bool(const std::string&)>& replicated) {
+void ShardedAdamW::set_tensor_parallel(Comm* tp, const std::function<int64_t(const std::string&)>& sharing) {
   tp_ = tp != nullptr && tp->world_size() > 1 ? tp : nullptr;
   for (auto& g : groups_)
-    for (size_t k = 0; k < g.params.size(); ++k) g.tp_shared[k] = tp_ != nullptr && replicated(g.params[k].name);
+    for (size_t k = 0; k < g.params.size(); ++k) g.tp_shared[k] = tp_ != nullptr ? sharing(g.params[k].name) : 0;
 }
 
 void ShardedAdamW::reduce_tensor_parallel(const std::string& ctx) {
@@ -164,10 +164,14 @@ void ShardedAdamW::reduce_tensor_parallel(const std::string& ctx) {
   // Every rank of the tp group holds the same units and layout (its slices have the same
   // shapes), so the views line up element for element.
   std::vector<torch::Tensor> views;
+  std::vector<int64_t> pieces;  // per view: its sharing (1: every rank, k: one of k pieces)
   for (auto& g : groups_) {
     if (g.fsdp != nullptr) {
       for (const auto& s : g.segments)
-        if (g.tp_shared[s.param]) views.push_back(g.fsdp->shard_grad().narrow(0, s.flat_offset - g.lo, s.len));
+        if (g.tp_shared[s.param]) {
+          views.push_back(g.fsdp->shard_grad().narrow(0, s.flat_offset - g.lo, s.len));
+          pieces.push_back(g.tp_shared[s.param]);
+        }
       continue;
     }
     for (size_t k = 0; k < g.params.size(); ++k) {
@@ -178,29 +182,46 @@ void ShardedAdamW::reduce_tensor_parallel(const std::string& ctx) {
         grad = g.params[k].param.grad();
       }
       views.push_back(grad.view({-1}));
+      pieces.push_back(g.tp_shared[k]);
     }
   }
   tp_reduced_ = true;
   if (views.empty()) return;
+  // A k-piece view goes to its piece of k zeroed pieces: the sum over the group leaves in
+  // each piece the sum over the ranks holding it.
+  const int64_t n = tp_->world_size(), r = tp_->rank();
   std::vector<torch::Tensor> flat;
-  for (const auto& v : views) flat.push_back(v.to(torch::kFloat32));
+  for (size_t i = 0; i < views.size(); ++i) {
+    const int64_t k = pieces[i], len = views[i].numel();
+    if (k == 1) {
+      flat.push_back(views[i].to(torch::kFloat32));
+      continue;
+    }
+    torch::Tensor z = torch::zeros({k * len}, views[i].options().dtype(torch::kFloat32));
+    z.narrow(0, r * k / n * len, len).copy_(views[i]);
+    flat.push_back(z);
+  }
   torch::Tensor sum = torch::cat(flat);
   tp_->all_reduce(sum, ReduceOp::kSum, ctx);
   int64_t off = 0;
-  for (auto& v : views) {
-    v.copy_(sum.narrow(0, off, v.numel()));
-    off += v.numel();
+  for (size_t i = 0; i < views.size(); ++i) {
+    const int64_t k = pieces[i], len = views[i].numel();
+    views[i].copy_(sum.narrow(0, off + (k == 1 ? 0 : r * k / n * len), len));
+    off += k * len;
   }
 }
 
 std::vector<torch::Tensor> ShardedAdamW::norm_parts() const {
   std::vector<torch::Tensor> parts;
-  const bool skip_shared = tp_ != nullptr && tp_->rank() != 0;  // counted on tp rank 0
+  // A shared parameter counts on the first rank sharing it: tp rank 0 when replicated, the
+  // first of each piece's tp / k ranks.
+  auto skip = [this](int64_t k) { return k > 0 && tp_->rank() % (tp_->world_size() / k) != 0; };
+  const bool skip_shared = tp_ != nullptr;
   for (const auto& g : groups_) {
     if (g.fsdp != nullptr && skip_shared) {
       for (const auto& s : g.segments) {
         const int64_t a = std::max(s.flat_offset, g.own_lo), b = std::min(s.flat_offset + s.len, g.own_hi);
-        if (!g.tp_shared[s.param] && a < b) parts.push_back(g.fsdp->shard_grad().narrow(0, a - g.lo, b - a));
+        if (!skip(g.tp_shared[s.param]) && a < b) parts.push_back(g.fsdp->shard_grad().narrow(0, a - g.lo, b - a));
       }
       continue;
     }
@@ -209,7 +230,7 @@ std::vector<torch::Tensor> ShardedAdamW::norm_parts() const {
       continue;
     }
     for (size_t k = 0; k < g.params.size(); ++k) {
-      if (skip_shared && g.tp_shared[k]) continue;
+      if (skip_shared && skip(g.tp_shared[k])) continue;
       const torch::Tensor grad = param_grad(g, k);
       if (!grad.defined()) continue;
       const int64_t a = std::max(g.lo, g.offsets[k]), b = std::min(g.hi, g.offsets[k] + grad.numel());

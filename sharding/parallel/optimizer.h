@@ -147,12 +147,15 @@ class ShardedAdamW {
   // fills) and which of them had a gradient this step come from it; zero_grad() clears it.
   // May be called once per reducer (the experts of ep rows have one of their own).
   void attach_ddp(DdpReducer* ddp);
-  // Tensor parallelism (tensor_parallel.h): the parameters `replicated` names (by HF name)
-  // are replicated over the tp group `tp`, each rank's gradient a share. reduce_tensor_parallel()
-  // sums them over it (one all-reduce of all of them, fp32), once per step: clip_grad_norm()
-  // and step() call it, zero_grad() re-arms it; the gradient norm counts them on tp rank 0
-  // only. Call before the first step.
-  void set_tensor_parallel(Comm* tp, const std::function<bool(const std::string&)>& replicated);
+  // Tensor parallelism (tensor_parallel.h): `sharing` says, per parameter (by HF name), how
+  // it is shared over the tp group `tp` (tensor_parallel_sharing: 0 split, 1 replicated on
+  // every rank, k > 1 one of k pieces replicated on tp / k consecutive ranks), each rank's
+  // gradient of a shared one a share. reduce_tensor_parallel() sums them over the ranks that
+  // share them (one all-reduce of all of them, fp32: a k-piece parameter's gradient placed at
+  // its piece in k zeroed pieces), once per step: clip_grad_norm() and step() call it,
+  // zero_grad() re-arms it; the gradient norm counts each on the first rank sharing it.
+  // Call before the first step.
+  void set_tensor_parallel(Comm* tp, const std::function<int64_t(const std::string&)>& sharing);
   void reduce_tensor_parallel(const std::string& ctx = "tensor-parallel gradient sum");
   void set_kernel(AdamWKernel k) { kernel_ = k; }
   AdamWKernel kernel() const { return kernel_; }
@@ -221,7 +224,7 @@ class ShardedAdamW {
     std::vector<DdpReducer*> ddp_of;  // per parameter: that reducer (null: none)
     std::vector<int64_t> param_steps; // per parameter: AdamW step count t
     std::vector<char> active;         // per parameter: had a gradient on some rank (agreed)
-    std::vector<char> tp_shared;      // per parameter: replicated over the tp group (set_tensor_parallel)
+    std::vector<int64_t> tp_shared;   // per parameter: its sharing over the tp group (set_tensor_parallel)
     int64_t ticket = 0;               // offload: the queue ticket of its last host update
   };
   // Per-parameter list of one update (the segments that take part, with their scalars).

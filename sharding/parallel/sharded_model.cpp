@@ -197,11 +197,11 @@ StateReader ShardedModel::tensor_parallel_reader(const StateReader& reader) cons
                             rank = tp_rank_](const std::string& key, int64_t lo, int64_t hi) -> torch::Tensor {
     if (own(key) || !reader.numel) return reader.read(prefix + key, lo, hi);
     const auto [param, kind] = split_key(key);
-    const vlm::TpSplit split = vlm::tensor_parallel_split(cfg, param);
+    const vlm::TpSplit split = vlm::tensor_parallel_split(cfg, param, tp);
     if (kind == "step" || !split.split() || !shapes->count(param)) return reader.read(key, lo, hi);
     if (cache->first != key) {
       std::vector<int64_t> full = shapes->at(param);
-      full[static_cast<size_t>(split.dim)] *= tp;
+      full[static_cast<size_t>(split.dim)] *= split.parts;
       int64_t n = 1;
       for (int64_t d : full) n *= d;
       *cache = {key, vlm::tp_slice(reader.read(key, 0, n).view(full), split, rank, tp).view({-1})};
@@ -345,8 +345,8 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model
   sm->optimizer_ = std::make_unique<ShardedAdamW>(comm, sm->units_, opts.optim, sm->fsdp_.get(), &dims.control(),
                                                   opts.optimizer_offload, &dims.expert_replicate_comm());
   if (dims.tp() > 1)
-    sm->optimizer_->set_tensor_parallel(&dims.tp_comm(), [cfg = model.cfg](const std::string& name) {
-      return tensor_parallel_replicated(cfg, name);
+    sm->optimizer_->set_tensor_parallel(&dims.tp_comm(), [cfg = model.cfg, tp = dims.tp()](const std::string& name) {
+      return tensor_parallel_sharing(cfg, name, tp);
     });
   sm->optimizer_->attach_ddp(sm->reducer_.get());
   sm->optimizer_->attach_ddp(sm->expert_reducer_.get());

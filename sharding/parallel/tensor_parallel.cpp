@@ -13,8 +13,10 @@ std::string tensor_parallel_problem(const vlm::VlmConfig& cfg, int64_t tp) {
   return vlm::tensor_parallel_problem(cfg.text, tp);
 }
 
-bool tensor_parallel_replicated(const vlm::VlmConfig& cfg, const std::string& name) {
-  return !vlm::tensor_parallel_split(cfg, name).split();
+int64_t tensor_parallel_sharing(const vlm::VlmConfig& cfg, const std::string& name, int64_t tp) {
+  const vlm::TpSplit split = vlm::tensor_parallel_split(cfg, name, tp);
+  if (!split.split()) return 1;
+  return split.parts == tp ? 0 : split.parts;
 }
 
 void apply_tensor_parallel(vlm::VisionLanguageModelImpl& model, ParallelDims& dims) {
@@ -47,7 +49,7 @@ class TensorParallelSource : public vlm::ParamSource {
   }
 
   void fill(const std::string& name, int64_t lo, int64_t hi, torch::Tensor out) override {
-    const vlm::TpSplit split = vlm::tensor_parallel_split(cfg_, name);
+    const vlm::TpSplit split = vlm::tensor_parallel_split(cfg_, name, tp_);
     if (!split.split()) {
       full_->fill(name, lo, hi, out);
       bytes_read_ = full_->bytes_read();
@@ -80,14 +82,14 @@ class TensorParallelSource : public vlm::ParamSource {
     int64_t numel = 1;
     for (int64_t s : shape) numel *= s;
     torch::Tensor slice;
-    if (split.dim == 0) {  // each block's rows [off + r * b / tp, + b / tp): contiguous elements
+    if (split.dim == 0) {  // each block's rows [off + i * b / parts, + b / parts): contiguous elements
       const int64_t row = shape[0] > 0 ? numel / shape[0] : 0;
       std::vector<int64_t> local = shape;
-      local[0] = shape[0] / tp_;
+      local[0] = shape[0] / split.parts;
       slice = torch::empty(local, opts);
       int64_t off = 0, at = 0;
       for (int64_t b : split.blocks) {
-        const int64_t rows = b / tp_, first = off + rank_ * rows;
+        const int64_t rows = b / split.parts, first = off + split.piece(rank_, tp_) * rows;
         full_->fill(name, first * row, (first + rows) * row, slice.view({-1}).narrow(0, at * row, rows * row));
         off += b;
         at += rows;

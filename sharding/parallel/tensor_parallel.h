@@ -49,9 +49,11 @@ std::string tensor_parallel_problem(const vlm::VlmConfig& cfg, int64_t tp);
 // exchange over dims.tp_comm(). tp 1: nothing.
 void apply_tensor_parallel(vlm::VisionLanguageModelImpl& model, ParallelDims& dims);
 
-// Whether parameter `name` of a model of `cfg` is replicated over the tp group (its gradient
-// a share to sum) rather than split.
-bool tensor_parallel_replicated(const vlm::VlmConfig& cfg, const std::string& name);
+// How parameter `name` of a model of `cfg` is shared over a tp group of `tp` ranks: 0 split
+// (each rank's gradient whole), 1 replicated on every rank (its gradient a share to sum over
+// the group), k > 1 one of k pieces each replicated on tp / k ranks (k_proj / v_proj with
+// fewer key/value heads than tp: a share to sum over those ranks).
+int64_t tensor_parallel_sharing(const vlm::VlmConfig& cfg, const std::string& name, int64_t tp);
 
 // A source of rank `rank`'s slices: fill(name, lo, hi) gives elements [lo, hi) of the
 // parameter's slice (vlm::tp_slice of the full tensor `full` gives), replicated parameters as

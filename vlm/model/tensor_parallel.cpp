@@ -38,9 +38,9 @@ torch::Tensor tp_all_reduce(SequenceExchange& ex, const torch::Tensor& x, const 
 
 // ---------------------------------------------------------------- parameter splits
 
-TpSplit tensor_parallel_split(const VlmConfig& cfg, const std::string& name) {
+TpSplit tensor_parallel_split(const VlmConfig& cfg, const std::string& name, int64_t tp) {
   const TextConfig& t = cfg.text;
-  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return {0, {t.vocab_size}};
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return {0, {t.vocab_size}, tp};
   static const std::regex layer(R"(model\.layers\.(\d+)\.(.+))");
   std::smatch m;
   if (!std::regex_match(name, m, layer)) return {};
@@ -48,25 +48,25 @@ TpSplit tensor_parallel_split(const VlmConfig& cfg, const std::string& name) {
   const std::string rest = m[2].str();
   const int64_t hd = t.head_dim(), h = t.num_attention_heads, hkv = t.num_key_value_heads;
   if (rest == "self_attn.q_proj.weight" || rest == "self_attn.q_proj.bias")
-    return {0, {h * hd * (t.attn_output_gate ? 2 : 1)}};
+    return {0, {h * hd * (t.attn_output_gate ? 2 : 1)}, tp};
   if (rest == "self_attn.k_proj.weight" || rest == "self_attn.k_proj.bias" || rest == "self_attn.v_proj.weight" ||
       rest == "self_attn.v_proj.bias")
-    return {0, {hkv * hd}};
-  if (rest == "self_attn.o_proj.weight") return {1, {h * hd}};
+    return {0, {hkv * hd}, std::min(hkv, tp)};
+  if (rest == "self_attn.o_proj.weight") return {1, {h * hd}, tp};
   if (!t.sparse_layer(index)) {
-    if (rest == "mlp.gate_proj.weight" || rest == "mlp.up_proj.weight") return {0, {t.intermediate_size}};
-    if (rest == "mlp.down_proj.weight") return {1, {t.intermediate_size}};
+    if (rest == "mlp.gate_proj.weight" || rest == "mlp.up_proj.weight") return {0, {t.intermediate_size}, tp};
+    if (rest == "mlp.down_proj.weight") return {1, {t.intermediate_size}, tp};
   }
   const int64_t key = t.linear_num_key_heads * t.linear_key_head_dim;
   const int64_t value = t.linear_num_value_heads * t.linear_value_head_dim;
   if (rest == "linear_attn.in_proj_qkv.weight" || rest == "linear_attn.conv1d.weight" ||
       rest == "linear_attn.conv1d.bias")
-    return {0, {key, key, value}};
-  if (rest == "linear_attn.in_proj_z.weight") return {0, {value}};
+    return {0, {key, key, value}, tp};
+  if (rest == "linear_attn.in_proj_z.weight") return {0, {value}, tp};
   if (rest == "linear_attn.in_proj_b.weight" || rest == "linear_attn.in_proj_a.weight" ||
       rest == "linear_attn.A_log" || rest == "linear_attn.dt_bias")
-    return {0, {t.linear_num_value_heads}};
-  if (rest == "linear_attn.out_proj.weight") return {1, {value}};
+    return {0, {t.linear_num_value_heads}, tp};
+  if (rest == "linear_attn.out_proj.weight") return {1, {value}, tp};
   return {};
 }
 
@@ -78,9 +78,10 @@ torch::Tensor tp_slice(const torch::Tensor& full, const TpSplit& split, int64_t 
             " is not the blocks' ", total);
   std::vector<torch::Tensor> parts;
   int64_t off = 0;
+  const int64_t n = split.parts, i = split.piece(rank, tp);
   for (int64_t b : split.blocks) {
-    VLM_CHECK(b % tp == 0, "tensor parallel slice: a block of ", b, " does not divide by tp = ", tp);
-    parts.push_back(full.narrow(split.dim, off + rank * (b / tp), b / tp));
+    VLM_CHECK(b % n == 0, "tensor parallel slice: a block of ", b, " does not divide into ", n, " pieces");
+    parts.push_back(full.narrow(split.dim, off + i * (b / n), b / n));
     off += b;
   }
   return torch::cat(parts, split.dim).contiguous();
@@ -89,12 +90,13 @@ torch::Tensor tp_slice(const torch::Tensor& full, const TpSplit& split, int64_t 
 torch::Tensor tp_unslice(const std::vector<torch::Tensor>& slices, const TpSplit& split) {
   VLM_CHECK(!slices.empty(), "tensor parallel unslice: no slices");
   if (!split.split() || slices.size() == 1) return slices.front().clone();
-  const int64_t tp = static_cast<int64_t>(slices.size());
+  const int64_t tp = static_cast<int64_t>(slices.size()), n = split.parts;
+  VLM_CHECK(tp % n == 0, "tensor parallel unslice: ", tp, " slices for ", n, " pieces");
   std::vector<torch::Tensor> parts;
   int64_t off = 0;  // within each rank's slice
   for (int64_t b : split.blocks) {
-    for (const auto& s : slices) parts.push_back(s.narrow(split.dim, off, b / tp));
-    off += b / tp;
+    for (int64_t j = 0; j < n; ++j) parts.push_back(slices[static_cast<size_t>(j * tp / n)].narrow(split.dim, off, b / n));
+    off += b / n;
   }
   return torch::cat(parts, split.dim);
 }
@@ -107,7 +109,8 @@ std::string tensor_parallel_problem(const TextConfig& t, int64_t tp) {
   std::vector<std::string> out;
   if (t.count_layers(MixerKind::full_attention) > 0) {
     out.push_back(divides(t.num_attention_heads, "attention heads"));
-    out.push_back(divides(t.num_key_value_heads, "key/value heads"));
+    if (t.num_key_value_heads % tp != 0 && tp % t.num_key_value_heads != 0)
+      out.push_back(str(t.num_key_value_heads, " key/value heads neither divide by nor divide tp = ", tp));
   }
   if (t.count_layers(MixerKind::linear_attention) > 0) {
     out.push_back(divides(t.linear_num_key_heads, "Gated DeltaNet key heads"));
@@ -129,7 +132,7 @@ TextConfig tensor_parallel_local(const TextConfig& cfg) {
   VLM_CHECK(problem.empty(), "tensor parallelism: ", problem, " (hint: pick a dist.tp that divides them)");
   l.explicit_head_dim = cfg.head_dim();
   l.num_attention_heads = cfg.num_attention_heads / tp;
-  l.num_key_value_heads = cfg.num_key_value_heads / tp;
+  l.num_key_value_heads = std::max<int64_t>(1, cfg.num_key_value_heads / tp);  // fewer: one, replicated
   l.intermediate_size = cfg.intermediate_size / tp;
   l.linear_num_key_heads = cfg.linear_num_key_heads / tp;
   l.linear_num_value_heads = cfg.linear_num_value_heads / tp;

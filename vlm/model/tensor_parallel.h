@@ -63,26 +63,32 @@ torch::Tensor tp_reduce_scatter(SequenceExchange& ex, const torch::Tensor& x, in
 // x: any shape -> the sum over the ranks. Backward: the sum over the ranks of the gradient.
 torch::Tensor tp_all_reduce(SequenceExchange& ex, const torch::Tensor& x, const std::string& what);
 
-// How one parameter splits over the group: along `dim`, the dimension is the concatenation
-// of `blocks` (their full sizes), each cut into tp equal slices; rank r holds slice r of every
-// block, concatenated. dim < 0: replicated.
+// How one parameter splits over a group of tp ranks: along `dim`, the dimension is the
+// concatenation of `blocks` (their full sizes), each cut into `parts` equal pieces; rank r
+// holds piece r x parts / tp of every block, concatenated. parts is tp, except for k_proj /
+// v_proj when the key/value heads are fewer than tp: parts = Hkv, each kv head held by tp / Hkv
+// consecutive ranks (the ones whose query heads use it). dim < 0: replicated.
 struct TpSplit {
   int64_t dim = -1;
   std::vector<int64_t> blocks;
+  int64_t parts = 1;
   bool split() const { return dim >= 0; }
+  int64_t piece(int64_t rank, int64_t tp) const { return rank * parts / tp; }  // rank's piece
 };
-// The split of parameter `name` (HF name, e.g. "model.layers.3.self_attn.q_proj.weight") of
-// a model of `cfg` (full sizes).
-TpSplit tensor_parallel_split(const VlmConfig& cfg, const std::string& name);
-// full -> rank r's slice (a copy); and the slices of every rank (in rank order) -> full.
+// The split over tp ranks of parameter `name` (HF name, e.g.
+// "model.layers.3.self_attn.q_proj.weight") of a model of `cfg` (full sizes).
+TpSplit tensor_parallel_split(const VlmConfig& cfg, const std::string& name, int64_t tp);
+// full -> rank r's slice (a copy); and the slices of every rank (in rank order, all tp of
+// them) -> full.
 torch::Tensor tp_slice(const torch::Tensor& full, const TpSplit& split, int64_t rank, int64_t tp);
 torch::Tensor tp_unslice(const std::vector<torch::Tensor>& slices, const TpSplit& split);
 
-// What keeps `cfg` from splitting over tp ranks ("" when nothing): heads, key / value heads,
-// MLP width, Gated DeltaNet key and value heads and the vocabulary must divide by tp.
+// What keeps `cfg` from splitting over tp ranks ("" when nothing): heads, MLP width, Gated
+// DeltaNet key and value heads and the vocabulary must divide by tp; the key/value heads
+// divide by tp or divide tp (fewer than tp: each is replicated on tp / Hkv ranks).
 std::string tensor_parallel_problem(const TextConfig& cfg, int64_t tp);
-// The decoder layers' view of one rank: heads, kv heads, MLP width and Gated DeltaNet heads
-// divided by tp (head_dim kept explicit). cfg.tensor_parallel says tp.
+// The decoder layers' view of one rank: heads, kv heads (at least 1), MLP width and Gated
+// DeltaNet heads divided by tp (head_dim kept explicit). cfg.tensor_parallel says tp.
 TextConfig tensor_parallel_local(const TextConfig& cfg);
 
 // The vocabulary-parallel embedding: ids [...] -> [..., d], rows [offset, offset + Vt) of the

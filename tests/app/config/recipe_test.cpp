@@ -82,6 +82,27 @@ struct BrokenCase {
   std::string detail;     // expected fragment of the explanation
 };
 
+// dist.tp: the options, and what it does not take yet, refused with the key and the reason.
+TEST(Recipe, TensorParallelKeys) {
+  Recipe r = vlm::app::parse_recipe(std::string(kMinimal) + "[dist]\ntp = 4\n", "a.toml");
+  r.validate(Purpose::train);
+  EXPECT_EQ(vlm::app::parallel_options(r).tp, 4);
+  EXPECT_EQ(vlm::app::parallel_options(vlm::app::parse_recipe(kMinimal, "a.toml")).tp, 1) << "default: none";
+  const std::string tp = std::string(kMinimal) + "[dist]\ntp = 2\n";
+  EXPECT_NE(error_of(tp, {"dist.cp=2"}).find("tensor parallelism with context or expert parallelism"), std::string::npos);
+  EXPECT_NE(error_of(tp, {"model.sharded_load=false"}).find("needs model.sharded_load = true"), std::string::npos);
+  EXPECT_NE(error_of(tp, {"data.eval=[\"e.jsonl\"]"}).find("evaluation inside a tensor-parallel run"),
+            std::string::npos);
+  EXPECT_EQ(error_of(tp, {"data.eval=[\"e.jsonl\"]", "eval.at_end=false"}), "") << "eval.every 0, no end eval";
+  EXPECT_NE(error_of(tp + "[[sharding.module]]\nmatch = \"model.layers.*\"\npolicy = \"lora\"\n")
+                .find("policy = \"lora\""),
+            std::string::npos);
+  EXPECT_NE(error_of(tp, {"model.router_aux_loss_coef=0.001"}).find("no MoE load-balancing loss"), std::string::npos);
+  // `vlmtrain eval` holds the model whole: a tp recipe validates for evaluation.
+  Recipe e = vlm::app::parse_recipe(tp, "a.toml", {"data.eval=[\"e.jsonl\"]"});
+  EXPECT_NO_THROW(e.validate(Purpose::eval));
+}
+
 TEST(Recipe, BrokenRecipesNameFileLineAndKey) {
   const std::string base = kMinimal;  // 7 lines incl. the leading newline: new keys start at 8
   std::vector<BrokenCase> cases = {

@@ -10,7 +10,7 @@
 //   - `vlmtrain export` of the tp 2 checkpoint of step 6 puts the slices back together: every
 //     parameter at its full shape, within 1e-4 of the world-1 run's checkpoint of step 6 (the
 //     same bound as the expert-parallel export: a fraction of one Adam step at lr 2e-3);
-//   - a tp that does not divide the key/value heads, and tp with cp, stop every rank at
+//   - a tp that does not divide the attention heads, and tp with cp, stop every rank at
 //     start-up with the reason.
 // Equality with one process to the order of float sums is sharding_tensor_parallel_dist_test's
 // (fp64 reference), so the curves are compared within 1e-5 relative.
@@ -144,12 +144,12 @@ TEST_F(TrainTensorParallel, PackedFollowsOneProcess) {
 
 TEST_F(TrainTensorParallel, ImpossibleSplitsStopEveryRankAtStartUp) {
   {
-    TempDir dir("tp-bad-heads");  // tiny has 2 key/value heads
-    auto res = train(dir / "run", 4, 4, false);
-    ASSERT_EQ(res.size(), 4u);
+    TempDir dir("tp-bad-heads");  // tiny has 4 attention heads
+    auto res = train(dir / "run", 3, 3, false);
+    ASSERT_EQ(res.size(), 3u);
     for (const auto& r : res) {
       EXPECT_NE(r.exit_code, 0);
-      EXPECT_NE(r.output.find("2 key/value heads do not divide by tp = 4"), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("4 attention heads do not divide by tp = 3"), std::string::npos) << r.output;
     }
   }
   {

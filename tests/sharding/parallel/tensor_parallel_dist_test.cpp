@@ -26,7 +26,10 @@
 // key / value heads in three blocks, gated attention), tiny-qwen3-moe and tiny-qwen3.5-moe
 // (experts replicated, on each rank's chunk). tp 2 at world 2; dp 2 x tp 2 at world 4 (FSDP
 // full_shard of the tp slices in one configuration, activation checkpointing of the decoder
-// layers in another, a filler micro-batch in the right-padded runs).
+// layers in another, a filler micro-batch in the right-padded runs). tp 4 at world 4 (the
+// launch in tensor_parallel_kv_dist_test.cpp) for the attention-only families, whose 2
+// key/value heads each serve two ranks (k_proj / v_proj pieces replicated on two ranks,
+// their gradients summed between them), DDP and FSDP.
 // Bytes: step 0's all-to-all bytes on the tp comm equal tensor_parallel_layer_bytes() over the
 // layers plus the embedding's all-reduce, the final gather and the loss's exchanges.
 #include <gtest/gtest.h>
@@ -288,7 +291,7 @@ void tpd_check(ParallelDims& dims, const TpConfig& c) {
   const TpResult want = tpd_reference(c, dims.dp_size());
   const TpResult got = tpd_sharded(dims, c);
   auto mine = [&](const std::string& name, const torch::Tensor& full) {
-    return vlm::tp_slice(full, vlm::tensor_parallel_split(cfg, name), dims.tp_rank(), dims.tp());
+    return vlm::tp_slice(full, vlm::tensor_parallel_split(cfg, name, dims.tp()), dims.tp_rank(), dims.tp());
   };
   EXPECT_LE(tpd_rel(got.logits0, want.logits0), 1e-5) << tag << ": logits before training";
   ASSERT_EQ(got.losses.size(), static_cast<size_t>(kTpSteps)) << tag;
@@ -304,7 +307,7 @@ void tpd_check(ParallelDims& dims, const TpConfig& c) {
     ASSERT_TRUE(want.grads0.count(name)) << tag << ": " << name << " has no reference gradient";
     const torch::Tensor ref = mine(name, want.grads0.at(name));
     ASSERT_EQ(g.sizes(), ref.sizes()) << tag << ": " << name;
-    split += vlm::tensor_parallel_split(cfg, name).split();
+    split += vlm::tensor_parallel_split(cfg, name, dims.tp()).split();
     const double d = tpd_grad_diff(g, ref);
     if (d > worst_grad) worst_grad = d, worst_grad_name = name;
   }
@@ -344,6 +347,20 @@ TEST(TensorParallelDist, DISABLED_EqualsOneProcessWorker) {
   VLM_DIST_WORKER_ONLY();
   torch::set_num_threads(1);
   auto dims = tpd_worker_dims();
+  if (dims.tp() == 4) {  // 2 key/value heads over 4 ranks: each kv head on two (Gated DeltaNet's 2 key heads refuse)
+    for (const char* preset : {"tiny", "tiny-qwen2.5", "tiny-qwen3"})
+      for (TpLayout layout : {TpLayout::kRight, TpLayout::kPacked}) {
+        TpConfig c;
+        c.preset = preset;
+        c.layout = layout;
+        tpd_check(dims, c);
+      }
+    TpConfig c;
+    c.policy = "fsdp";
+    tpd_check(dims, c);
+    dims.control().barrier("end");
+    return;
+  }
   for (const char* preset : {"tiny", "tiny-qwen2.5", "tiny-qwen3", "tiny-qwen3.5", "tiny-qwen3-moe", "tiny-qwen3.5-moe"})
     for (TpLayout layout : {TpLayout::kRight, TpLayout::kLeftMask, TpLayout::kPacked}) {
       TpConfig c;
@@ -381,7 +398,7 @@ TEST(TensorParallel, SlicesPutBackTogether) {
   const auto& t = cfg.text;
   for (const std::string name : {"model.layers.0.linear_attn.in_proj_qkv.weight", "model.layers.0.linear_attn.out_proj.weight",
                                  "model.embed_tokens.weight"}) {
-    const vlm::TpSplit split = vlm::tensor_parallel_split(cfg, name);
+    const vlm::TpSplit split = vlm::tensor_parallel_split(cfg, name, 2);
     ASSERT_TRUE(split.split()) << name;
     int64_t rows = 0;
     for (int64_t b : split.blocks) rows += b;
@@ -391,7 +408,7 @@ TEST(TensorParallel, SlicesPutBackTogether) {
     for (int64_t r = 0; r < 2; ++r) parts.push_back(vlm::tp_slice(full, split, r, 2));
     EXPECT_TRUE(torch::equal(vlm::tp_unslice(parts, split), full)) << name;
   }
-  const vlm::TpSplit qkv = vlm::tensor_parallel_split(cfg, "model.layers.0.linear_attn.in_proj_qkv.weight");
+  const vlm::TpSplit qkv = vlm::tensor_parallel_split(cfg, "model.layers.0.linear_attn.in_proj_qkv.weight", 2);
   const int64_t key = t.linear_num_key_heads * t.linear_key_head_dim, kh = key / 2;
   const int64_t vh = t.linear_num_value_heads * t.linear_value_head_dim / 2;
   auto rows = torch::arange(2 * key + 2 * vh, torch::kFloat32).unsqueeze(1);
@@ -399,16 +416,39 @@ TEST(TensorParallel, SlicesPutBackTogether) {
   EXPECT_EQ(r1[0].item<float>(), kh);                // rank 1's first q row
   EXPECT_EQ(r1[kh].item<float>(), key + kh);         // its first k row
   EXPECT_EQ(r1[2 * kh].item<float>(), 2 * key + vh); // its first v row
-  EXPECT_FALSE(vlm::tensor_parallel_split(cfg, "model.layers.0.linear_attn.norm.weight").split());
-  EXPECT_FALSE(vlm::tensor_parallel_split(cfg, "model.layers.0.input_layernorm.weight").split());
-  EXPECT_FALSE(vlm::tensor_parallel_split(cfg, "visual.blocks.0.attn.qkv.weight").split());
+  EXPECT_FALSE(vlm::tensor_parallel_split(cfg, "model.layers.0.linear_attn.norm.weight", 2).split());
+  EXPECT_FALSE(vlm::tensor_parallel_split(cfg, "model.layers.0.input_layernorm.weight", 2).split());
+  EXPECT_FALSE(vlm::tensor_parallel_split(cfg, "visual.blocks.0.attn.qkv.weight", 2).split());
+  // Fewer key/value heads than tp (tiny: 2 at tp 4): k_proj in 2 pieces, ranks 0-1 hold the
+  // first kv head, ranks 2-3 the second; the four slices put back together.
+  const vlm::VlmConfig tiny = vlm::preset("tiny");
+  const vlm::TpSplit k = vlm::tensor_parallel_split(tiny, "model.layers.0.self_attn.k_proj.weight", 4);
+  ASSERT_EQ(k.parts, 2);
+  const int64_t kv_rows = tiny.text.num_key_value_heads * tiny.text.head_dim();
+  auto kfull = torch::randn({kv_rows, 8});
+  std::vector<torch::Tensor> kslices;
+  for (int64_t r = 0; r < 4; ++r) kslices.push_back(vlm::tp_slice(kfull, k, r, 4));
+  EXPECT_TRUE(torch::equal(kslices[0], kfull.narrow(0, 0, kv_rows / 2)));
+  EXPECT_TRUE(torch::equal(kslices[1], kslices[0]));
+  EXPECT_TRUE(torch::equal(kslices[3], kfull.narrow(0, kv_rows / 2, kv_rows / 2)));
+  EXPECT_TRUE(torch::equal(vlm::tp_unslice(kslices, k), kfull));
+  EXPECT_EQ(tensor_parallel_sharing(tiny, "model.layers.0.self_attn.k_proj.weight", 4), 2);
+  EXPECT_EQ(tensor_parallel_sharing(tiny, "model.layers.0.self_attn.k_proj.weight", 2), 0);
+  EXPECT_EQ(tensor_parallel_sharing(tiny, "model.layers.0.input_layernorm.weight", 4), 1);
 }
 
 TEST(TensorParallel, RefusesWhatItCannotSplit) {
-  vlm::TextConfig t = vlm::preset("tiny").text;
+  vlm::TextConfig t = vlm::preset("tiny").text;  // 4 heads, 2 key/value heads
   EXPECT_EQ(vlm::tensor_parallel_problem(t, 2), "");
+  EXPECT_EQ(vlm::tensor_parallel_problem(t, 4), "");  // each kv head on two ranks
   const std::string p = vlm::tensor_parallel_problem(t, 8);
   EXPECT_NE(p.find("attention heads do not divide by tp = 8"), std::string::npos) << p;
+  t.num_attention_heads = 6;
+  t.num_key_value_heads = 3;
+  EXPECT_NE(vlm::tensor_parallel_problem(t, 2).find("3 key/value heads neither divide by nor divide tp = 2"),
+            std::string::npos)
+      << vlm::tensor_parallel_problem(t, 2);
+  t = vlm::preset("tiny").text;
   t.vocab_size += 1;
   EXPECT_NE(vlm::tensor_parallel_problem(t, 2).find("vocabulary rows do not divide by tp = 2"), std::string::npos);
 }
