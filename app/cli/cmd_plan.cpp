@@ -329,7 +329,7 @@ void plan_tensor_parallel_bytes(RecipePlan& p) {
     p.tp_bytes += vlm::sharding::tensor_parallel_layer_bytes(t, t.sparse_layer(i), p.tp, sh.rows, padded, b,
                                                              p.checkpointed(vlm::str("model.layers.", i)));
   const double tp1 = p.tp - 1, d = static_cast<double>(t.hidden_size);
-  p.tp_bytes += 2 * tp1 * static_cast<double>(sh.tokens()) * d * static_cast<double>(b);              // embedding
+  p.tp_bytes += 4 * tp1 / p.tp * static_cast<double>(sh.tokens()) * d * static_cast<double>(b);      // embedding
   p.tp_bytes += 2 * tp1 * static_cast<double>(sh.rows * padded / p.tp) * d * static_cast<double>(b);  // final gather
   p.tp_bytes += tp1 * 12.0 * static_cast<double>(sh.loss_rows);                                      // loss
 }

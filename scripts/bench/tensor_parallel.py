@@ -89,8 +89,8 @@ def main():
              f"| world 1 | {step[1]:.3f} | 1.00x | {step[1]:.3f} | 1.00x |",
              f"| tp 2 (world 2) | {step[2]:.3f} | {step[2] / step[1]:.2f}x | {2 * step[2]:.3f} | "
              f"{2 * step[2] / step[1]:.2f}x |", "",
-             "On 2 CPU cores tp 2 splits each layer's matmuls between the ranks but adds the exchanges (all-to-alls "
-             "over Gloo), the replicated vision tower and the per-rank copies of the sequence; it buys memory per rank, "
+             "On 2 CPU cores tp 2 splits each layer's matmuls between the ranks but adds the exchanges (all-gathers "
+             "and reduce-scatters over Gloo), the replicated vision tower and the per-rank copies of the sequence; it buys memory per rank, "
              "not CPU speed.", "",
              "Plan: `vlmtrain plan recipes/ocr_qwen25.toml --preset P --world-size W --nproc-per-node 8 --tokens 8192 "
              "--image-tokens 4096 --set dist.tp=T` (LLM FSDP full_shard, vision frozen, layers checkpointed, bf16). "

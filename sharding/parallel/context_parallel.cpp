@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "sharding/parallel/all_to_all_rows.h"
+#include "sharding/parallel/gather_rows.h"
 #include "vlm/model/vision_split.h"
 #include "vlm/runtime/check.h"
 
@@ -33,6 +34,16 @@ class CommSequenceExchange : public vlm::SequenceExchange {
   torch::Tensor ring_pass(const torch::Tensor& x, const std::string& what) override {
     auto row = x.contiguous().view({1, -1});
     return AllToAllRows::apply(row, comm_address(comm_), to_next_, from_prev_, what).view(x.sizes());
+  }
+  // Tensor parallelism's collectives, native (gather_rows.h).
+  torch::Tensor all_gather(const torch::Tensor& x, const std::string& what) override {
+    return size() == 1 ? x : AllGatherRows::apply(x, comm_address(comm_), what);
+  }
+  torch::Tensor reduce_scatter(const torch::Tensor& x, const std::string& what) override {
+    return size() == 1 ? x : ReduceScatterRows::apply(x, comm_address(comm_), what);
+  }
+  torch::Tensor all_reduce(const torch::Tensor& x, const std::string& what) override {
+    return size() == 1 ? x : AllReduceSum::apply(x, comm_address(comm_), what);
   }
 
  private:

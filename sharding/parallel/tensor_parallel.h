@@ -14,17 +14,17 @@
 // the tp group (one all-reduce per step of all of them; each rank's was its share:
 // vlm/model/tensor_parallel.h) and counts them once in the gradient norm.
 //
-// Bytes per layer and micro-batch on a rank (Comm counters of the tp comm; all_to_all: what
-// it sends to the other tp - 1 ranks), L the padded sequence (a multiple of tp), B rows, d
-// hidden, b bytes per element:
-//   a dense layer: forward 2 all-gathers [(tp-1) x B x L/tp x d x b each] and 2
-//   reduce-scatters [(tp-1)/tp x B x L x d x b each], the same again in backward (each op's
-//   backward is the other), i.e. 4 (tp-1)/tp x B x L x d x b per direction;
+// Bytes per layer and micro-batch on a rank (Comm counters of the tp comm: native all-gathers,
+// reduce-scatters and all-reduces, their ring volume), L the padded sequence (a multiple of
+// tp), B rows, d hidden, b bytes per element:
+//   a dense layer: forward 2 all-gathers [(tp-1)/tp x B x L x d x b each] and 2
+//   reduce-scatters [the same each], the same again in backward (each op's backward is the
+//   other), i.e. 4 (tp-1)/tp x B x L x d x b per direction;
 //   a sparse layer (experts on the chunk): half of that (the mixer's pair only);
 //   activation checkpointing: the forward's again.
-// Outside the layers per micro-batch: the embedding's all-reduce [(tp-1) x B x L x d x b,
-// forward and backward], the final hidden states' all-gather [(tp-1) x B x L/tp x d x b,
-// forward and backward], and the loss's per row chunk of n rows two small exchanges
+// Outside the layers per micro-batch: the embedding's all-reduce [2 (tp-1)/tp x B x L x d x b,
+// forward and backward], the final hidden states' all-gather [(tp-1)/tp x B x L x d x b,
+// forward and backward], and the loss's per row chunk of n rows two small all-to-alls
 // [(tp-1) x n x 4 and (tp-1) x 2n x 4 bytes, forward only].
 #pragma once
 #include <torch/torch.h>

@@ -138,4 +138,30 @@ torch::Tensor heads_to_seq(SequenceExchange& ex, const torch::Tensor& o, const s
   return got.permute({1, 2, 0, 3, 4}).reshape({b, ls, cp * hc, d});
 }
 
+torch::Tensor SequenceExchange::all_gather(const torch::Tensor& x, const std::string& what) {
+  const int64_t n = size();
+  if (n == 1) return x;
+  std::vector<int64_t> shape{n};
+  for (int64_t s : x.sizes()) shape.push_back(s);
+  auto got = all_to_all(x.unsqueeze(0).expand(shape), what);  // [n, ...]: rank j's x at j
+  return got.flatten(0, 1);
+}
+
+torch::Tensor SequenceExchange::reduce_scatter(const torch::Tensor& x, const std::string& what) {
+  const int64_t n = size();
+  if (n == 1) return x;
+  VLM_ASSERT(x.size(0) % n == 0, what, ": ", x.size(0), " rows do not divide by ", n);
+  std::vector<int64_t> shape{n, x.size(0) / n};
+  for (int64_t i = 1; i < x.dim(); ++i) shape.push_back(x.size(i));
+  return all_to_all(x.reshape(shape), what).sum(0);  // rows chunk j went to rank j; summed
+}
+
+torch::Tensor SequenceExchange::all_reduce(const torch::Tensor& x, const std::string& what) {
+  const int64_t n = size();
+  if (n == 1) return x;
+  std::vector<int64_t> shape{n};
+  for (int64_t s : x.sizes()) shape.push_back(s);
+  return all_to_all(x.unsqueeze(0).expand(shape), what).sum(0);
+}
+
 }  // namespace vlm

@@ -64,6 +64,17 @@ class SequenceExchange {
   // the same shape that rank (rank - 1 + cp) % cp sent. Differentiable: the backward sends the
   // gradient the other way. Every rank of the group must call it, in the same order.
   virtual torch::Tensor ring_pass(const torch::Tensor& x, const std::string& what) = 0;
+  // The collectives tensor parallelism uses (tensor_parallel.h), rows along dim 0, every rank
+  // the same shape, differentiable, every rank of the group in the same order. The defaults
+  // are all-to-alls of tp copies / chunks (the same bytes); an exchange over a process group
+  // overrides them with the native ops (no tp copies).
+  // x [n, ...] -> [size * n, ...]: the ranks' x in rank order. Backward: a reduce-scatter.
+  virtual torch::Tensor all_gather(const torch::Tensor& x, const std::string& what);
+  // x [size * n, ...] -> [n, ...]: rows [rank n, (rank + 1) n) of the sum over the ranks.
+  // Backward: an all-gather.
+  virtual torch::Tensor reduce_scatter(const torch::Tensor& x, const std::string& what);
+  // x -> the sum over the ranks. Backward: the gradient's sum over the ranks.
+  virtual torch::Tensor all_reduce(const torch::Tensor& x, const std::string& what);
 };
 
 // Where this rank's chunk lies: tokens [begin, begin + len) of the padded length `padded`.

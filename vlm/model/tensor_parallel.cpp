@@ -11,29 +11,23 @@ namespace vlm {
 // ---------------------------------------------------------------- collectives
 
 torch::Tensor tp_all_gather(SequenceExchange& ex, const torch::Tensor& x, int64_t dim, const std::string& what) {
-  const int64_t tp = ex.size();
-  if (tp == 1) return x;
-  std::vector<int64_t> shape{tp};
-  for (int64_t s : x.sizes()) shape.push_back(s);
-  auto got = ex.all_to_all(x.unsqueeze(0).expand(shape), what);  // [tp, ...]: rank j's x at j
-  return torch::cat(got.unbind(0), dim);
+  if (ex.size() == 1) return x;
+  const int64_t d = dim < 0 ? dim + x.dim() : dim;
+  if (d == 0) return ex.all_gather(x, what);
+  return ex.all_gather(x.movedim(d, 0), what).movedim(0, d);
 }
 
 torch::Tensor tp_reduce_scatter(SequenceExchange& ex, const torch::Tensor& x, int64_t dim, const std::string& what) {
-  const int64_t tp = ex.size();
-  if (tp == 1) return x;
+  if (ex.size() == 1) return x;
   const int64_t d = dim < 0 ? dim + x.dim() : dim;
-  VLM_ASSERT(x.size(d) % tp == 0, what, ": dim ", d, " of ", x.sizes(), " does not divide by tp = ", tp);
-  auto chunks = torch::stack(x.chunk(tp, d), 0);    // [tp, ..., n, ...]: chunk j goes to rank j
-  return ex.all_to_all(chunks, what).sum(0);         // every rank's chunk r, summed
+  VLM_ASSERT(x.size(d) % ex.size() == 0, what, ": dim ", d, " of ", x.sizes(), " does not divide by tp = ", ex.size());
+  if (d == 0) return ex.reduce_scatter(x, what);
+  return ex.reduce_scatter(x.movedim(d, 0), what).movedim(0, d);
 }
 
 torch::Tensor tp_all_reduce(SequenceExchange& ex, const torch::Tensor& x, const std::string& what) {
-  const int64_t tp = ex.size();
-  if (tp == 1) return x;
-  std::vector<int64_t> shape{tp};
-  for (int64_t s : x.sizes()) shape.push_back(s);
-  return ex.all_to_all(x.unsqueeze(0).expand(shape), what).sum(0);
+  if (ex.size() == 1) return x;
+  return ex.all_reduce(x, what);
 }
 
 // ---------------------------------------------------------------- parameter splits

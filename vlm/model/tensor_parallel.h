@@ -34,11 +34,11 @@
 // Without labels (evaluation, generation: logits) the decoder runs whole on every rank:
 // mixer and MLP outputs are all-reduced, the logits gathered over the vocabulary.
 //
-// The collectives are the group's differentiable all-to-all (SequenceExchange, installed by
-// sharding/ with VisionLanguageModelImpl::set_tensor_exchange): an all-gather is an
-// all-to-all of tp copies (its backward sums the copies: a reduce-scatter), a reduce-scatter
-// an all-to-all of the tp chunks then a sum (its backward an all-gather). Bytes equal the
-// native ops' (tensor_parallel_layer_bytes in sharding/parallel/tensor_parallel.h).
+// The collectives are the group exchange's (SequenceExchange::all_gather / reduce_scatter /
+// all_reduce, installed by sharding/ with VisionLanguageModelImpl::set_tensor_exchange: native
+// ops over the tp process group), differentiable: an all-gather's backward is a
+// reduce-scatter and the reverse. Bytes: tensor_parallel_layer_bytes in
+// sharding/parallel/tensor_parallel.h.
 //
 // Names: B batch, L the padded sequence (a multiple of tp), Lt = L / tp, d hidden, V vocab.
 #pragma once

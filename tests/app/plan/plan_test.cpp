@@ -239,7 +239,7 @@ TEST(Plan, ContextParallelSplitsTheDecoderAndPlansTheAllToAll) {
 // biases, o, gate/up/down, embed_tokens, lm_head) and the rest whole; the tp group's bytes per
 // micro-batch of one row of 8192 tokens in bf16 (sharding/parallel/tensor_parallel.h) with the
 // recipe's checkpointed layers: 3 x 2 (all-gather + reduce-scatter pairs) x 7/8 x L x d x 2 per
-// layer, the embedding's all-reduce 2 x 7 x L x d x 2, the final gather 2 x 7 x L/8 x d x 2,
+// layer, the embedding's all-reduce 2 x (2 x 7/8) x L x d x 2, the final gather 2 x 7 x L/8 x d x 2,
 // and the loss's 7 x 12 bytes per supervised row.
 TEST(Plan, TensorParallelHoldsAnEighthOfTheSplitParameters) {
   const std::string recipe = vlm::test::source_dir() + "/recipes/ocr_qwen25.toml";
@@ -260,7 +260,7 @@ TEST(Plan, TensorParallelHoldsAnEighthOfTheSplitParameters) {
   EXPECT_EQ(eight["tensor_parallel"]["params_per_rank"].get<int64_t>(), total - split + split / 8);
   EXPECT_EQ(eight["tensor_parallel"]["data_parallel"], 4);
   const double l = 8192, pair = 2.0 * 7 / 8 * l * d * 2;
-  const double known = 80 * 3 * 2 * pair + 2 * 7 * l * d * 2 + 2 * 7 * (l / 8) * d * 2;
+  const double known = 80 * 3 * 2 * pair + 2 * (2.0 * 7 / 8) * l * d * 2 + 2 * 7 * (l / 8) * d * 2;
   const double loss = eight["tensor_parallel"]["bytes_per_micro_batch"].get<double>() - known;
   EXPECT_GT(loss, 0);
   EXPECT_LE(loss, 7 * 12 * l);

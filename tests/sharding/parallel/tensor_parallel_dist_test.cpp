@@ -30,8 +30,9 @@
 // launch in tensor_parallel_kv_dist_test.cpp) for the attention-only families, whose 2
 // key/value heads each serve two ranks (k_proj / v_proj pieces replicated on two ranks,
 // their gradients summed between them), DDP and FSDP.
-// Bytes: step 0's all-to-all bytes on the tp comm equal tensor_parallel_layer_bytes() over the
-// layers plus the embedding's all-reduce, the final gather and the loss's exchanges.
+// Bytes: step 0's bytes on the tp comm (all-gathers, reduce-scatters, all-reduces, all-to-alls)
+// equal tensor_parallel_layer_bytes() over the layers plus the embedding's all-reduce, the
+// final gather and the loss's exchanges.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -126,7 +127,7 @@ struct TpResult {
   torch::Tensor logits0;                        // the first image micro-batch's, before training
   std::map<std::string, torch::Tensor> grads0;  // step 0, before clipping
   std::map<std::string, torch::Tensor> params;  // after the last step
-  double a2a_bytes0 = 0, formula0 = 0;          // step 0's tp all-to-all bytes, and the formula's
+  double a2a_bytes0 = 0, formula0 = 0;          // step 0's bytes on the tp comm, and the formula's
 };
 
 // One process in fp64, no sharding code; the filler group's text samples dropped, as the run
@@ -188,13 +189,14 @@ ShardingOptions tpd_options(const TpConfig& c) {
 }
 
 // The tp comm's bytes for one micro-batch on top of the layers' (tensor_parallel.h): the
-// embedding's all-reduce of [B, L, d] forward and backward, the final hidden states'
-// all-gather of [B, L/tp, d] forward and its reduce-scatter backward, and the loss's two
-// exchanges per row chunk (the row maxima, then the sums of exp and the label logits).
+// embedding's all-reduce of [B, L, d] forward and backward (ring volume 2 (tp-1)/tp), the
+// final hidden states' all-gather of [B, L/tp, d] forward and its reduce-scatter backward, and
+// the loss's two all-to-alls per row chunk (the row maxima, then the sums of exp and the label
+// logits).
 double tpd_outside_layers(const vlm::VlmConfig& cfg, int64_t tp, const vlm::Batch& b) {
   const int64_t rows = b.input_ids.size(0), len = b.input_ids.size(1);
   const int64_t padded = (len + tp - 1) / tp * tp, d = cfg.text.hidden_size;
-  const double e = static_cast<double>(tp - 1) * static_cast<double>(rows * len * d) * 4;
+  const double e = 2.0 * static_cast<double>(tp - 1) / static_cast<double>(tp) * static_cast<double>(rows * len * d) * 4;
   const double gather = static_cast<double>(tp - 1) * static_cast<double>(rows * padded / tp * d) * 4;
   const int64_t n = vlm::supervised_rows(b.labels).size(0);
   const int64_t chunk = vlm::cross_entropy_chunk_rows(cfg.text.vocab_size / tp);
@@ -251,7 +253,8 @@ TpResult tpd_sharded(ParallelDims& dims, const TpConfig& c) {
     dims.control().all_reduce(l, ReduceOp::kSum, "test: loss");
     r.losses.push_back(l.item<double>() / static_cast<double>(tokens));
     if (step == 0) {
-      r.a2a_bytes0 = dims.tp_comm().stats()[OpKind::kAllToAll].logical_bytes;
+      for (OpKind op : {OpKind::kAllGather, OpKind::kReduceScatter, OpKind::kAllReduce, OpKind::kAllToAll})
+        r.a2a_bytes0 += dims.tp_comm().stats()[op].logical_bytes;
       sm->optimizer().reduce_tensor_parallel();
       if (c.policy == "ddp")
         for (const auto& u : sm->unit_table())
@@ -328,7 +331,7 @@ void tpd_check(ParallelDims& dims, const TpConfig& c) {
   EXPECT_LE(worst, 1e-5) << tag << ": worst parameter " << worst_name;
   EXPECT_DOUBLE_EQ(got.a2a_bytes0, got.formula0) << tag;
   std::printf("%s: loss %.6f -> %.6f (ref %.6f), norm0 %.5f, max rel grad diff %.3g (%s), max |param diff| %.3g "
-              "(%s); step 0 tp all-to-all %.0f B\n",
+              "(%s); step 0 on the tp comm %.0f B\n",
               tag.c_str(), got.losses.front(), got.losses.back(), want.losses.back(), got.norms.front(), worst_grad,
               worst_grad_name.c_str(), worst, worst_name.c_str(), got.a2a_bytes0);
 }
