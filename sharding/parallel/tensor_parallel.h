@@ -4,15 +4,18 @@
 // sequence-parallel layout (the model's side, the splits and the layout:
 // vlm/model/tensor_parallel.h).
 //
-//   cfg.text.tensor_parallel = dims.tp();            // before building the model
-//   auto source = tensor_parallel_source(std::move(full_source), cfg, dims.tp_rank(), dims.tp());
+//   auto source = tensor_parallel_source(std::move(whole_source), cfg, whole_shapes,
+//                                        dims.tp_rank(), dims.tp());   // the whole model's source
+//   cfg.text.tensor_parallel = dims.tp();            // then build the model (meta) for one rank
 //   apply_policies(model, opts, dims, source.get()); // installs the exchange (below)
+// (app/config/model_source.h does the first two for the trainer.)
 //
 // Data parallelism composes as 2D (dp x tp): the lanes of ParallelDims span the world / tp
 // ranks with the same tp_rank(), so DDP and FSDP shard and reduce each tp rank's slices over
-// its data-parallel group. The optimizer then sums the replicated parameters' gradients over
-// the tp group (one all-reduce per step of all of them; each rank's was its share:
-// vlm/model/tensor_parallel.h) and counts them once in the gradient norm.
+// its data-parallel group. The optimizer then sums the shared parameters' gradients over the
+// ranks that share them (one all-reduce per step of all of them; each rank's was its share:
+// vlm/model/tensor_parallel.h; tensor_parallel_sharing below) and counts them once in the
+// gradient norm.
 //
 // Bytes per layer and micro-batch on a rank (Comm counters of the tp comm: native all-gathers,
 // reduce-scatters and all-reduces, their ring volume), L the padded sequence (a multiple of

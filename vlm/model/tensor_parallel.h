@@ -27,8 +27,9 @@
 // states are gathered for the vocabulary-parallel loss.
 // Gradients: a replicated parameter's gradient on one rank is its share (the rank's chunk of
 // the tokens, or its heads for q_norm / k_norm); the group's ranks sum them
-// (sharding/parallel/tensor_parallel.h does, once per step). A split parameter's gradient is
-// whole on its rank. loss_sum on each rank is 1 / tp of the micro-batch's loss (the ranks'
+// (sharding/parallel/tensor_parallel.h does, once per step). So do the tp / Hkv ranks that
+// hold one kv head's k_proj / v_proj piece (each for its own query heads). A split
+// parameter's gradient is whole on its rank. loss_sum on each rank is 1 / tp of the micro-batch's loss (the ranks'
 // values sum to it; each rank's backward is the whole loss's, through its vocabulary slice).
 //
 // Without labels (evaluation, generation: logits) the decoder runs whole on every rank:
