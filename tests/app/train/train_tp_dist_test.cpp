@@ -11,11 +11,13 @@
 //     parameter at its full shape, within 1e-4 of the world-1 run's checkpoint of step 6 (the
 //     same bound as the expert-parallel export: a fraction of one Adam step at lr 2e-3);
 //   - a tp that does not divide the attention heads, and tp with cp, stop every rank at
-//     start-up with the reason.
+//     start-up with the reason;
+//   - a rank of the tp group that dies mid-run ends the other with the collective named.
 // Equality with one process to the order of float sums is sharding_tensor_parallel_dist_test's
 // (fp64 reference), so the curves are compared within 1e-5 relative.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <map>
 
@@ -140,6 +142,27 @@ TEST_F(TrainTensorParallel, PackedFollowsOneProcess) {
   expect_tp_curve(vlm::test::losses_by_step(tp2 / "run"), vlm::test::losses_by_step(one / "run"), 1, 6,
                   "packed tp 2 at world 2");
   EXPECT_EQ(tokens_by_step(tp2 / "run"), tokens_by_step(one / "run"));
+}
+
+// A rank of a tp group dies (VLMTRAIN_FAULT_EXIT: before step 3, no cleanup): the other ends
+// with an error naming the collective it was in and the rank that failed, well inside the
+// timeout (no hang).
+TEST_F(TrainTensorParallel, DeadRankEndsTheOtherWithTheOpNamed) {
+  TempDir dir("tp-dead");
+  auto args = vlm::test::tiny_train_args(dir / "run", g_tp_data->path(), 6, 0);
+  for (const std::string& s : {"dist.tp=2", "batch.samples_per_rank=4", "dist.timeout_s=30"}) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto res = vlm::test::run_ranks(2, args, std::chrono::seconds(120), {"VLMTRAIN_FAULT_EXIT=3:1"});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(res.size(), 2u);
+  EXPECT_EQ(res[1].exit_code, 3) << res[1].output;
+  EXPECT_NE(res[0].exit_code, 0) << res[0].output;
+  EXPECT_FALSE(res[0].timed_out) << res[0].output;
+  EXPECT_NE(res[0].output.find("all_reduce"), std::string::npos) << res[0].output;
+  EXPECT_LT(seconds, 90) << "within the 30 s collective timeout and the peer reports";
 }
 
 TEST_F(TrainTensorParallel, ImpossibleSplitsStopEveryRankAtStartUp) {
