@@ -11,6 +11,40 @@ namespace {
 // A match that names something: not empty, not only separators.
 bool matches_any_glob_char(const std::string& s) { return s.find_first_not_of(" |") != std::string::npos; }
 
+// [dist]: the parallel dimensions' combinations that are not built yet, refused by key.
+void validate_parallelism(const Recipe& r, Purpose purpose) {
+  auto fail = [&](const std::string& key, const std::string& what) {
+    throw vlm::Error(r.location(key) + ": key '" + key + "': " + what);
+  };
+  if (r.dist.cp > 1 && r.dist.ep > 1)
+    fail("dist.cp", "cp = " + std::to_string(r.dist.cp) + " with ep = " + std::to_string(r.dist.ep) +
+                        ": context and expert parallelism together are not built yet (expected one of them 1)");
+  if (r.dist.cp > 1 && r.model.router_aux_loss_coef != 0)
+    fail("dist.cp", "context parallelism has no MoE load-balancing loss yet (expected model.router_aux_loss_coef = 0)");
+
+  if (r.dist.tp > 1 && purpose != Purpose::eval) {  // `vlmtrain eval` replicates the model (tp 1)
+    const std::string tp = "tp = " + std::to_string(r.dist.tp);
+    if (r.dist.cp > 1 || r.dist.ep > 1)
+      fail("dist.tp", tp + " with cp = " + std::to_string(r.dist.cp) + " and ep = " + std::to_string(r.dist.ep) +
+                          ": tensor parallelism with context or expert parallelism is not built yet (expected cp 1 "
+                          "and ep 1)");
+    if (r.model.router_aux_loss_coef != 0)
+      fail("dist.tp", tp + ": tensor parallelism has no MoE load-balancing loss yet (expected "
+                           "model.router_aux_loss_coef = 0)");
+    if (!r.model.sharded_load)
+      fail("dist.tp", tp + ": each rank loads its slices of the weights, which needs model.sharded_load = true");
+    if (purpose == Purpose::train && !r.data.eval.empty() && (r.eval.every > 0 || r.eval.at_end))
+      fail("dist.tp", tp + ": evaluation inside a tensor-parallel run is not built yet (expected data.eval = [] "
+                           "or eval.every = 0 and eval.at_end = false; `vlmtrain eval --checkpoint` evaluates its "
+                           "checkpoints, putting the slices back together)");
+    for (const auto& rule : r.sharding.module)
+      if (rule.policy == "lora" || rule.strategy == "hybrid_shard")
+        fail("dist.tp", tp + ": a sharding rule has " +
+                            (rule.policy == "lora" ? std::string("policy = \"lora\"") : "strategy = \"hybrid_shard\"") +
+                            ", which tensor parallelism does not take yet (expected ddp / fsdp / freeze rules)");
+  }
+}
+
 }  // namespace
 
 void Recipe::validate(Purpose purpose) const {
@@ -107,34 +141,7 @@ void Recipe::validate(Purpose purpose) const {
                          k + "' (this rule has policy = \"" + rule.policy + "\")");
   }
 
-  // dist
-  if (dist.cp > 1 && dist.ep > 1)
-    fail("dist.cp", "cp = " + std::to_string(dist.cp) + " with ep = " + std::to_string(dist.ep) +
-                        ": context and expert parallelism together are not built yet (expected one of them 1)");
-  if (dist.cp > 1 && model.router_aux_loss_coef != 0)
-    fail("dist.cp", "context parallelism has no MoE load-balancing loss yet (expected model.router_aux_loss_coef = 0)");
-
-  if (dist.tp > 1 && purpose != Purpose::eval) {  // `vlmtrain eval` replicates the model (tp 1)
-    const std::string tp = "tp = " + std::to_string(dist.tp);
-    if (dist.cp > 1 || dist.ep > 1)
-      fail("dist.tp", tp + " with cp = " + std::to_string(dist.cp) + " and ep = " + std::to_string(dist.ep) +
-                          ": tensor parallelism with context or expert parallelism is not built yet (expected cp 1 "
-                          "and ep 1)");
-    if (model.router_aux_loss_coef != 0)
-      fail("dist.tp", tp + ": tensor parallelism has no MoE load-balancing loss yet (expected "
-                           "model.router_aux_loss_coef = 0)");
-    if (!model.sharded_load)
-      fail("dist.tp", tp + ": each rank loads its slices of the weights, which needs model.sharded_load = true");
-    if (purpose == Purpose::train && !data.eval.empty() && (eval.every > 0 || eval.at_end))
-      fail("dist.tp", tp + ": evaluation inside a tensor-parallel run is not built yet (expected data.eval = [] "
-                           "or eval.every = 0 and eval.at_end = false; `vlmtrain eval --checkpoint` evaluates its "
-                           "checkpoints, putting the slices back together)");
-    for (const auto& rule : sharding.module)
-      if (rule.policy == "lora" || rule.strategy == "hybrid_shard")
-        fail("dist.tp", tp + ": a sharding rule has " +
-                            (rule.policy == "lora" ? std::string("policy = \"lora\"") : "strategy = \"hybrid_shard\"") +
-                            ", which tensor parallelism does not take yet (expected ddp / fsdp / freeze rules)");
-  }
+  validate_parallelism(*this, purpose);
 
   // checkpoint
   if (checkpoint.resume.empty())

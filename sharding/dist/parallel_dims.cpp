@@ -232,31 +232,28 @@ struct ParallelDims::Init {
 
   // The expert-parallel degree from the options.
   void ep_shape() {
-    p.ep_ = opts.ep;
-    VLM_CHECK(opts.ep >= 1 && env.world_size % opts.ep == 0, "dist.ep = ", opts.ep,
-              " does not divide the world size ", env.world_size,
-              " (hint: expert parallelism splits the experts within groups of ep consecutive ranks and replicates "
-              "them across world / ep groups; pick a divisor of the world size, 1 for none)");
+    p.ep_ = degree(opts.ep, "ep", "expert parallelism splits the experts within groups of ep consecutive ranks and "
+                                  "replicates them across world / ep groups");
+  }
+
+  // A parallel degree dist.<key> that must divide the world size (else why, with `what`).
+  int degree(int value, const char* key, const char* what) const {
+    VLM_CHECK(value >= 1 && env.world_size % value == 0, "dist.", key, " = ", value, " does not divide the world size ",
+              env.world_size, " (hint: ", what, "; pick a divisor of the world size, 1 for none)");
+    return value;
   }
 
   // The context-parallel degree from the options.
   void cp_shape() {
-    p.cp_ = opts.cp;
-    VLM_CHECK(opts.cp >= 1 && env.world_size % opts.cp == 0, "dist.cp = ", opts.cp,
-              " does not divide the world size ", env.world_size,
-              " (hint: context parallelism splits each sequence within groups of cp consecutive ranks; pick a "
-              "divisor of the world size, 1 for none)");
+    p.cp_ = degree(opts.cp, "cp", "context parallelism splits each sequence within groups of cp consecutive ranks");
     VLM_CHECK(opts.cp == 1 || opts.ep == 1, "dist.cp = ", opts.cp, " with dist.ep = ", opts.ep,
               ": context and expert parallelism together are not built yet (hint: one of them 1)");
   }
 
   // The tensor-parallel degree from the options.
   void tp_shape() {
-    p.tp_ = opts.tp;
-    VLM_CHECK(opts.tp >= 1 && env.world_size % opts.tp == 0, "dist.tp = ", opts.tp,
-              " does not divide the world size ", env.world_size,
-              " (hint: tensor parallelism splits each layer within groups of tp consecutive ranks, usually the GPUs "
-              "of one node; pick a divisor of the world size, 1 for none)");
+    p.tp_ = degree(opts.tp, "tp", "tensor parallelism splits each layer within groups of tp consecutive ranks, "
+                                  "usually the GPUs of one node");
     VLM_CHECK(opts.tp == 1 || (opts.cp == 1 && opts.ep == 1 && !opts.mesh), "dist.tp = ", opts.tp,
               " with dist.cp = ", opts.cp, ", dist.ep = ", opts.ep, opts.mesh ? " and a hybrid_shard mesh" : "",
               ": tensor parallelism with context, expert or hybrid-sharded data parallelism is not built yet "
