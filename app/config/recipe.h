@@ -320,6 +320,7 @@ struct DistSection {
   int64_t cp = 1;
   std::string cp_mode = "ulysses";
   int64_t tp = 1;
+  int64_t pp = 1;
 
   template <class V> void fields(V& v) {
     v("backend", backend, Choice{{"auto", "gloo", "nccl"}},
@@ -346,6 +347,12 @@ struct DistSection {
       "micro-batches (DDP / FSDP then run over the world / tp data-parallel ranks); must divide the world size, "
       "the heads, the key/value heads, intermediate_size and the vocabulary; needs model.sharded_load; not with "
       "cp, ep, hybrid_shard or LoRA yet; 1 = none (docs/tensor_parallel.md)");
+    v("pp", pp, Range{1, 1e6},
+      "pipeline parallelism: stages (the outermost dimension: stage s is ranks [s world/pp, (s+1) world/pp)), each "
+      "holding a contiguous run of the decoder layers balanced by cost (stage 0 also the vision tower, the last "
+      "the head), running each step's micro-batches in 1F1B order; data and tensor parallelism inside a stage; "
+      "must divide the world size; needs model.sharded_load; not with cp, ep, hybrid_shard, LoRA or the MoE "
+      "aux loss yet; 1 = none (docs/pipeline_parallel.md)");
   }
 };
 

@@ -43,6 +43,27 @@ void validate_parallelism(const Recipe& r, Purpose purpose) {
                             (rule.policy == "lora" ? std::string("policy = \"lora\"") : "strategy = \"hybrid_shard\"") +
                             ", which tensor parallelism does not take yet (expected ddp / fsdp / freeze rules)");
   }
+  if (r.dist.pp > 1 && purpose != Purpose::eval) {  // `vlmtrain eval` runs the whole model
+    const std::string pp = "pp = " + std::to_string(r.dist.pp);
+    if (r.dist.cp > 1 || r.dist.ep > 1)
+      fail("dist.pp", pp + " with cp = " + std::to_string(r.dist.cp) + " and ep = " + std::to_string(r.dist.ep) +
+                          ": pipeline parallelism with context or expert parallelism is not built yet (expected cp 1 "
+                          "and ep 1)");
+    if (r.model.router_aux_loss_coef != 0)
+      fail("dist.pp", pp + ": pipeline parallelism has no MoE load-balancing loss yet (expected "
+                           "model.router_aux_loss_coef = 0)");
+    if (!r.model.sharded_load)
+      fail("dist.pp", pp + ": each stage loads only its own layers, which needs model.sharded_load = true");
+    if (purpose == Purpose::train && !r.data.eval.empty() && (r.eval.every > 0 || r.eval.at_end))
+      fail("dist.pp", pp + ": evaluation inside a pipeline-parallel run is not built yet (expected data.eval = [] "
+                           "or eval.every = 0 and eval.at_end = false; `vlmtrain eval --checkpoint` evaluates its "
+                           "checkpoints)");
+    for (const auto& rule : r.sharding.module)
+      if (rule.policy == "lora" || rule.strategy == "hybrid_shard")
+        fail("dist.pp", pp + ": a sharding rule has " +
+                            (rule.policy == "lora" ? std::string("policy = \"lora\"") : "strategy = \"hybrid_shard\"") +
+                            ", which pipeline parallelism does not take yet (expected ddp / fsdp / freeze rules)");
+  }
 }
 
 }  // namespace

@@ -61,6 +61,7 @@ vlm::sharding::ParallelOptions parallel_options(const Recipe& recipe) {
   po.ep = static_cast<int>(recipe.dist.ep);
   po.cp = static_cast<int>(recipe.dist.cp);
   po.tp = static_cast<int>(recipe.dist.tp);
+  po.pp = static_cast<int>(recipe.dist.pp);
   return po;
 }
 

@@ -228,6 +228,9 @@ struct ParallelDims::Init {
     p.expert_replicate_ = local_comm(opts);
     p.cp_comm_ = local_comm(opts);
     p.tp_comm_ = local_comm(opts);
+    p.pp_prev_ = local_comm(opts);
+    p.pp_next_ = local_comm(opts);
+    p.pp_tie_ = local_comm(opts);
   }
 
   // The expert-parallel degree from the options.
@@ -258,6 +261,18 @@ struct ParallelDims::Init {
               " with dist.cp = ", opts.cp, ", dist.ep = ", opts.ep, opts.mesh ? " and a hybrid_shard mesh" : "",
               ": tensor parallelism with context, expert or hybrid-sharded data parallelism is not built yet "
               "(hint: tp with ddp / fsdp over the world / tp data-parallel ranks)");
+  }
+
+  // The pipeline-parallel degree from the options (the outermost dimension: tp divides a stage).
+  void pp_shape() {
+    p.pp_ = degree(opts.pp, "pp", "pipeline parallelism splits the decoder layers into pp stages of world / pp ranks");
+    VLM_CHECK(opts.pp == 1 || (opts.cp == 1 && opts.ep == 1 && !opts.mesh), "dist.pp = ", opts.pp,
+              " with dist.cp = ", opts.cp, ", dist.ep = ", opts.ep, opts.mesh ? " and a hybrid_shard mesh" : "",
+              ": pipeline parallelism with context, expert or hybrid-sharded data parallelism is not built yet "
+              "(hint: pp with tp and ddp / fsdp inside each stage)");
+    VLM_CHECK((env.world_size / p.pp_) % p.tp_ == 0, "dist.tp = ", p.tp_, " does not divide a pipeline stage's ",
+              env.world_size / p.pp_, " ranks (world ", env.world_size, " / dist.pp ", p.pp_,
+              ") (hint: world = pp x dp x tp)");
   }
 
   // The rendezvous store: rank 0 hosts it, or every rank joins the torchrun agent's (under
@@ -349,15 +364,16 @@ struct ParallelDims::Init {
 
   // One group per lane (the header comment), each with the main group's transport.
   void lanes() {
-    if (p.tp_ > 1) {  // the data-parallel group of this tp rank: every tp-th rank
-      agree(p.tp_, "tp", "tensor");
-      const int tp_rank = p.tp_rank(), dp = env.world_size / p.tp_;
+    agree(p.tp_, "tp", "tensor");
+    agree(p.pp_, "pp", "pipeline");
+    if (p.tp_ > 1 || p.pp_ > 1) {  // this stage's data-parallel group of this tp rank: every tp-th rank
+      const int stage = p.pp_rank(), tp_rank = p.tp_rank(), dp = p.stage_size() / p.tp_, me = p.stage_index() / p.tp_;
       c10::intrusive_ptr<c10d::Backend> g;
-      p.comm_ = make_comm(str("tp_dp/", tp_rank, "/main"), "data", env.rank / p.tp_, dp, &g);
+      p.comm_ = make_comm(str("dp/", stage, "/", tp_rank, "/main"), "data", me, dp, &g);
       p.lane_groups_[0] = g;
       for (int l = 1; l < kNumLanes; ++l) {
         const std::string name = lane_name(static_cast<Lane>(l));
-        p.lanes_[l] = opts.lanes ? make_comm(str("tp_dp/", tp_rank, "/", name), str("data/", name), env.rank / p.tp_, dp,
+        p.lanes_[l] = opts.lanes ? make_comm(str("dp/", stage, "/", tp_rank, "/", name), str("data/", name), me, dp,
                                              &p.lane_groups_[l])
                                  : p.comm_;
       }
@@ -461,13 +477,37 @@ struct ParallelDims::Init {
     if (g) p.mesh_groups_.push_back(g);
   }
 
+  // Pipeline parallelism's links (ParallelOptions::pp): per stage boundary and stage index a
+  // 2-rank group ("pp/<s>/<i>": stage s's rank is rank 0), made previous link first (so the
+  // chain of rendezvous completes from stage 0), then the tie group of stage 0 and the last
+  // stage ("pp_tie/<i>"). pp 1: local. (The ranks agreed on pp in lanes().)
+  void pp_groups() {
+    p.pp_prev_ = local_comm(opts);
+    p.pp_prev_->set_plane("data/pp_prev", p.control_.get());
+    p.pp_next_ = local_comm(opts);
+    p.pp_next_->set_plane("data/pp_next", p.control_.get());
+    p.pp_tie_ = local_comm(opts);
+    p.pp_tie_->set_plane("data/pp_tie", p.control_.get());
+    if (p.pp_ == 1) return;
+    const int s = p.pp_rank(), i = p.stage_index(), last = p.pp_ - 1;
+    c10::intrusive_ptr<c10d::Backend> g;
+    if (s > 0) p.pp_prev_ = make_comm(str("pp/", s - 1, "/", i), str("data/pp", s - 1, "-", s, "/", i), 1, 2, &g);
+    if (g) p.mesh_groups_.push_back(g);
+    g.reset();
+    if (s < last) p.pp_next_ = make_comm(str("pp/", s, "/", i), str("data/pp", s, "-", s + 1, "/", i), 0, 2, &g);
+    if (g) p.mesh_groups_.push_back(g);
+    g.reset();
+    if (s == 0 || s == last) p.pp_tie_ = make_comm(str("pp_tie/", i), str("data/pp_tie/", i), s == 0 ? 0 : 1, 2, &g);
+    if (g) p.mesh_groups_.push_back(g);
+  }
+
   // Tensor parallelism's groups (ParallelOptions::tp): runs of tp consecutive ranks ("tp<g>").
   // tp 1: local. (The ranks agreed on tp in lanes().)
   void tp_groups() {
     p.tp_comm_ = local_comm(opts);
     p.tp_comm_->set_plane("data/tp", p.control_.get());
     if (p.tp_ == 1) return;
-    const int group = env.rank / p.tp_;
+    const int group = env.rank / p.tp_;  // unique over the stages too
     c10::intrusive_ptr<c10d::Backend> g;
     p.tp_comm_ = make_comm(str("tp/", group), str("data/tp", group), p.tp_rank(), p.tp_, &g);
     if (g) p.mesh_groups_.push_back(g);
@@ -510,6 +550,7 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
   in.ep_shape();
   in.cp_shape();
   in.tp_shape();
+  in.pp_shape();
   if (env.world_size == 1) {
     in.local_comms();
     return p;
@@ -522,6 +563,7 @@ ParallelDims ParallelDims::init(const DistEnv& env, const ParallelOptions& opts)
   in.ep_groups();
   in.cp_groups();
   in.tp_groups();
+  in.pp_groups();
   in.warm_up_comms();
   if (p.backend_ == Backend::kNccl) p.start_watchdog();
   return p;
@@ -549,6 +591,9 @@ std::vector<Comm*> ParallelDims::data_comms() const {
   add(expert_replicate_);
   add(cp_comm_);
   add(tp_comm_);
+  add(pp_prev_);  // previous link first: the warm-up's chain of pairs completes from stage 0
+  add(pp_next_);
+  add(pp_tie_);
   return out;
 }
 

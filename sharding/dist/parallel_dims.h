@@ -94,6 +94,14 @@ struct ParallelOptions {
   // tp ranks with this rank's tp_rank(). It must divide the world size; not with cp, ep or
   // the hybrid_shard mesh yet. 1: none.
   int tp = 1;
+  // Pipeline parallelism (recipe: dist.pp; sharding/parallel/pipeline.h): the outermost
+  // dimension. The world splits into pp stages of world / pp consecutive ranks (across nodes);
+  // stage s holds a contiguous run of the decoder layers (stage 0 also the vision tower and the
+  // embedding, the last one the final norm and the head) and passes activations forward and
+  // gradients back to the rank with the same index inside the neighbouring stage (a 2-rank
+  // group per link). Inside a stage, data and tensor parallelism as without pp. It must divide
+  // the world size; not with cp, ep or the hybrid_shard mesh yet. 1: none.
+  int pp = 1;
 };
 
 // The NCCL environment vlmtrain runs with, set before the first NCCL process group unless
@@ -166,8 +174,8 @@ class ParallelDims {
   // exchange q/k/v over the group's comm (its own process group); local when cp is 1.
   int cp() const { return cp_; }
   int cp_rank() const { return env_.rank % cp_; }
-  int dp_rank() const { return env_.rank / (cp_ * tp_); }
-  int dp_size() const { return env_.world_size / (cp_ * tp_); }
+  int dp_rank() const { return stage_index() / (cp_ * tp_); }
+  int dp_size() const { return stage_size() / (cp_ * tp_); }
   Comm& cp_comm() const { return *cp_comm_; }
   // Tensor parallelism (ParallelOptions::tp): rank = dp_rank() * tp() + tp_rank(). The tp
   // ranks of a group share their data and exchange activations over tp_comm() (its own
@@ -175,10 +183,24 @@ class ParallelDims {
   int tp() const { return tp_; }
   int tp_rank() const { return env_.rank % tp_; }
   Comm& tp_comm() const { return *tp_comm_; }
+  // Pipeline parallelism (ParallelOptions::pp): rank = pp_rank() * stage_size() +
+  // stage_index(). pp_prev() / pp_next(): the 2-rank groups of this rank and the rank with the
+  // same stage_index() in the previous / next stage (rank 0 of each: the earlier stage); local
+  // (size 1) at the ends. pp_tie(): stage 0's rank and the last stage's (same stage_index),
+  // for tied embeddings; local when pp is 1. The lanes (comm(lane)) span this stage's
+  // data-parallel group.
+  int pp() const { return pp_; }
+  int pp_rank() const { return env_.rank / stage_size(); }
+  int stage_size() const { return env_.world_size / pp_; }
+  int stage_index() const { return env_.rank % stage_size(); }
+  Comm& pp_prev() const { return *pp_prev_; }
+  Comm& pp_next() const { return *pp_next_; }
+  Comm& pp_tie() const { return *pp_tie_; }
   // The ranks that run the same micro-batches (a context- or tensor-parallel group: cp x tp
   // consecutive ranks) and the data-parallel index of this rank's group.
   int data_group_size() const { return cp_ * tp_; }
-  // Every distinct data-plane comm (lanes, mesh groups, expert-, context- and tensor-parallel groups).
+  // Every distinct data-plane comm (lanes, mesh groups, expert-, context-, tensor-parallel
+  // groups, pipeline links).
   std::vector<Comm*> data_comms() const;
   // The data plane's counters summed over its comms (lanes and mesh), and their reset.
   CommStats data_stats() const;
@@ -235,6 +257,8 @@ class ParallelDims {
   std::shared_ptr<Comm> cp_comm_;  // context-parallel group: the sequence exchanges
   int tp_ = 1;
   std::shared_ptr<Comm> tp_comm_;  // tensor-parallel group: the activation exchanges
+  int pp_ = 1;
+  std::shared_ptr<Comm> pp_prev_, pp_next_, pp_tie_;  // pipeline links (2 ranks each, or local)
   std::vector<c10::intrusive_ptr<c10d::Backend>> mesh_groups_;
   std::vector<CommWarmUp> warm_ups_;
 };

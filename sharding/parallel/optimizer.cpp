@@ -98,7 +98,6 @@ ShardedAdamW::ShardedAdamW(Comm& comm, const std::vector<UnitPlan>& units, const
     g.ddp_of.assign(g.params.size(), nullptr);
     g.param_steps.assign(g.params.size(), 0);
     g.active.assign(g.params.size(), 0);
-    g.tp_shared.assign(g.params.size(), 0);
     groups_.push_back(std::move(g));
   }
 }
@@ -150,78 +149,105 @@ torch::Tensor ShardedAdamW::segment_grad(const Group& g, const Segment& s) const
   return grad.reshape({-1}).narrow(0, s.param_offset, s.len).to(torch::kFloat32);
 }
 
-void ShardedAdamW::set_tensor_parallel(Comm* tp, const std::function<int64_t(const std::string&)>& sharing) {
-  tp_ = tp != nullptr && tp->world_size() > 1 ? tp : nullptr;
-  for (auto& g : groups_)
-    for (size_t k = 0; k < g.params.size(); ++k) g.tp_shared[k] = tp_ != nullptr ? sharing(g.params[k].name) : 0;
+void ShardedAdamW::add_shared_gradients(Comm* comm, const std::function<int64_t(const std::string&)>& sharing,
+                                        const std::string& what) {
+  if (comm == nullptr || comm->world_size() == 1) return;
+  shared_.push_back({comm, what});
+  for (auto& g : groups_) {
+    g.shared.emplace_back(g.params.size(), 0);
+    for (size_t k = 0; k < g.params.size(); ++k) g.shared.back()[k] = sharing(g.params[k].name);
+  }
 }
 
-void ShardedAdamW::reduce_tensor_parallel(const std::string& ctx) {
-  if (tp_ == nullptr || tp_reduced_) return;
+void ShardedAdamW::set_pipeline(int64_t stage, int64_t stages) {
+  pp_stage_ = stage;
+  pp_stages_ = stages;
+  int64_t flags = 0;
+  for (const auto& g : groups_) flags += static_cast<int64_t>(g.params.size());
+  torch::Tensor t = torch::tensor({static_cast<double>(flags)}, torch::kFloat64);
+  if (control().world_size() > 1) control().all_reduce(t, ReduceOp::kMax, "pipeline: the stages' parameter counts");
+  flags_max_ = static_cast<int64_t>(t.item<double>());
+}
+
+void ShardedAdamW::reduce_shared_gradients(const std::string& ctx) {
+  if (shared_.empty() || shared_reduced_) return;
   torch::NoGradGuard no_grad;
   if (fsdp_ != nullptr) fsdp_->check_reduced(ctx);
   wait();
-  // Every rank of the tp group holds the same units and layout (its slices have the same
-  // shapes), so the views line up element for element.
+  for (size_t i = 0; i < shared_.size(); ++i) reduce_shared(i, ctx + ", " + shared_[i].what);
+  shared_reduced_ = true;
+}
+
+void ShardedAdamW::reduce_shared(size_t i, const std::string& ctx) {
+  Comm& comm = *shared_[i].comm;
+  // Every rank of the group holds the same shared parameters in the same layout (its slices
+  // have the same shapes), so the views line up element for element.
   std::vector<torch::Tensor> views;
   std::vector<int64_t> pieces;  // per view: its sharing (1: every rank, k: one of k pieces)
   for (auto& g : groups_) {
+    const std::vector<int64_t>& sh = g.shared[i];
     if (g.fsdp != nullptr) {
       for (const auto& s : g.segments)
-        if (g.tp_shared[s.param]) {
+        if (sh[s.param]) {
           views.push_back(g.fsdp->shard_grad().narrow(0, s.flat_offset - g.lo, s.len));
-          pieces.push_back(g.tp_shared[s.param]);
+          pieces.push_back(sh[s.param]);
         }
       continue;
     }
     for (size_t k = 0; k < g.params.size(); ++k) {
-      if (!g.tp_shared[k]) continue;
+      if (!sh[k]) continue;
       torch::Tensor grad = g.ddp_of[k] != nullptr ? g.ddp_of[k]->grad_or_zeros(g.ddp_index[k]) : param_grad(g, k);
       if (!grad.defined()) {
         g.params[k].param.mutable_grad() = torch::zeros_like(g.params[k].param);
         grad = g.params[k].param.grad();
       }
       views.push_back(grad.view({-1}));
-      pieces.push_back(g.tp_shared[k]);
+      pieces.push_back(sh[k]);
     }
   }
-  tp_reduced_ = true;
   if (views.empty()) return;
   // A k-piece view goes to its piece of k zeroed pieces: the sum over the group leaves in
   // each piece the sum over the ranks holding it.
-  const int64_t n = tp_->world_size(), r = tp_->rank();
+  const int64_t n = comm.world_size(), r = comm.rank();
   std::vector<torch::Tensor> flat;
-  for (size_t i = 0; i < views.size(); ++i) {
-    const int64_t k = pieces[i], len = views[i].numel();
+  for (size_t v = 0; v < views.size(); ++v) {
+    const int64_t k = pieces[v], len = views[v].numel();
     if (k == 1) {
-      flat.push_back(views[i].to(torch::kFloat32));
+      flat.push_back(views[v].to(torch::kFloat32));
       continue;
     }
-    torch::Tensor z = torch::zeros({k * len}, views[i].options().dtype(torch::kFloat32));
-    z.narrow(0, r * k / n * len, len).copy_(views[i]);
+    torch::Tensor z = torch::zeros({k * len}, views[v].options().dtype(torch::kFloat32));
+    z.narrow(0, r * k / n * len, len).copy_(views[v]);
     flat.push_back(z);
   }
   torch::Tensor sum = torch::cat(flat);
-  tp_->all_reduce(sum, ReduceOp::kSum, ctx);
+  comm.all_reduce(sum, ReduceOp::kSum, ctx);
   int64_t off = 0;
-  for (size_t i = 0; i < views.size(); ++i) {
-    const int64_t k = pieces[i], len = views[i].numel();
-    views[i].copy_(sum.narrow(0, off + (k == 1 ? 0 : r * k / n * len), len));
+  for (size_t v = 0; v < views.size(); ++v) {
+    const int64_t k = pieces[v], len = views[v].numel();
+    views[v].copy_(sum.narrow(0, off + (k == 1 ? 0 : r * k / n * len), len));
     off += k * len;
   }
 }
 
+bool ShardedAdamW::counted_in_norm(const Group& g, size_t k) const {
+  for (size_t i = 0; i < shared_.size(); ++i) {
+    const int64_t pieces = g.shared[i][k];
+    const Comm& c = *shared_[i].comm;
+    if (pieces > 0 && c.rank() % (c.world_size() / pieces) != 0) return false;
+  }
+  return true;
+}
+
 std::vector<torch::Tensor> ShardedAdamW::norm_parts() const {
   std::vector<torch::Tensor> parts;
-  // A shared parameter counts on the first rank sharing it: tp rank 0 when replicated, the
-  // first of each piece's tp / k ranks.
-  auto skip = [this](int64_t k) { return k > 0 && tp_->rank() % (tp_->world_size() / k) != 0; };
-  const bool skip_shared = tp_ != nullptr;
+  // A shared parameter counts on the first rank sharing it (counted_in_norm).
+  const bool any_shared = !shared_.empty();
   for (const auto& g : groups_) {
-    if (g.fsdp != nullptr && skip_shared) {
+    if (g.fsdp != nullptr && any_shared) {
       for (const auto& s : g.segments) {
         const int64_t a = std::max(s.flat_offset, g.own_lo), b = std::min(s.flat_offset + s.len, g.own_hi);
-        if (!skip(g.tp_shared[s.param]) && a < b) parts.push_back(g.fsdp->shard_grad().narrow(0, a - g.lo, b - a));
+        if (counted_in_norm(g, s.param) && a < b) parts.push_back(g.fsdp->shard_grad().narrow(0, a - g.lo, b - a));
       }
       continue;
     }
@@ -230,7 +256,7 @@ std::vector<torch::Tensor> ShardedAdamW::norm_parts() const {
       continue;
     }
     for (size_t k = 0; k < g.params.size(); ++k) {
-      if (skip_shared && skip(g.tp_shared[k])) continue;
+      if (any_shared && !counted_in_norm(g, k)) continue;
       const torch::Tensor grad = param_grad(g, k);
       if (!grad.defined()) continue;
       const int64_t a = std::max(g.lo, g.offsets[k]), b = std::min(g.hi, g.offsets[k] + grad.numel());
@@ -240,21 +266,23 @@ std::vector<torch::Tensor> ShardedAdamW::norm_parts() const {
   return parts;
 }
 
-
 double ShardedAdamW::agree(double local_sumsq, const std::string& ctx) {
   int64_t flags = 0;
   for (const auto& g : groups_) flags += static_cast<int64_t>(g.params.size());
-  torch::Tensor t = torch::empty({1 + flags}, torch::kFloat64);  // [sum of squares, had-grad flags...]
+  // Pipeline stages hold different parameters: each stage's flags in a range of their own.
+  const int64_t width = pp_stages_ > 1 ? flags_max_ : flags, base = 1 + pp_stage_ * width;
+  VLM_ASSERT(flags <= width, "optimizer: ", flags, " parameters but set_pipeline counted at most ", width);
+  torch::Tensor t = torch::zeros({1 + pp_stages_ * width}, torch::kFloat64);  // [sum of squares, had-grad flags...]
   double* d = t.data_ptr<double>();
   d[0] = local_sumsq;
-  int64_t i = 1;
+  int64_t i = base;
   for (const auto& g : groups_)
     for (size_t k = 0; k < g.params.size(); ++k) d[i++] = local_had_grad(g, k) ? 1.0 : 0.0;
-  if (control().world_size() > 1) {  // the world (tp ranks hold different slices)
+  if (control().world_size() > 1) {  // the world (tp ranks hold different slices, stages different layers)
     control().all_reduce(t, ReduceOp::kSum, ctx);
     d = t.data_ptr<double>();
   }
-  i = 1;
+  i = base;
   for (auto& g : groups_)
     for (size_t k = 0; k < g.params.size(); ++k) g.active[k] = d[i++] > 0.5;
   agreed_ = true;
@@ -265,7 +293,7 @@ double ShardedAdamW::clip_grad_norm(const std::string& ctx) {
   torch::NoGradGuard no_grad;
   if (fsdp_ != nullptr) fsdp_->check_reduced(ctx);
   wait();
-  reduce_tensor_parallel(ctx + ", tensor-parallel gradient sum");
+  reduce_shared_gradients(ctx + ", shared gradients");
   const double norm = std::sqrt(agree(sum_of_squares(norm_parts()), ctx));
   if (opts_.grad_clip > 0) {
     const double coef = opts_.grad_clip / (norm + 1e-6);
@@ -304,7 +332,7 @@ void ShardedAdamW::step(double lr_scale, const std::string& ctx) {
   torch::NoGradGuard no_grad;
   if (fsdp_ != nullptr) fsdp_->check_reduced(ctx);
   wait();
-  reduce_tensor_parallel(ctx + ", tensor-parallel gradient sum");
+  reduce_shared_gradients(ctx + ", shared gradients");
   if (!agreed_) agree(0.0, ctx + ", gradient flags");
   agreed_ = false;
   ++step_;
@@ -512,7 +540,7 @@ void ShardedAdamW::zero_grad() {
   for (DdpReducer* d : ddps_) d->zero_grad();  // bucket accumulation and had-gradient flags
   if (fsdp_ != nullptr) fsdp_->zero_grad();  // shard grads and their had-gradient flags
   agreed_ = false;
-  tp_reduced_ = false;
+  shared_reduced_ = false;
 }
 
 int64_t ShardedAdamW::state_numel() const {

@@ -147,16 +147,26 @@ class ShardedAdamW {
   // fills) and which of them had a gradient this step come from it; zero_grad() clears it.
   // May be called once per reducer (the experts of ep rows have one of their own).
   void attach_ddp(DdpReducer* ddp);
-  // Tensor parallelism (tensor_parallel.h): `sharing` says, per parameter (by HF name), how
-  // it is shared over the tp group `tp` (tensor_parallel_sharing: 0 split, 1 replicated on
-  // every rank, k > 1 one of k pieces replicated on tp / k consecutive ranks), each rank's
-  // gradient of a shared one a share. reduce_tensor_parallel() sums them over the ranks that
-  // share them (one all-reduce of all of them, fp32: a k-piece parameter's gradient placed at
-  // its piece in k zeroed pieces), once per step: clip_grad_norm() and step() call it,
-  // zero_grad() re-arms it; the gradient norm counts each on the first rank sharing it.
-  // Call before the first step.
-  void set_tensor_parallel(Comm* tp, const std::function<int64_t(const std::string&)>& sharing);
-  void reduce_tensor_parallel(const std::string& ctx = "tensor-parallel gradient sum");
+  // Gradients shared between ranks that hold the same parameter (each rank's gradient a share
+  // of it): `sharing` says, per parameter (by HF name), how it is shared over `comm`: 0 not
+  // shared, 1 on every rank of comm, k > 1 one of k pieces each on comm's size / k consecutive
+  // ranks. reduce_shared_gradients() sums them over the ranks that share them (per comm one
+  // all-reduce of all of them, fp32: a k-piece parameter's gradient placed at its piece in k
+  // zeroed pieces), once per step: clip_grad_norm() and step() call it, zero_grad() re-arms it;
+  // the gradient norm counts each on the first rank sharing it. The ranks of comm must hold the
+  // same shared parameters in the same layout. Call before the first step.
+  //   tensor parallelism (tensor_parallel.h): the tp group, tensor_parallel_sharing;
+  //   pipeline parallelism (pipeline.h): a tied head's embedding over ParallelDims::pp_tie().
+  void add_shared_gradients(Comm* comm, const std::function<int64_t(const std::string&)>& sharing,
+                            const std::string& what);
+  void set_tensor_parallel(Comm* tp, const std::function<int64_t(const std::string&)>& sharing) {
+    add_shared_gradients(tp, sharing, "tensor-parallel gradient sum");
+  }
+  void reduce_shared_gradients(const std::string& ctx = "shared gradient sum");
+  // Pipeline parallelism: the control plane's agreement on which parameters had a gradient
+  // spans stages holding different parameters; each stage's flags get their own range
+  // (collective over the control plane: every rank, once, before the first step).
+  void set_pipeline(int64_t stage, int64_t stages);
   void set_kernel(AdamWKernel k) { kernel_ = k; }
   AdamWKernel kernel() const { return kernel_; }
 
@@ -224,7 +234,7 @@ class ShardedAdamW {
     std::vector<DdpReducer*> ddp_of;  // per parameter: that reducer (null: none)
     std::vector<int64_t> param_steps; // per parameter: AdamW step count t
     std::vector<char> active;         // per parameter: had a gradient on some rank (agreed)
-    std::vector<int64_t> tp_shared;   // per parameter: its sharing over the tp group (set_tensor_parallel)
+    std::vector<std::vector<int64_t>> shared;  // [shared group][parameter]: its sharing (add_shared_gradients)
     int64_t ticket = 0;               // offload: the queue ticket of its last host update
   };
   // Per-parameter list of one update (the segments that take part, with their scalars).
@@ -260,8 +270,15 @@ class ShardedAdamW {
   Comm& comm_;
   Comm* control_ = nullptr;
   Comm* expert_replicate_ = nullptr;
-  Comm* tp_ = nullptr;       // tensor-parallel group (set_tensor_parallel); null: none
-  bool tp_reduced_ = false;  // this step's replicated gradients summed over it
+  struct SharedComm {
+    Comm* comm = nullptr;
+    std::string what;  // for errors: "tensor-parallel gradient sum"
+  };
+  std::vector<SharedComm> shared_;  // add_shared_gradients, in order
+  bool shared_reduced_ = false;     // this step's shared gradients summed
+  void reduce_shared(size_t i, const std::string& ctx);
+  bool counted_in_norm(const Group& g, size_t k) const;  // false: another rank sharing it counts it
+  int64_t pp_stage_ = 0, pp_stages_ = 1, flags_max_ = 0;  // set_pipeline
   std::vector<DdpReducer*> ddps_;  // attached reducers (zero_grad clears them)
   AdamWOptions opts_;
   FsdpEngine* fsdp_ = nullptr;

@@ -7,6 +7,7 @@
 #include "sharding/parallel/context_parallel.h"
 #include "sharding/parallel/fsdp.h"
 #include "sharding/parallel/lora.h"
+#include "sharding/parallel/pipeline.h"
 #include "sharding/parallel/sharded_load.h"
 #include "sharding/parallel/tensor_parallel.h"
 #include "vlm/runtime/check.h"
@@ -266,8 +267,14 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model
             " with an ep rule: tensor and expert parallelism together are not built yet (hint: ddp / fsdp for the "
             "experts, which then run on each tp rank's chunk of the tokens)");
   apply_tensor_parallel(model, dims);
-  // 1. Policy table.
-  sm->units_ = resolve_units(model, opts);
+  // 0e. Pipeline parallelism: this rank's stage; the other stages' units are left on meta.
+  VLM_CHECK(dims.pp() == 1 || (source != nullptr && !ep_rules), "apply_policies: dist.pp = ", dims.pp(),
+            ep_rules ? " with an ep rule: pipeline and expert parallelism together are not built yet"
+                     : " needs the model built on meta and a ParamSource (hint: model.sharded_load = true), so that "
+                       "each stage materialises only its own units");
+  const vlm::PipelineStage stage = apply_pipeline_parallel(model, dims);
+  // 1. Policy table (this stage's rows).
+  sm->units_ = keep_stage_units(resolve_units(model, opts), stage);
   for (const auto& u : sm->units_)
     VLM_CHECK((u.sharding != Sharding::kHybridShard && u.sharding != Sharding::kFrozenHybrid) || dims.has_mesh(),
               "apply_policies: unit ", u.path,
@@ -284,7 +291,7 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model
     sm->load_stats_.elements_filled += expert_load.elements_filled;
     sm->load_stats_.whole_units += expert_load.whole_units;
     sm->load_stats_.bytes_read += expert_load.bytes_read;
-    sm->units_ = resolve_units(model, opts);  // the new parameter handles
+    sm->units_ = keep_stage_units(resolve_units(model, opts), stage);  // the new parameter handles
   }
   for (const auto& u : sm->units_)
     if (!u.adapter_of.empty()) sm->stores_frozen_ = false;
@@ -313,7 +320,7 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model
   // 4. FSDP units (flat buffers, local shards, gradient hooks).
   std::vector<std::pair<std::string, std::string>> call_order;
   for (const auto& u : model.units())
-    call_order.emplace_back(u.path, u.shares_params_with.empty() ? u.path : u.shares_params_with);
+    if (stage.runs(u.path)) call_order.emplace_back(u.path, u.shares_params_with.empty() ? u.path : u.shares_params_with);
   const HybridComms hybrid{&dims.shard_comm(Lane::kGather), &dims.shard_comm(Lane::kReduce), &dims.replicate_comm()};
   auto fsdp = std::make_unique<FsdpEngine>(dims.comm(Lane::kGather), dims.comm(Lane::kReduce), sm->units_, call_order,
                                            opts.reduce_dtype, std::move(loaded.shards), hybrid);
@@ -348,6 +355,13 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model
     sm->optimizer_->set_tensor_parallel(&dims.tp_comm(), [cfg = model.cfg, tp = dims.tp()](const std::string& name) {
       return tensor_parallel_sharing(cfg, name, tp);
     });
+  if (dims.pp() > 1) {  // a tied head: the embedding's gradient summed between stage 0 and the last
+    sm->optimizer_->set_pipeline(dims.pp_rank(), dims.pp());
+    if (model.cfg.tie_word_embeddings)
+      sm->optimizer_->add_shared_gradients(&dims.pp_tie(), [](const std::string& name) {
+        return name == "model.embed_tokens.weight" ? int64_t{1} : int64_t{0};
+      }, "tied embedding gradient sum (pipeline)");
+  }
   sm->optimizer_->attach_ddp(sm->reducer_.get());
   sm->optimizer_->attach_ddp(sm->expert_reducer_.get());
   if (opts.optimizer_offload) {  // offload.h: each read of parameters waits for its update
@@ -362,7 +376,7 @@ std::set<std::string> calls_without_backward_gather(vlm::VisionLanguageModelImpl
                                                     const std::vector<UnitPlan>& units) {
   std::set<std::string> out;
   for (const auto& call : model.units()) {
-    if (call.backward_reads_params) continue;
+    if (call.backward_reads_params || !model.pipeline_stage().runs(call.path)) continue;
     const std::string& owner = call.shares_params_with.empty() ? call.path : call.shares_params_with;
     const auto it = std::find_if(units.begin(), units.end(), [&](const UnitPlan& u) { return u.path == owner; });
     if (it != units.end() && !it->checkpointed) out.insert(call.path);

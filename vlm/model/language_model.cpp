@@ -37,6 +37,15 @@ LanguageModelImpl::LanguageModelImpl(const TextConfig& c, const torch::TensorOpt
   norm = register_module("norm", Norm(cfg.norm, cfg.hidden_size, cfg.rms_norm_eps, opts));
 }
 
+void LanguageModelImpl::set_layer_range(int64_t first, int64_t end, bool norm) {
+  const int64_t n = static_cast<int64_t>(layers.size());
+  VLM_CHECK(first >= 0 && (end < 0 || (first < end && end <= n)), "set_layer_range: [", first, ", ", end,
+            ") is not a run of the ", n, " decoder layers");
+  first_layer_ = first;
+  end_layer_ = end;
+  final_norm_ = norm;
+}
+
 torch::Tensor LanguageModelImpl::embed(const torch::Tensor& input_ids, UnitRunner& runner,
                                        const std::string& prefix, SequenceExchange* tp) {
   if (tp != nullptr && tp->size() > 1) {
@@ -104,7 +113,7 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torc
   std::shared_ptr<const std::vector<int64_t>> cu;
   if (text_cu_seqlens != nullptr) cu = std::make_shared<const std::vector<int64_t>>(*text_cu_seqlens);
   auto h = embeds;
-  for (size_t i = 0; i < layers.size(); ++i) {
+  for (size_t i = static_cast<size_t>(first_layer_); i < static_cast<size_t>(end_layer()); ++i) {
     DecoderLayer& layer = layers[i];
     LayerCache* kv = cache ? &cache->layers[i] : nullptr;
     h = runner.run(prefix + ".layers." + std::to_string(i), *layer, h,
@@ -126,6 +135,7 @@ torch::Tensor LanguageModelImpl::forward(const torch::Tensor& embeds, const torc
     }
   }
   if (cache) cache->tokens = past + l;
+  if (!final_norm_) return h;
   return runner.run(prefix + ".norm", *norm, h, [n = norm](const torch::Tensor& x) mutable { return n(x); });
 }
 
@@ -181,7 +191,7 @@ torch::Tensor LanguageModelImpl::forward_tp_sequence(torch::Tensor embeds, torch
   // backward leaves the other chunks' gradient to their ranks (tensor_parallel.h).
   auto h = embeds.narrow(1, chunk.begin, chunk.len).clone();  // [B, L / tp, d]
   SequenceExchange* tpp = &tp;
-  for (size_t i = 0; i < layers.size(); ++i) {
+  for (size_t i = static_cast<size_t>(first_layer_); i < static_cast<size_t>(end_layer()); ++i) {
     DecoderLayer& layer = layers[i];
     h = runner.run(prefix + ".layers." + std::to_string(i), *layer, h,
                    [layer, cos = cs.cos, sin = cs.sin, mask, padding, cu, tpp](const torch::Tensor& x) mutable {
@@ -189,7 +199,7 @@ torch::Tensor LanguageModelImpl::forward_tp_sequence(torch::Tensor embeds, torch
                    });
     if (i < ds.size()) h = h + ds[i].to(h.scalar_type());
   }
-  h = runner.run(prefix + ".norm", *norm, h, [n = norm](const torch::Tensor& x) mutable { return n(x); });
+  if (final_norm_) h = runner.run(prefix + ".norm", *norm, h, [n = norm](const torch::Tensor& x) mutable { return n(x); });
   return tp_all_gather(tp, h, 1, "tensor parallel: the final hidden states").narrow(1, 0, l);
 }
 

@@ -68,6 +68,11 @@ class LanguageModelImpl : public torch::nn::Module {
                         const std::vector<int64_t>* text_cu_seqlens = nullptr,
                         const std::shared_ptr<RouterAuxState>& aux = nullptr, SequenceExchange* sp = nullptr,
                         SequenceExchange* tp = nullptr);
+  // Pipeline parallelism (pipeline_stage.h): forward runs layers [first, end) only (end -1:
+  // through the last) and the final norm only when `norm`; a stage that does not run it
+  // returns the residual stream. Default: every layer and the norm.
+  void set_layer_range(int64_t first, int64_t end, bool norm);
+
   TextConfig cfg;
   Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers_list{nullptr};  // registered as "layers"
@@ -80,6 +85,9 @@ class LanguageModelImpl : public torch::nn::Module {
   torch::Tensor forward_tp_sequence(torch::Tensor embeds, torch::Tensor position_ids, torch::Tensor attention_mask,
                                     UnitRunner& runner, const std::string& prefix, const DeepStackInputs* deepstack,
                                     const std::vector<int64_t>* text_cu_seqlens, SequenceExchange& tp);
+  int64_t first_layer_ = 0, end_layer_ = -1;
+  bool final_norm_ = true;
+  int64_t end_layer() const { return end_layer_ < 0 ? static_cast<int64_t>(layers.size()) : end_layer_; }
 };
 TORCH_MODULE(LanguageModel);
 

@@ -153,30 +153,41 @@ torch::Tensor supervised_rows(const torch::Tensor& labels) {
   return (labels.narrow(1, 1, l - 1).reshape({-1}) != -100).nonzero().reshape({-1});
 }
 
+VisionLanguageModelImpl::DecoderInputs VisionLanguageModelImpl::decoder_inputs(const Batch& batch, int64_t b,
+                                                                              int64_t l) {
+  const auto& ids = batch.input_ids;
+  DecoderInputs in;
+  in.full_mask = batch.attention_mask.defined() ? batch.attention_mask
+                                                : torch::ones({b, l}, ids.options().dtype(torch::kInt64));
+  // Packed row (padding-free packing): per-sample causal attention from the host's cu_seqlens.
+  if (batch.text_cu_seqlens.defined()) {
+    auto c = batch.text_cu_seqlens.to(torch::kCPU, torch::kInt64).contiguous();
+    in.text_cu.assign(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  }
+  const bool packed = !in.text_cu.empty();
+  in.pos = batch.position_ids;
+  if (!in.pos.defined())
+    in.pos = packed ? packed_position_ids(ids, batch.image_grid_thw, in.text_cu, cfg)
+                    : get_rope_index(ids, batch.image_grid_thw, in.full_mask, cfg).position_ids;
+  // Right-padded rows (training) and packed rows: causal attention without a mask tensor.
+  if (!(batch.right_padded || packed)) in.mask = in.full_mask;
+  return in;
+}
+
 ForwardOutput VisionLanguageModelImpl::forward(const Batch& batch, bool return_logits) {
+  VLM_CHECK(stage_.whole(), "forward: this model computes pipeline stage ", stage_.index, " of ", stage_.count,
+            " (hint: forward_stage, or a model without set_pipeline_stage)");
   const auto& ids = batch.input_ids;
   torch::Tensor zero_term;
   DeepStackInputs deepstack;
   // Training under context parallelism: the vision tower and the decoder split over the group.
   const bool split = sp_ && sp_->size() > 1 && batch.labels.defined() && !return_logits;
   auto embeds = embed_inputs(batch, /*dummy_vision=*/true, &zero_term, &deepstack, split ? sp_.get() : nullptr);
-  const int64_t b = embeds.size(0), l = embeds.size(1), d = embeds.size(2);
-  auto mask = batch.attention_mask.defined() ? batch.attention_mask
-                                             : torch::ones({b, l}, ids.options().dtype(torch::kInt64));
-  // Packed row (padding-free packing): per-sample causal attention from the host's cu_seqlens.
-  std::vector<int64_t> text_cu;
-  if (batch.text_cu_seqlens.defined()) {
-    auto c = batch.text_cu_seqlens.to(torch::kCPU, torch::kInt64).contiguous();
-    text_cu.assign(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
-  }
-  const bool packed = !text_cu.empty();
-  auto pos = batch.position_ids;
-  if (!pos.defined())
-    pos = packed ? packed_position_ids(ids, batch.image_grid_thw, text_cu, cfg)
-                 : get_rope_index(ids, batch.image_grid_thw, mask, cfg).position_ids;
+  const int64_t b = embeds.size(0), l = embeds.size(1);
+  DecoderInputs in = decoder_inputs(batch, b, l);
+  const bool packed = !in.text_cu.empty();
   if (split) {
-    auto out = forward_chunk(batch, embeds, pos, batch.right_padded || packed ? torch::Tensor() : mask,
-                             std::move(text_cu), deepstack);
+    auto out = forward_chunk(batch, embeds, in.pos, in.mask, std::move(in.text_cu), deepstack);
     if (zero_term.defined()) out.loss_sum = out.loss_sum + zero_term;
     return out;
   }
@@ -194,10 +205,9 @@ ForwardOutput VisionLanguageModelImpl::forward(const Batch& batch, bool return_l
     }
     aux->grad = torch::zeros({cfg.text.num_experts}, fopts);
   }
-  // Right-padded rows (training): causal attention without a mask tensor.
-  auto hidden = model->forward(embeds, pos, batch.right_padded || packed ? torch::Tensor() : mask, nullptr,
-                               *runner_, "model", deepstack.embeds.empty() ? nullptr : &deepstack,
-                               packed ? &text_cu : nullptr, aux, nullptr, tp_.get());  // [B, L, d]
+  auto hidden = model->forward(embeds, in.pos, in.mask, nullptr, *runner_, "model",
+                               deepstack.embeds.empty() ? nullptr : &deepstack, packed ? &in.text_cu : nullptr, aux,
+                               nullptr, tp_.get());  // [B, L, d]
 
   ForwardOutput out;
   if (aux) out.aux_loss = aux->finish(cfg.text.num_experts);
@@ -217,17 +227,77 @@ ForwardOutput VisionLanguageModelImpl::forward(const Batch& batch, bool return_l
     }
     if (return_logits) out.logits = logits;
   } else {
-    // Head only on supervised positions, over row chunks (chunked_cross_entropy.h): neither
-    // the [B, L, V] nor the [n, V] logits exist whole. loss_rows from the host: no sync.
-    auto keep = stage_to_device(batch.loss_rows.defined() ? batch.loss_rows : supervised_rows(batch.labels), hidden.device());
-    out.n_tokens = keep.size(0);
-    auto lb = batch.labels.narrow(1, 1, l - 1).reshape({-1});
-    lb = stage_to_device(lb, hidden.device(), torch::kInt64).index_select(0, keep);
-    auto h = hidden.narrow(1, 0, l - 1).reshape({-1, d}).index_select(0, keep);  // [n, d]
-    out.loss_sum = head_loss(h, lb);
+    ForwardOutput loss = training_loss(batch, hidden);
+    out.loss_sum = loss.loss_sum;
+    out.n_tokens = loss.n_tokens;
   }
   if (out.loss_sum.defined() && zero_term.defined()) out.loss_sum = out.loss_sum + zero_term;
   return out;
+}
+
+ForwardOutput VisionLanguageModelImpl::training_loss(const Batch& batch, const torch::Tensor& hidden) {
+  // Head only on supervised positions, over row chunks (chunked_cross_entropy.h): neither
+  // the [B, L, V] nor the [n, V] logits exist whole. loss_rows from the host: no sync.
+  const int64_t l = hidden.size(1), d = hidden.size(2);
+  ForwardOutput out;
+  auto keep = stage_to_device(batch.loss_rows.defined() ? batch.loss_rows : supervised_rows(batch.labels), hidden.device());
+  out.n_tokens = keep.size(0);
+  auto lb = batch.labels.narrow(1, 1, l - 1).reshape({-1});
+  lb = stage_to_device(lb, hidden.device(), torch::kInt64).index_select(0, keep);
+  auto h = hidden.narrow(1, 0, l - 1).reshape({-1, d}).index_select(0, keep);  // [n, d]
+  out.loss_sum = head_loss(h, lb);
+  return out;
+}
+
+void VisionLanguageModelImpl::set_pipeline_stage(const PipelineStage& stage) {
+  const int64_t n = cfg.text.num_hidden_layers;
+  const int64_t end = stage.end_layer < 0 ? n : stage.end_layer;
+  VLM_CHECK(stage.count >= 1 && stage.index >= 0 && stage.index < stage.count && stage.first_layer >= 0 &&
+                stage.first_layer < end && end <= n,
+            "set_pipeline_stage: stage ", stage.index, " of ", stage.count, " with layers [", stage.first_layer, ", ",
+            end, ") does not fit the model's ", n, " decoder layers");
+  const int64_t deepstack = static_cast<int64_t>(cfg.vision.deepstack_visual_indexes.size());
+  VLM_CHECK(!stage.first() || stage.last() || end >= deepstack, "set_pipeline_stage: stage 0 must hold the ",
+            deepstack, " decoder layers that take DeepStack features, but holds [0, ", end, ")");
+  stage_ = stage;
+  stage_.end_layer = end;
+  model->set_layer_range(stage_.first_layer, end, stage_.last());
+}
+
+VisionLanguageModelImpl::StageOutput VisionLanguageModelImpl::forward_stage(const Batch& batch,
+                                                                            const torch::Tensor& input) {
+  VLM_CHECK(batch.labels.defined(), "forward_stage: a training forward needs labels");
+  VLM_CHECK(!(sp_ && sp_->size() > 1), "forward_stage: pipeline parallelism with context parallelism is not built yet");
+  VLM_CHECK(batch.router_aux_weight == 0 || cfg.text.count_sparse_layers() == 0,
+            "pipeline parallelism has no MoE load-balancing loss yet (hint: model.router_aux_loss_coef = 0)");
+  const auto& ids = batch.input_ids;
+  VLM_CHECK(ids.defined() && ids.dim() == 2, "input_ids: expected [B, L] int64, got ",
+            ids.defined() ? ids.sizes() : torch::IntArrayRef{});
+  const int64_t b = ids.size(0), l = ids.size(1);
+  torch::Tensor zero_term, h;
+  DeepStackInputs deepstack;
+  if (stage_.first()) {
+    h = embed_inputs(batch, /*dummy_vision=*/true, &zero_term, &deepstack);
+  } else {
+    VLM_CHECK(input.defined() && input.dim() == 3 && input.size(0) == b && input.size(1) == l &&
+                  input.size(2) == cfg.text.hidden_size,
+              "forward_stage: stage ", stage_.index, " expects the previous stage's [", b, ", ", l, ", ",
+              cfg.text.hidden_size, "], got ", input.defined() ? input.sizes() : torch::IntArrayRef{});
+    h = input;
+  }
+  DecoderInputs in = decoder_inputs(batch, b, l);
+  const bool packed = !in.text_cu.empty();
+  auto hidden = model->forward(h, in.pos, in.mask, nullptr, *runner_, "model",
+                               deepstack.embeds.empty() ? nullptr : &deepstack, packed ? &in.text_cu : nullptr,
+                               nullptr, nullptr, tp_.get());  // [B, L, d]
+  StageOutput r;
+  if (!stage_.last()) {
+    r.hidden = zero_term.defined() ? hidden + zero_term.to(hidden.scalar_type()) : hidden;
+    return r;
+  }
+  VLM_CHECK(batch.labels.sizes() == ids.sizes(), "labels ", batch.labels.sizes(), " must match input_ids ", ids.sizes());
+  r.out = training_loss(batch, hidden);
+  return r;
 }
 
 ForwardOutput VisionLanguageModelImpl::forward_chunk(const Batch& batch, torch::Tensor embeds, torch::Tensor pos,

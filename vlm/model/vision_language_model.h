@@ -16,6 +16,7 @@
 #include "vlm/model/config.h"
 #include "vlm/model/language_model.h"
 #include "vlm/model/layers.h"
+#include "vlm/model/pipeline_stage.h"
 #include "vlm/model/sequence_parallel.h"
 #include "vlm/model/unit_runner.h"
 #include "vlm/model/vision_tower.h"
@@ -88,6 +89,23 @@ class VisionLanguageModelImpl : public torch::nn::Module {
   // installs it on a model built with cfg.text.tensor_parallel = its size).
   void set_tensor_exchange(std::shared_ptr<SequenceExchange> exchange);
   SequenceExchange* tensor_exchange() const { return tp_.get(); }
+  // Pipeline parallelism (pipeline_stage.h): this model computes one stage (the decoder runs
+  // the stage's layers; forward_stage replaces forward for training). Set before sharding, so
+  // that the other stages' units are never materialised here.
+  void set_pipeline_stage(const PipelineStage& stage);
+  const PipelineStage& pipeline_stage() const { return stage_; }
+  // The training forward of this pipeline stage on one micro-batch (labels given). input: the
+  // previous stage's output [B, L, d] (undefined on stage 0, which embeds the batch). Not the
+  // last stage: returns .hidden [B, L, d], the residual stream after its layers (stage 0 with
+  // the dummy image's zero term added, so that its backward reaches the vision tower); the
+  // last stage: .out as forward()'s (loss_sum, n_tokens). Every stage computes positions,
+  // masks and packing boundaries from the host batch itself. Not with context parallelism or
+  // the MoE load-balancing loss.
+  struct StageOutput {
+    torch::Tensor hidden;
+    ForwardOutput out;
+  };
+  StageOutput forward_stage(const Batch& batch, const torch::Tensor& input);
   UnitRunner& runner() { return *runner_; }
   // Ordered unit table (call order of forward) for sharding.
   std::vector<Unit> units();
@@ -126,6 +144,18 @@ class VisionLanguageModelImpl : public torch::nn::Module {
   ForwardOutput forward_chunk(const Batch& batch, torch::Tensor embeds, torch::Tensor pos, torch::Tensor mask,
                               std::vector<int64_t> text_cu, const DeepStackInputs& deepstack);
 
+  // The training loss of the final hidden states [B, L, d] (forward's head-only-on-supervised
+  // rows path): loss_sum and n_tokens.
+  ForwardOutput training_loss(const Batch& batch, const torch::Tensor& hidden);
+  // Positions [3, B, L] (the batch's, or get_rope_index / packed_position_ids), the attention
+  // mask [B, L] or undefined (causal: right-padded or packed), the packed row's boundaries.
+  struct DecoderInputs {
+    torch::Tensor pos, mask, full_mask;
+    std::vector<int64_t> text_cu;
+  };
+  DecoderInputs decoder_inputs(const Batch& batch, int64_t b, int64_t l);
+
+  PipelineStage stage_;
   std::shared_ptr<UnitRunner> runner_;
   std::shared_ptr<SequenceExchange> sp_;
   std::shared_ptr<SequenceExchange> tp_;

@@ -255,7 +255,7 @@ TpResult tpd_sharded(ParallelDims& dims, const TpConfig& c) {
     if (step == 0) {
       for (OpKind op : {OpKind::kAllGather, OpKind::kReduceScatter, OpKind::kAllReduce, OpKind::kAllToAll})
         r.a2a_bytes0 += dims.tp_comm().stats()[op].logical_bytes;
-      sm->optimizer().reduce_tensor_parallel();
+      sm->optimizer().reduce_shared_gradients();
       if (c.policy == "ddp")
         for (const auto& u : sm->unit_table())
           for (const auto& p : u.params) {
