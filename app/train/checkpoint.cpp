@@ -191,7 +191,7 @@ CheckpointWrite::CheckpointWrite(const std::string& output_dir, const TrainerSta
     VLM_CHECK(!ec, "checkpoint: cannot create ", tmp_dir_, ": ", ec.message(), " (hint: check run.output_dir)");
   }, "create " + tmp_dir_);
   try {
-    if (rank_ == 0) units_ = unit_layout(model.unit_table(), model.stores_frozen());
+    if (rank_ == 0) units_ = unit_layout(model.layout_table(), model.stores_frozen());
     tp_ = model.tp();
     nlohmann::json meta = nlohmann::json::object();
     for (auto& sl : model.state_slices()) {  // host copies (StateSlice::data)

@@ -41,6 +41,7 @@ nlohmann::json LogWindow::metrics(const StepFacts& f, const vlm::sharding::Memor
           {"step_s", seconds_ / steps_},
           {"data_wait_pct", 100.0 * wait_ / seconds_},
           {"micro_batches", f.micro_batches},
+          {"pipeline_bubble", f.pipeline_bubble},
           {"peak_rss_bytes", peak_rss_bytes()},
           {"tensor_peak_bytes", tensor_peak},
           {"tensor_peak_planned_bytes", planned_},
@@ -58,11 +59,13 @@ nlohmann::json LogWindow::metrics(const StepFacts& f, const vlm::sharding::Memor
 std::string LogWindow::line(const StepFacts& f, int64_t tensor_peak, const std::string& eta) const {
   const double mfu = o_.peak_flops_per_rank > 0 ? flops_ / (seconds_ * o_.peak_flops_per_rank * o_.world) : 0;
   return fmt::format("step {:>5}/{} | ep {:.2f} | loss {:.4f} | gnorm {:.3f} | lr {:.2e} | tok/s {:.0f} | img/s {:.1f} "
-                     "| smp/s {:.1f} | pad {:.1f}% | mfu {:.2f}% | mem {} (plan {}) | data {:.0f}% | eta {}{}",
+                     "| smp/s {:.1f} | pad {:.1f}% | mfu {:.2f}% | mem {} (plan {}) | data {:.0f}%{} | eta {}{}",
                      f.step, o_.steps_total, f.epoch, f.loss, f.grad_norm, f.lr, tokens_ / seconds_,
                      images_ / seconds_, samples_ / seconds_, 100 * padding_.fraction(), 100 * mfu,
                      short_bytes(static_cast<double>(tensor_peak > 0 ? tensor_peak : peak_rss_bytes())),
-                     short_bytes(planned_), 100.0 * wait_ / seconds_, eta, f.skipped ? " | SKIPPED" : "");
+                     short_bytes(planned_), 100.0 * wait_ / seconds_,
+                     f.pipeline_bubble > 0 ? fmt::format(" | bubble {:.0f}%", 100 * f.pipeline_bubble) : "", eta,
+                     f.skipped ? " | SKIPPED" : "");
 }
 
 void LogWindow::write(const StepFacts& f, const vlm::sharding::MemoryReport& mem, int64_t tensor_peak,

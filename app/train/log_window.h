@@ -48,6 +48,7 @@ struct StepFacts {
   bool skipped = false;           // non-finite: no update
   int64_t supervised_tokens = 0;  // global
   size_t micro_batches = 0;       // this rank's (the same on every rank)
+  double pipeline_bubble = 0;     // pipeline parallelism: (p - 1) / (m + p - 1) of the step; 0 without
   int64_t dropped_samples = 0;    // global, this step
   double elapsed_s = 0;           // TrainerState::train_seconds
 };

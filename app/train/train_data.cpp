@@ -19,15 +19,16 @@ struct TrainData::Produced {
 
 TrainData::TrainData(const Recipe& recipe, const vlm::Tokenizer& tok, const vlm::VlmConfig& cfg, int64_t rank,
                      int64_t world, const std::function<void()>& barrier,
-                     std::function<void(const std::string&)> warn, int64_t cp)
+                     std::function<void(const std::string&)> warn, int64_t cp, int64_t stages)
     : recipe_(recipe),
       tok_(tok),
       cfg_(cfg),
       rank_(rank),
-      data_rank_(rank / cp),
-      data_world_(world / cp),
+      data_rank_(rank % (world / std::max<int64_t>(1, stages)) / cp),
+      data_world_(world / std::max<int64_t>(1, stages) / cp),
       warn_(std::move(warn)) {
-  VLM_CHECK(cp >= 1 && world % cp == 0, "TrainData: cp = ", cp, " does not divide the world size ", world);
+  VLM_CHECK(cp >= 1 && stages >= 1 && world % (cp * stages) == 0, "TrainData: cp = ", cp, " x stages = ", stages,
+            " does not divide the world size ", world);
   const DataSection& d = recipe.data;
   VLM_CHECK(!d.train.empty(), recipe.location("data.train"),
             ": data.train is empty (expected one or more JSONL files; hint: --set data.train=FILE.jsonl)");

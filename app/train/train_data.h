@@ -46,11 +46,13 @@ class TrainData {
  public:
   // barrier: called between rank 0's pass over the dataset (which writes the index
   // caches) and the other ranks' (which read them). `warn` receives data warnings.
-  // cp: context parallelism (dist.cp): the cp consecutive ranks of a group get the same
-  // samples; the sampler and the step plan see world / cp data-parallel ranks.
+  // cp: the ranks of a group that get the same samples (context / tensor parallelism: cp x tp
+  // consecutive ranks); stages: pipeline parallelism's stages (world / stages consecutive ranks
+  // each), whose ranks of the same index get the same samples. The sampler and the step plan
+  // see world / (stages x cp) data-parallel ranks.
   TrainData(const Recipe& recipe, const vlm::Tokenizer& tok, const vlm::VlmConfig& cfg, int64_t rank,
             int64_t world, const std::function<void()>& barrier,
-            std::function<void(const std::string&)> warn, int64_t cp = 1);
+            std::function<void(const std::string&)> warn, int64_t cp = 1, int64_t stages = 1);
   ~TrainData();
 
   int64_t dataset_size() const { return static_cast<int64_t>(ds_.records.size()); }

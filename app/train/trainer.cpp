@@ -54,6 +54,7 @@
 #include "app/train/output_dir_probe.h"
 #include "app/train/lr_schedule.h"
 #include "app/train/startup_log.h"
+#include "sharding/parallel/pipeline.h"
 #include "app/train/step_stats.h"
 #include "app/train/synth_data.h"
 #include "app/train/train_data.h"
@@ -103,6 +104,16 @@ struct TrainModel {
   std::unique_ptr<StepMemoryModel> step_memory;  // the step log's "plan": memory plan + micro-batches
 };
 
+// Rank 0: the pipeline's stages (the unit table above is stage 0's).
+void log_pipeline_stages(vlm::VisionLanguageModelImpl& model, vlm::sharding::ParallelDims& dims) {
+  std::string line;
+  for (const vlm::PipelineStage& s : vlm::sharding::pipeline_split(model, dims.pp()))
+    line += fmt::format("{}stage {}: layers [{}, {}){}{}", line.empty() ? "" : "; ", s.index, s.first_layer,
+                        s.end_layer, s.first() ? " + vision tower, embedding" : "", s.last() ? " + norm, head" : "");
+  spdlog::info("pipeline: {} stages of {} rank(s), 1F1B: {} (docs/pipeline_parallel.md)", dims.pp(), dims.stage_size(),
+               line);
+}
+
 // Collective (apply_policies). Loads the tokenizer and the model (on meta with
 // model.sharded_load: the policies then materialise only this rank's share), applies the
 // policies, plans the memory, and logs each part on rank 0.
@@ -142,6 +153,7 @@ TrainModel build_model(const Recipe& recipe, vlm::sharding::ParallelDims& dims) 
     m.step_memory->set_workspace(
         training_blas_workspace_bytes(at::cuda::getDeviceProperties(dims.device().index())->major));
   log_unit_table(*m.sm, plan, main);
+  if (main && dims.pp() > 1) log_pipeline_stages(*m.model, dims);
   return m;
 }
 
@@ -168,7 +180,7 @@ void log_data(const Recipe& recipe, const TrainData& data, int64_t steps_total, 
 void check_same_run(vlm::sharding::Comm& comm, const Recipe& recipe, const TrainModel& m, const TrainData& data) {
   vlm::sharding::check_fingerprint(
       comm, vlm::sharding::Fingerprint::standard(recipe_hash(recipe), vlm::to_hf_json(m.cfg).dump(),
-                                                 vlm::sharding::unit_table_text(m.sm->unit_table()),
+                                                 vlm::sharding::unit_table_text(m.sm->layout_table()),
                                                  data.dataset_size()));
 }
 
@@ -286,6 +298,9 @@ struct Trainer {
   struct MicroBatchSums;
   MicroBatchSums forward_backward(const StepData& sd, std::vector<vlm::Batch>& batches, double scale,
                                   const std::string& ctx);
+  void pipeline_forward_backward(std::vector<vlm::Batch>& batches, double scale, const std::string& ctx,
+                                 torch::Tensor& loss);
+  std::unique_ptr<vlm::sharding::PipelineSchedule> pipe;  // pipeline parallelism (dist.pp > 1)
   void optimizer_step(StepResult& r, const std::string& ctx);
 };
 
@@ -324,6 +339,10 @@ Trainer::Trainer(const Recipe& recipe_, vlm::sharding::ParallelDims& dims_, Trai
                  peak_how);
   if (!recipe.data.eval.empty() && (recipe.eval.every > 0 || recipe.eval.at_end))
     eval_sets = load_eval_datasets(recipe, recipe.data.eval);
+  if (dims.pp() > 1)
+    pipe = std::make_unique<vlm::sharding::PipelineSchedule>(
+        dims, m.cfg.text.hidden_size,
+        torch::TensorOptions().dtype(recipe_dtype(recipe.precision.param_dtype)).device(dims.device()));
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
   bar.restart(st.step);
@@ -338,26 +357,32 @@ struct Trainer::MicroBatchSums {
 
 // Forward + backward per micro-batch, the loss scaled by `scale` (1 / global supervised
 // tokens); gradients reduce on the last one. No host synchronisation in here: the loss sums
-// on the device, token counts come from the host copies of the micro-batches.
+// on the device, token counts come from the host copies of the micro-batches. Pipeline
+// parallelism: the stage's part of each micro-batch in 1F1B order (pipeline_forward_backward).
 Trainer::MicroBatchSums Trainer::forward_backward(const StepData& sd, std::vector<vlm::Batch>& batches, double scale,
                                                   const std::string& ctx) {
   MicroBatchSums sums;
   sums.loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(dims.device()));
-  const size_t k_last = sd.micro_batches.size() - 1;
-  // MoE load-balancing loss: its mean over the step's micro-batches on all ranks (the same
-  // count on every rank, invariant 1; a filler's counts as 0), times the coefficient.
-  const double aux_weight = recipe.model.router_aux_loss_coef /
-                            static_cast<double>(sd.micro_batches.size() * static_cast<size_t>(dims.world_size()));
-  for (size_t k = 0; k < sd.micro_batches.size(); ++k) {
-    const auto& mb = sd.micro_batches[k];
-    m.sm->set_sync(k == k_last);
-    batches[k].router_aux_weight = mb.filler ? 0.0 : aux_weight;
-    vlm::ForwardOutput out = m.model->forward(batches[k]);
-    torch::Tensor loss = out.loss_sum;
-    if (k == k_last && inject_nonfinite(st.step + 1, dims.rank())) loss = loss * std::nan("");
-    (loss * scale).backward();
-    m.sm->finish_backward(ctx + ", backward");
-    sums.loss += loss.detach().to(torch::kFloat64);
+  if (pipe) {
+    pipeline_forward_backward(batches, scale, ctx, sums.loss);
+  } else {
+    const size_t k_last = sd.micro_batches.size() - 1;
+    // MoE load-balancing loss: its mean over the step's micro-batches on all ranks (the same
+    // count on every rank, invariant 1; a filler's counts as 0), times the coefficient.
+    const double aux_weight = recipe.model.router_aux_loss_coef /
+                              static_cast<double>(sd.micro_batches.size() * static_cast<size_t>(dims.world_size()));
+    for (size_t k = 0; k < sd.micro_batches.size(); ++k) {
+      m.sm->set_sync(k == k_last);
+      batches[k].router_aux_weight = sd.micro_batches[k].filler ? 0.0 : aux_weight;
+      vlm::ForwardOutput out = m.model->forward(batches[k]);
+      torch::Tensor loss = out.loss_sum;
+      if (k == k_last && inject_nonfinite(st.step + 1, dims.rank())) loss = loss * std::nan("");
+      (loss * scale).backward();
+      m.sm->finish_backward(ctx + ", backward");
+      sums.loss += loss.detach().to(torch::kFloat64);
+    }
+  }
+  for (const auto& mb : sd.micro_batches) {
     sums.padding += vlm::collate::padding_count(mb);
     if (!mb.filler) {
       sums.llm_tokens += mb.batch.attention_mask.sum().item<int64_t>();  // host tensor
@@ -365,6 +390,29 @@ Trainer::MicroBatchSums Trainer::forward_backward(const StepData& sd, std::vecto
     }
   }
   return sums;
+}
+
+// The 1F1B schedule over this rank's micro-batches (sharding/parallel/pipeline.h): the last
+// stage's loss sums into `loss` (the other stages add nothing); gradients reduce after the
+// last micro-batch's backward.
+void Trainer::pipeline_forward_backward(std::vector<vlm::Batch>& batches, double scale, const std::string& ctx,
+                                        torch::Tensor& loss) {
+  const int64_t n = static_cast<int64_t>(batches.size());
+  const bool last = m.sm->pipeline_stage().last();
+  vlm::sharding::PipelineStep ps;
+  ps.micro_batches = n;
+  ps.rows_and_length = [&](int64_t k) { return std::make_pair(batches[k].input_ids.size(0), batches[k].input_ids.size(1)); };
+  ps.forward = [&](int64_t k, const torch::Tensor& input) {
+    vlm::VisionLanguageModelImpl::StageOutput o = m.model->forward_stage(batches[k], input);
+    if (!last) return o.hidden;
+    torch::Tensor l = o.out.loss_sum;
+    if (k == n - 1 && inject_nonfinite(st.step + 1, dims.rank())) l = l * std::nan("");
+    loss += l.detach().to(torch::kFloat64);
+    return l * scale;
+  };
+  ps.before_backward = [&](int64_t k) { m.sm->set_sync(k == n - 1); };
+  ps.after_backward = [&](int64_t) { m.sm->finish_backward(ctx + ", backward"); };
+  pipe->run(ps, ctx);
 }
 
 // Clip, guard against non-finite values (the same decision on every rank: the loss and the
@@ -401,7 +449,9 @@ StepResult Trainer::train_step(StagedStep& in, const std::string& ctx) {
   const StepData& sd = in.host;
   // Context / tensor parallelism: the ranks of a group share their micro-batches; each shares
   // the loss (its chunk's part, or 1 / tp of it), one of them counts what the micro-batches hold.
-  const bool counts = dims.cp_rank() == 0 && dims.tp_rank() == 0;
+  // Pipeline parallelism: every stage has them, stage 0 counts them, each stage its own FLOPs.
+  const bool counts = dims.cp_rank() == 0 && dims.tp_rank() == 0 && dims.pp_rank() == 0;
+  const bool counts_flops = dims.cp_rank() == 0 && dims.tp_rank() == 0;
   int64_t local_sup = 0;
   for (const auto& mb : sd.micro_batches) local_sup += counts ? mb.supervised_tokens : 0;
   StepResult r;
@@ -421,11 +471,12 @@ StepResult Trainer::train_step(StagedStep& in, const std::string& ctx) {
     local.samples = sd.samples;
     local.images = sd.images;
     local.llm_tokens = sums.llm_tokens;
-    local.flops = flop_model.flops(sums.llm_tokens, sums.patches);
+
     local.dropped = sd.dropped;
     local.padding_tokens = sums.padding.tokens;
     local.padding = sums.padding.padding;
   }
+  if (counts_flops) local.flops = flop_model.flops(sums.llm_tokens, sums.patches);
   r.stats = reduce_step_stats(comm, local, ctx);
   r.loss = r.stats.loss_sum * scale;
 
@@ -458,6 +509,7 @@ void Trainer::log_step(const StepResult& r, const StepData& sd) {
   f.skipped = r.skipped;
   f.supervised_tokens = r.supervised_tokens;
   f.micro_batches = sd.micro_batches.size();
+  f.pipeline_bubble = vlm::pipeline_bubble(dims.pp(), static_cast<int64_t>(sd.micro_batches.size()));
   f.dropped_samples = r.stats.dropped;
   f.elapsed_s = st.train_seconds;
   window.write(f, mem, tensor_peak, bar, *metrics, main);
@@ -530,7 +582,7 @@ TrainSummary run_training(const Recipe& recipe) {
 
     // ---------------------------------------------------------------- data
     TrainData data(recipe, *m.tok, m.cfg, dims.rank(), dims.world_size(), [&] { comm.barrier("dataset index caches"); },
-                   [](const std::string& w) { spdlog::warn("{}", w); }, dims.data_group_size());
+                   [](const std::string& w) { spdlog::warn("{}", w); }, dims.data_group_size(), dims.pp());
     const int64_t steps_total = total_steps(recipe, data.steps_per_epoch());
     log_data(recipe, data, steps_total, dims);
     check_same_run(comm, recipe, m, data);

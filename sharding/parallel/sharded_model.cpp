@@ -161,6 +161,10 @@ std::vector<StateSlice> ShardedModel::state_slices() const {
     }
     out.push_back(std::move(s));
   }
+  if (!stage_.whole() && !stage_.first())  // the tied embedding: stage 0 writes it
+    out.erase(std::remove_if(out.begin(), out.end(),
+                             [](const StateSlice& s) { return s.key.rfind("model.embed_tokens/", 0) == 0; }),
+              out.end());
   if (tp_ > 1)
     for (auto& s : out) s.key = vlm::str("tp", tp_rank_, "of", tp_, "/", s.key);
   return out;
@@ -273,6 +277,7 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model
                      : " needs the model built on meta and a ParamSource (hint: model.sharded_load = true), so that "
                        "each stage materialises only its own units");
   const vlm::PipelineStage stage = apply_pipeline_parallel(model, dims);
+  sm->stage_ = stage;
   // 1. Policy table (this stage's rows).
   sm->units_ = keep_stage_units(resolve_units(model, opts), stage);
   for (const auto& u : sm->units_)
@@ -291,7 +296,9 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model
     sm->load_stats_.elements_filled += expert_load.elements_filled;
     sm->load_stats_.whole_units += expert_load.whole_units;
     sm->load_stats_.bytes_read += expert_load.bytes_read;
-    sm->units_ = keep_stage_units(resolve_units(model, opts), stage);  // the new parameter handles
+    sm->units_ = resolve_units(model, opts);  // the new parameter handles
+    if (!stage.whole()) sm->layout_units_ = sm->units_;
+    sm->units_ = keep_stage_units(sm->units_, stage);
   }
   for (const auto& u : sm->units_)
     if (!u.adapter_of.empty()) sm->stores_frozen_ = false;

@@ -127,6 +127,11 @@ struct MemoryReport {
 class ShardedModel {
  public:
   const std::vector<UnitPlan>& unit_table() const { return units_; }
+  // Every stage's rows (pipeline parallelism: unit_table() holds this stage's only; the
+  // others' parameters are meta tensors, whose names and shapes this still gives): what a
+  // checkpoint's unit layout and the ranks' fingerprint describe. unit_table() without pp.
+  const std::vector<UnitPlan>& layout_table() const { return layout_units_.empty() ? units_ : layout_units_; }
+  const vlm::PipelineStage& pipeline_stage() const { return stage_; }
   std::shared_ptr<PolicyRunner> runner() const { return runner_; }
   ShardedAdamW& optimizer() { return *optimizer_; }
   DdpReducer* reducer() { return reducer_.get(); }  // null when nothing is trainable
@@ -140,6 +145,8 @@ class ShardedModel {
   // Checkpoint state of this rank (optimizer.h StateSlice): the optimizer's slices plus
   // "<unit>/param" slices of the frozen units, except with LoRA (stores_frozen() false):
   // then only trainable state, and the frozen base comes from the model source on resume.
+  // Pipeline parallelism: each stage's units; a tied embedding held by stage 0 and the last
+  // stage is written by stage 0 only (the keys are then unique, as at any world size).
   // Local: no collective.
   std::vector<StateSlice> state_slices() const;
   // Restores what state_slices() saved (written by any world size). Local: no collective.
@@ -169,6 +176,8 @@ class ShardedModel {
                                                       vlm::ParamSource*);
   ShardedModel() = default;
   std::vector<UnitPlan> units_;
+  std::vector<UnitPlan> layout_units_;  // pipeline parallelism: every stage's rows (empty: units_)
+  vlm::PipelineStage stage_;
   std::shared_ptr<PolicyRunner> runner_;
   std::unique_ptr<FsdpEngine> fsdp_;  // before optimizer_: the optimizer points into it
   std::unique_ptr<DdpReducer> reducer_;
