@@ -10,10 +10,11 @@
 // The line (rank 0) and the metrics.jsonl keys are an interface: tests/ and scripts/ parse
 // them. The line:
 //   step   12/100 | ep 0.24 | loss 2.3456 | gnorm 1.234 | lr 1.00e-04 | tok/s 1234 | img/s 5.6
-//   | smp/s 7.8 | pad 3.1% | mfu 12.34% | mem 1.2G (plan 1.3G) | data 4% | eta 3m07s[ | SKIPPED]
+//   | smp/s 7.8 | pad 3.1% | mfu 12.34% | mem 1.2G (plan 1.3G) | data 4%[ | bubble 20%] | eta 3m07s[ | SKIPPED]
+// (bubble: pipeline parallelism only).
 // The metrics.jsonl object's keys (written sorted, as nlohmann::json orders them): step,
 // epoch, loss, grad_norm, lr, skipped, supervised_tokens, tokens_per_s, images_per_s,
-// samples_per_s, mfu, step_s, data_wait_pct, micro_batches, peak_rss_bytes,
+// samples_per_s, mfu, step_s, data_wait_pct, micro_batches, pipeline_bubble, peak_rss_bytes,
 // tensor_peak_bytes, tensor_peak_planned_bytes, mem_params_bytes, mem_grads_bytes,
 // mem_optim_bytes, mem_host_optim_bytes, mem_gathered_peak_bytes, dropped_samples,
 // padding_fraction, world_size, elapsed_s.

@@ -7,6 +7,7 @@
 
 #include "sharding/dist/device_context.h"
 #include "sharding/parallel/lora.h"
+#include "sharding/parallel/pipeline.h"
 #include "vlm/runtime/check.h"
 #include "vlm/runtime/host_malloc.h"
 #include "vlm/runtime/process_memory.h"
@@ -95,6 +96,16 @@ void log_step_memory_plan(const StepMemory& planned, bool main) {
                short_bytes(planned.persistent), short_bytes(planned.inputs), short_bytes(planned.gathered),
                short_bytes(planned.act_head), short_bytes(planned.reduce), short_bytes(planned.act_units),
                short_bytes(planned.grads), short_bytes(planned.step_grads), short_bytes(planned.total()));
+}
+
+void log_pipeline_stages(vlm::VisionLanguageModelImpl& model, vlm::sharding::ParallelDims& dims) {
+  if (!dims.is_main() || dims.pp() == 1) return;
+  std::string line;
+  for (const vlm::PipelineStage& s : vlm::sharding::pipeline_split(model, dims.pp()))
+    line += fmt::format("{}stage {}: layers [{}, {}){}{}", line.empty() ? "" : "; ", s.index, s.first_layer,
+                        s.end_layer, s.first() ? " + vision tower, embedding" : "", s.last() ? " + norm, head" : "");
+  spdlog::info("pipeline: {} stages of {} rank(s), 1F1B: {} (docs/pipeline_parallel.md)", dims.pp(), dims.stage_size(),
+               line);
 }
 
 }  // namespace vlm::app

@@ -37,6 +37,10 @@ void log_sharded_load(const vlm::sharding::ShardedLoadStats& st, const vlm::shar
 // (persistent + transient before activations), then the sharding notes as warnings.
 void log_unit_table(const vlm::sharding::ShardedModel& sm, const MemoryPlan& plan, bool main);
 
+// Rank 0: the pipeline's stages (dist.pp > 1: their layers, which holds the vision tower and
+// the head; the unit table above is stage 0's).
+void log_pipeline_stages(vlm::VisionLanguageModelImpl& model, vlm::sharding::ParallelDims& dims);
+
 // Rank 0 (`main`): the memory plan of step 1 term by term (app/plan/step_memory.h), to read
 // next to the step log's measured mem.
 void log_step_memory_plan(const StepMemory& planned, bool main);

@@ -26,6 +26,7 @@
 #include "data/loader.h"
 #include "data/sample_builder.h"
 #include "data/sampler.h"
+#include "sharding/dist/device_context.h"
 #include "vlm/model/config.h"
 #include "vlm/text/tokenizer.h"
 
@@ -93,6 +94,46 @@ class TrainData {
   std::vector<const vlm::collate::PlannedSample*> items_;  // flattened samples of steps_
   std::unique_ptr<vlm::data::OrderedLoader<Produced>> loader_;
   int64_t built_ = 0, failed_ = 0;  // samples built / failed on this rank so far
+};
+
+// A step's micro-batches on the host (collate's) and on the device (the model's input).
+struct StagedStep {
+  StepData host;
+  std::vector<vlm::Batch> device;
+};
+
+// The steps' micro-batches in order, copied to the device. take() returns the step that
+// prefetch() staged, or reads it then; on CUDA, train_step calls prefetch(next cursor)
+// while its kernels still run, so the next step's reads and host -> device copies overlap
+// it. On CPU there is nothing to overlap, and waiting for the loader there would hold up
+// the optimizer step. pixels false (a pipeline stage after the first, which never reads
+// them): the device copies leave pixel_values out.
+class StepFeed {
+ public:
+  StepFeed(TrainData& data, vlm::sharding::DeviceContext& device, bool pixels = true)
+      : data_(data), device_(device), pixels_(pixels) {}
+  StagedStep take(const vlm::data::SamplerCursor& cursor) {
+    if (!staged_) prefetch(cursor);
+    StagedStep s = std::move(*staged_);
+    staged_.reset();
+    return s;
+  }
+  void prefetch(const vlm::data::SamplerCursor& cursor) {
+    StepData sd = data_.next(cursor);
+    staged_ = std::make_unique<StagedStep>();
+    for (const auto& mb : sd.micro_batches) {
+      vlm::Batch b = mb.batch;
+      if (!pixels_) b.pixel_values = torch::Tensor();
+      staged_->device.push_back(device_.to_device(b));
+    }
+    staged_->host = std::move(sd);
+  }
+
+ private:
+  TrainData& data_;
+  vlm::sharding::DeviceContext& device_;
+  bool pixels_;
+  std::unique_ptr<StagedStep> staged_;
 };
 
 }  // namespace vlm::app

@@ -11,7 +11,8 @@
 //   6. resume      the checkpoint's state, optimizer and RNG (Trainer, resume())
 //   7. loop set-up lr schedule, FLOP model, metrics.jsonl, eval sets, progress bar, signals
 //   8. each step   fault hook -> this rank's micro-batches (prefetched on CUDA) ->
-//                  train_step (forward + backward per micro-batch, the one all-reduce of
+//                  train_step (forward + backward per micro-batch, or the pipeline
+//                  stage's part of each in 1F1B order (dist.pp), the one all-reduce of
 //                  StepStats, clip, non-finite guard, update) -> log window -> periodic
 //                  eval -> checkpoint (checkpointer.h: an asynchronous one in flight is
 //                  committed once every rank wrote it; then periodic, or on SIGINT /
@@ -104,16 +105,6 @@ struct TrainModel {
   std::unique_ptr<StepMemoryModel> step_memory;  // the step log's "plan": memory plan + micro-batches
 };
 
-// Rank 0: the pipeline's stages (the unit table above is stage 0's).
-void log_pipeline_stages(vlm::VisionLanguageModelImpl& model, vlm::sharding::ParallelDims& dims) {
-  std::string line;
-  for (const vlm::PipelineStage& s : vlm::sharding::pipeline_split(model, dims.pp()))
-    line += fmt::format("{}stage {}: layers [{}, {}){}{}", line.empty() ? "" : "; ", s.index, s.first_layer,
-                        s.end_layer, s.first() ? " + vision tower, embedding" : "", s.last() ? " + norm, head" : "");
-  spdlog::info("pipeline: {} stages of {} rank(s), 1F1B: {} (docs/pipeline_parallel.md)", dims.pp(), dims.stage_size(),
-               line);
-}
-
 // Collective (apply_policies). Loads the tokenizer and the model (on meta with
 // model.sharded_load: the policies then materialise only this rank's share), applies the
 // policies, plans the memory, and logs each part on rank 0.
@@ -153,7 +144,7 @@ TrainModel build_model(const Recipe& recipe, vlm::sharding::ParallelDims& dims) 
     m.step_memory->set_workspace(
         training_blas_workspace_bytes(at::cuda::getDeviceProperties(dims.device().index())->major));
   log_unit_table(*m.sm, plan, main);
-  if (main && dims.pp() > 1) log_pipeline_stages(*m.model, dims);
+  log_pipeline_stages(*m.model, dims);
   return m;
 }
 
@@ -183,39 +174,6 @@ void check_same_run(vlm::sharding::Comm& comm, const Recipe& recipe, const Train
                                                  vlm::sharding::unit_table_text(m.sm->layout_table()),
                                                  data.dataset_size()));
 }
-
-// A step's micro-batches on the host (collate's) and on the device (the model's input).
-struct StagedStep {
-  StepData host;
-  std::vector<vlm::Batch> device;
-};
-
-// The steps' micro-batches in order, copied to the device. take() returns the step that
-// prefetch() staged, or reads it then; on CUDA, train_step calls prefetch(next cursor)
-// while its kernels still run, so the next step's reads and host -> device copies overlap
-// it. On CPU there is nothing to overlap, and waiting for the loader there would hold up
-// the optimizer step.
-class StepFeed {
- public:
-  StepFeed(TrainData& data, vlm::sharding::DeviceContext& device) : data_(data), device_(device) {}
-  StagedStep take(const vlm::data::SamplerCursor& cursor) {
-    if (!staged_) prefetch(cursor);
-    StagedStep s = std::move(*staged_);
-    staged_.reset();
-    return s;
-  }
-  void prefetch(const vlm::data::SamplerCursor& cursor) {
-    StepData sd = data_.next(cursor);
-    staged_ = std::make_unique<StagedStep>();
-    for (const auto& mb : sd.micro_batches) staged_->device.push_back(device_.to_device(mb.batch));
-    staged_->host = std::move(sd);
-  }
-
- private:
-  TrainData& data_;
-  vlm::sharding::DeviceContext& device_;
-  std::unique_ptr<StagedStep> staged_;
-};
 
 // ---------------------------------------------------------------- resume
 // The state to start from: the checkpoint of checkpoint.resume (its optimizer state loaded
@@ -328,7 +286,7 @@ Trainer::Trainer(const Recipe& recipe_, vlm::sharding::ParallelDims& dims_, Trai
       bar({"train", "steps", steps_total_, main && tty, /*plain_lines=*/false}),
       window({recipe_.log.every, steps_total_, dims_.world_size(), peak}),
       dump_dir(batch_dump_dir()),
-      feed(data_, dims_.device_context()) {
+      feed(data_, dims_.device_context(), dims_.pp_rank() == 0) {
   summary.start_step = summary.end_step = last_saved = st.step;
   metrics.emplace(out_dir, main, recipe.log.tensorboard, st.step + 1);
   if (main && !metrics->tensorboard_file().empty())

@@ -148,7 +148,7 @@ char* bytes_of(const torch::Tensor& t) { return static_cast<char*>(t.data_ptr())
 // Calls fn(off, len) for consecutive pieces of [0, n) of at most `step` each; once with
 // (0, 0) when n is 0, so an empty op still runs one round (and is matched across ranks).
 template <typename Fn>
-void for_each_piece(uint64_t n, uint64_t step, Fn&& fn) {
+void for_each_shm_piece(uint64_t n, uint64_t step, Fn&& fn) {
   uint64_t off = 0;
   do {
     const uint64_t len = std::min(step, n - off);
@@ -488,7 +488,7 @@ void ShmChannel::run_all_gather(ShmTask& t) {
   const uint64_t s = t.b.nbytes();
   if (in != out + rank_ * s) std::memcpy(out + rank_ * s, in, s);
   const uint64_t total = s * world_;
-  for_each_piece(s, kBufferBytes, [&](uint64_t off, uint64_t c) {
+  for_each_shm_piece(s, kBufferBytes, [&](uint64_t off, uint64_t c) {
     round(
         t, total, [&](char* mine) { std::memcpy(mine, in + off, c); },
         [&](int b) {
@@ -507,7 +507,7 @@ void ShmChannel::run_reduce_scatter(ShmTask& t) {
   const uint64_t cmax = std::max<uint64_t>(1, kBufferBytes / (world_ * esz));  // piece elements
   const uint64_t total = t.b.nbytes();
   std::vector<const char*> src(world_);
-  for_each_piece(s, cmax, [&](uint64_t off, uint64_t c) {
+  for_each_shm_piece(s, cmax, [&](uint64_t off, uint64_t c) {
     round(
         t, total,
         [&](char* mine) {
@@ -530,7 +530,7 @@ void ShmChannel::run_all_reduce(ShmTask& t) {
   const uint64_t pmax = kBufferBytes / esz;  // piece elements
   const uint64_t total = t.a.nbytes();
   std::vector<const char*> src(world_);
-  for_each_piece(n, pmax, [&](uint64_t off, uint64_t len) {
+  for_each_shm_piece(n, pmax, [&](uint64_t off, uint64_t len) {
     auto lo = [&](int q) { return len * static_cast<uint64_t>(q) / world_; };  // slice q: [lo(q), lo(q+1))
     const uint64_t my_lo = lo(rank_), my_n = lo(rank_ + 1) - my_lo;
     // Round 1: post the slices the peers reduce (not my own: I read that from `t`); reduce
@@ -562,7 +562,7 @@ void ShmChannel::run_broadcast(ShmTask& t) {
   char* data = bytes_of(t.a);
   const uint64_t s = t.a.nbytes();
   const bool root = rank_ == t.root;
-  for_each_piece(s, kBufferBytes, [&](uint64_t off, uint64_t c) {
+  for_each_shm_piece(s, kBufferBytes, [&](uint64_t off, uint64_t c) {
     round(
         t, s, [&](char* mine) { if (root) std::memcpy(mine, data + off, c); },
         [&](int b) { if (!root) std::memcpy(data + off, buffer(t.root, b), c); });

@@ -93,7 +93,9 @@ void PipelineSchedule::forward(int64_t k, const std::string& ctx) {
 void PipelineSchedule::backward(int64_t k, const torch::Tensor& grad, const std::string& ctx) {
   Slot& s = slots_[k];
   if (step_->before_backward) step_->before_backward(k);
-  if (stage_ == stages_ - 1) {
+  if (!s.output.requires_grad()) {
+    // Nothing on or before this stage trains (a frozen stage after frozen ones): no graph.
+  } else if (stage_ == stages_ - 1) {
     s.output.backward();
   } else {
     VLM_CHECK(grad.defined() && grad.sizes() == s.output.sizes(), ctx, ": pipeline stage ", stage_,

@@ -56,7 +56,8 @@ TEST(LogWindow, MetricsKeysAndValues) {
   // nlohmann::json sorts an object's keys: compare the set, and the values.
   const std::vector<std::string> want = {
       "step", "epoch", "loss", "grad_norm", "lr", "skipped", "supervised_tokens", "tokens_per_s", "images_per_s",
-      "samples_per_s", "mfu", "step_s", "data_wait_pct", "micro_batches", "peak_rss_bytes", "tensor_peak_bytes",
+      "samples_per_s", "mfu", "step_s", "data_wait_pct", "micro_batches", "pipeline_bubble", "peak_rss_bytes",
+      "tensor_peak_bytes",
       "tensor_peak_planned_bytes", "mem_params_bytes", "mem_grads_bytes", "mem_optim_bytes", "mem_host_optim_bytes",
       "mem_gathered_peak_bytes", "dropped_samples", "padding_fraction", "world_size", "elapsed_s"};
   std::vector<std::string> sorted_want = want;
@@ -73,6 +74,7 @@ TEST(LogWindow, MetricsKeysAndValues) {
   EXPECT_DOUBLE_EQ(j.at("mem_gathered_peak_bytes").get<double>(), 5);
   EXPECT_EQ(j.at("world_size").get<int>(), 2);
   EXPECT_EQ(j.at("dropped_samples").get<int64_t>(), 1);
+  EXPECT_DOUBLE_EQ(j.at("pipeline_bubble").get<double>(), 0.0);  // no pipeline
   EXPECT_EQ(j.at("micro_batches").get<int64_t>(), 3);
 }
 
@@ -83,6 +85,9 @@ TEST(LogWindow, LineFormatAndRatesOverTheWindow) {
   EXPECT_EQ(w.line(log_window_facts(2, false), 2 * 1024 * 1024, "3m07s"),
             "step     2/10 | ep 0.25 | loss 2.5000 | gnorm 1.125 | lr 1.00e-04 | tok/s 1000 | img/s 1.0 | smp/s 2.0 "
             "| pad 10.0% | mfu 0.00% | mem 2.0M (plan 3.0M) | data 25% | eta 3m07s");
+  StepFacts piped = log_window_facts(2, false);  // pipeline parallelism: p 2, m 4
+  piped.pipeline_bubble = 0.2;
+  EXPECT_NE(w.line(piped, 2 * 1024 * 1024, "3m07s").find("| data 25% | bubble 20% | eta 3m07s"), std::string::npos);
   const std::string skipped = w.line(log_window_facts(2, true), 2 * 1024 * 1024, "1s");
   EXPECT_EQ(skipped.substr(skipped.size() - 10), " | SKIPPED");
   w.reset();

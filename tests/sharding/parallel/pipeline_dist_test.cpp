@@ -22,10 +22,12 @@
 // embedding, whose gradient is summed between stage 0 and the last), tiny-qwen2.5 untied,
 // tiny-qwen3 (DeepStack into layers 0 and 1, both on stage 0), tiny-qwen3.5 (Gated DeltaNet),
 // tiny-qwen3-moe and tiny-qwen3.5-moe. Layouts: pp 2 at world 2 (m = 4: warm-up, steady state
-// and cool-down); dp 2 x pp 2 at world 4 (FSDP full_shard inside each stage, activation
-// checkpointing, a filler micro-batch); pp 4 at world 4 (one layer per stage, m = 4 and m = 2,
-// i.e. fewer micro-batches than stages); pp 2 x tp 2 at world 4 (the stages' layers split by
-// tensor parallelism, the residual stream gathered between stages).
+// and cool-down); dp 2 x pp 2 at world 4 (padded with a filler micro-batch and packed; FSDP
+// full_shard inside each stage, activation checkpointing); pp 4 at world 4 (one layer per
+// stage, m = 4 and m = 2, i.e. fewer micro-batches than stages); pp 2 x tp 2 at world 4 (the
+// stages' layers split by tensor parallelism, the residual stream gathered between stages).
+// The world-4 launches are ctest entries of their own (pipeline_4_dist_test.cpp), so that
+// each entry stays well inside the dist timeout.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -361,6 +363,7 @@ TEST(PipelineParallelDist, DISABLED_EqualsOneProcessWorker) {
   }
   for (const char* preset : {"tiny", "tiny-qwen2.5", "tiny-qwen3", "tiny-qwen3.5", "tiny-qwen3-moe", "tiny-qwen3.5-moe"})
     for (PpLayout layout : {PpLayout::kRight, PpLayout::kLeftMask, PpLayout::kPacked}) {
+      if (dims.dp_size() == 2 && layout == PpLayout::kLeftMask) continue;  // the mask path: at pp 2
       PpConfig c;
       c.preset = preset;
       c.untie = std::string(preset) == "tiny-qwen2.5";
@@ -384,18 +387,6 @@ TEST(PipelineParallelDist, DISABLED_EqualsOneProcessWorker) {
 
 TEST(PipelineParallelDist, EqualsOneProcessPp2World2) {
   fsdp_testing::launch(2, "PipelineParallelDist.DISABLED_EqualsOneProcessWorker", 540, [](int) { return ppd_env(2, 1); });
-}
-
-TEST(PipelineParallelDist, EqualsOneProcessDp2Pp2World4) {
-  fsdp_testing::launch(4, "PipelineParallelDist.DISABLED_EqualsOneProcessWorker", 540, [](int) { return ppd_env(2, 1); });
-}
-
-TEST(PipelineParallelDist, EqualsOneProcessPp4World4) {
-  fsdp_testing::launch(4, "PipelineParallelDist.DISABLED_EqualsOneProcessWorker", 540, [](int) { return ppd_env(4, 1); });
-}
-
-TEST(PipelineParallelDist, EqualsOneProcessPp2Tp2World4) {
-  fsdp_testing::launch(4, "PipelineParallelDist.DISABLED_EqualsOneProcessWorker", 540, [](int) { return ppd_env(2, 2); });
 }
 
 // The balanced split against every contiguous split (brute force), and its constraints.
