@@ -27,6 +27,7 @@
 #include "sharding/parallel/lora.h"
 #include "app/plan/memory_plan.h"
 #include "sharding/parallel/offload.h"
+#include "sharding/parallel/pipeline.h"
 #include "sharding/parallel/policy.h"
 #include "app/plan/traffic_plan.h"
 #include "vlm/runtime/check.h"
@@ -36,13 +37,13 @@
 
 namespace vlm::app {
 
-namespace {
-
 std::string with_commas(int64_t n) {
   std::string s = std::to_string(n);
   for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
   return s;
 }
+
+namespace {
 
 struct PlanArgs {
   RecipeArgs recipe;                   // optional: without it, --preset alone
@@ -53,6 +54,8 @@ struct PlanArgs {
   bool leaves = false;                 // --leaves (with --preset alone)
   std::optional<long long> tokens;     // --tokens T: the micro-batch (default batch.max_tokens)
   std::optional<long long> image_tokens;  // --image-tokens M (default min(batch.max_image_tokens, T))
+  std::optional<long long> micro_batches;  // --micro-batches M per step (default 1; with dist.pp, one
+                                           // sample each: min(batch.samples_per_rank, max_micro_batches))
   std::optional<std::string> device;   // --device cpu|cuda: whose kernels' activations (default cuda
                                        // unless dist.device = "cpu")
 };
@@ -75,6 +78,16 @@ PlannedBatch planned_batch(const PlanArgs& a, const Recipe& recipe, const vlm::V
   VLM_CHECK(pb.device == "cpu" || pb.device == "cuda", "vlmtrain plan: --device: expected cpu or cuda, got '",
             pb.device, "'");
   return pb;
+}
+
+// The micro-batches of the planned step: --micro-batches, else 1, or under pipeline
+// parallelism the most a step can have (one sample each), which 1F1B needs to fill its stages.
+int64_t planned_micro_batches(const PlanArgs& a, const Recipe& recipe) {
+  const auto& b = recipe.batch;
+  const long long m = a.micro_batches.value_or(recipe.dist.pp > 1 ? std::min(b.samples_per_rank, b.max_micro_batches) : 1);
+  VLM_CHECK(m >= 1 && m <= b.max_micro_batches, "vlmtrain plan: --micro-batches: expected 1..", b.max_micro_batches,
+            " (batch.max_micro_batches), got ", m);
+  return m;
 }
 
 int plan_recipe(const PlanArgs& a);
@@ -183,8 +196,34 @@ void plan_model_config(const PlanArgs& a, RecipePlan& p) {
   }
 }
 
-// The model on the meta device under the recipe's policies, and its memory, traffic and
-// activation plans for one micro-batch of the budget (app/plan/step_memory.h).
+// The units of the model's pipeline stage (the whole model without dist.pp) under the recipe's
+// policies, and their memory, traffic and activation plans for the planned step
+// (app/plan/step_memory.h).
+void plan_stage(RecipePlan& p) {
+  namespace sh = vlm::sharding;
+  const vlm::PipelineStage& stage = p.model->pipeline_stage();
+  p.units = sh::keep_stage_units(sh::resolve_units(*p.model, p.opts), stage);
+  // Tensor / pipeline parallelism: DDP / FSDP run over the ranks holding the same slices.
+  const vlm::app::MeshShape dp_mesh = data_parallel_mesh(p);
+  p.mem = plan_memory(p.units, dp_mesh.world, p.opts.param_dtype, p.opts.reduce_dtype, p.opts.fsdp_accumulate_unsharded,
+                      p.mesh.dp_shard);
+  if (p.opts.optimizer_offload) plan_offload(p.mem, p.units);  // optimizer bytes -> host
+  std::vector<std::pair<std::string, std::string>> call_order;
+  for (const auto& u : p.model->units())
+    if (stage.runs(u.path)) call_order.emplace_back(u.path, u.shares_params_with.empty() ? u.path : u.shares_params_with);
+  p.traffic = plan_traffic(p.units, call_order, dp_mesh, p.opts.param_dtype, p.opts.reduce_dtype,
+                           p.opts.fsdp_accumulate_unsharded, sh::calls_without_backward_gather(*p.model, p.units));
+  plan_context_parallel(p);
+  const AttentionPath apath = p.pb.device == "cuda" ? AttentionPath::cuda : AttentionPath::cpu;
+  const StepMemoryModel step_model(*p.model, p.mem, p.units, p.opts.param_dtype, apath,
+                                   p.recipe.data.prefetch * p.recipe.batch.samples_per_rank);
+  p.step = step_model.step(p.pb.shape, p.micro_batches, p.recipe.batch.samples_per_rank);
+  p.act = plan_activations(*p.model, p.pb.shape, p.opts.param_dtype, apath);
+  p.all_to_all_bytes = plan_all_to_all(p);
+  plan_tensor_parallel_bytes(p);
+}
+
+// The model on the meta device under the recipe's policies, planned whole or per pipeline stage.
 RecipePlan make_recipe_plan(const PlanArgs& a) {
   namespace sh = vlm::sharding;
   VLM_CHECK(!a.leaves, "vlmtrain plan: --leaves applies with --preset NAME alone (without a RECIPE)");
@@ -198,41 +237,27 @@ RecipePlan make_recipe_plan(const PlanArgs& a) {
   sh::attach_lora(*p.model, p.opts);
   p.total = vlm::count_parameters(*p.model);  // the whole model, before the experts are split
   plan_tensor_parallel_shape(p);
+  plan_pipeline_shape(p);
   sh::ParamCounts whole_counts;
   if (p.tp > 1) {  // one rank's slices; the parameter counts stay the whole model's
     whole_counts = sh::count_params(sh::resolve_units(*p.model, p.opts));
     p.model = vlm::VisionLanguageModel(p.cfg, torch::TensorOptions().device(torch::kMeta).dtype(p.opts.param_dtype));
   }
   split_experts(p);
-  p.units = sh::resolve_units(*p.model, p.opts);
-  p.counts = p.tp > 1 ? whole_counts : sh::count_params(p.units);
-  for (const auto& u : p.units)  // the experts other EP ranks hold count too
+  const std::vector<sh::UnitPlan> all = sh::resolve_units(*p.model, p.opts);
+  p.counts = p.tp > 1 ? whole_counts : sh::count_params(all);
+  for (const auto& u : all)  // the experts other EP ranks hold count too
     if (u.sharding == sh::Sharding::kExpert) {
       p.counts.total += u.numel * (p.ep - 1);
       p.counts.trainable += u.numel * (p.ep - 1);
     }
-  p.mem = plan_memory(p.units, p.world / p.tp, p.opts.param_dtype, p.opts.reduce_dtype,
-                      p.opts.fsdp_accumulate_unsharded, p.mesh.dp_shard);
-  if (p.opts.optimizer_offload) plan_offload(p.mem, p.units);  // optimizer bytes -> host
-  std::vector<std::pair<std::string, std::string>> call_order;
-  for (const auto& u : p.model->units())
-    call_order.emplace_back(u.path, u.shares_params_with.empty() ? u.path : u.shares_params_with);
-  // Tensor parallelism: DDP / FSDP run over the world / tp ranks of a tp rank (every tp-th
-  // rank: local_world / tp of them on a node).
-  const vlm::app::MeshShape dp_mesh =
-      p.tp > 1 ? vlm::app::MeshShape{p.world / p.tp, 0, std::max(1, p.local_world / p.tp)} : p.mesh;
-  p.traffic = plan_traffic(p.units, call_order, dp_mesh, p.opts.param_dtype, p.opts.reduce_dtype,
-                           p.opts.fsdp_accumulate_unsharded, sh::calls_without_backward_gather(*p.model, p.units));
-  sh::apply_freeze(p.units);  // requires_grad as the policies set it: what autograd keeps follows
+  sh::apply_freeze(all);  // requires_grad as the policies set it: what autograd keeps follows
   p.pb = planned_batch(a, p.recipe, p.cfg);
-  plan_context_parallel(p);
-  const AttentionPath apath = p.pb.device == "cuda" ? AttentionPath::cuda : AttentionPath::cpu;
-  const StepMemoryModel step_model(*p.model, p.mem, p.units, p.opts.param_dtype, apath,
-                                   p.recipe.data.prefetch * p.recipe.batch.samples_per_rank);
-  p.step = step_model.step(p.pb.shape, 1, p.recipe.batch.samples_per_rank);
-  p.act = plan_activations(*p.model, p.pb.shape, p.opts.param_dtype, apath);
-  p.all_to_all_bytes = plan_all_to_all(p);
-  plan_tensor_parallel_bytes(p);
+  p.micro_batches = planned_micro_batches(a, p.recipe);
+  if (p.pp > 1)
+    plan_pipeline(p, plan_stage);
+  else
+    plan_stage(p);
   return p;
 }
 
@@ -253,9 +278,10 @@ nlohmann::json plan_json(const RecipePlan& p) {
                              {"decoder_tokens_per_rank", p.pb.shape.decoder_tokens()},
                              {"all_to_all_bytes_per_micro_batch", p.cp_bytes}};
   if (p.tp > 1)
-    j["tensor_parallel"] = {{"tp", p.tp}, {"data_parallel", p.world / p.tp},
-                            {"params_per_rank", vlm::count_parameters(*p.model)},
+    j["tensor_parallel"] = {{"tp", p.tp}, {"data_parallel", p.data_parallel()}, {"params_per_rank", p.rank_params()},
                             {"bytes_per_micro_batch", p.tp_bytes}};
+  if (p.pp > 1) j["pipeline_parallel"] = pipeline_json(p);
+  j["micro_batches"] = p.micro_batches;
   j["mesh"] = {{"nproc_per_node", p.local_world}, {"dp_shard", p.mesh.shard()}, {"dp_replicate", p.mesh.replicate()}};
   j["param_dtype"] = p.recipe.precision.param_dtype;
   j["reduce_dtype"] = p.recipe.precision.reduce_dtype;
@@ -428,7 +454,8 @@ int plan_recipe(const PlanArgs& a) {
                 "rows above are one rank's slices, %s parameters); on the tp group %s per rank and micro-batch (not in "
                 "the totals above); activations above: one rank's heads over the whole sequence (the sequence split "
                 "of the norms between layers is not planned yet)\n",
-                p.tp, p.world / p.tp, with_commas(vlm::count_parameters(*p.model)).c_str(), human_bytes(p.tp_bytes).c_str());
+                p.tp, p.data_parallel(), with_commas(p.rank_params()).c_str(), human_bytes(p.tp_bytes).c_str());
+  print_pipeline(p);
   std::printf("\nparams: total %s, trainable %s (%.4f%%)\n", with_commas(p.total).c_str(),
               with_commas(p.counts.trainable).c_str(), p.total > 0 ? 100.0 * p.counts.trainable / p.total : 0.0);
   for (const auto& warning : p.mem.warnings) std::printf("warning: %s\n", warning.c_str());
@@ -440,7 +467,8 @@ int plan_recipe(const PlanArgs& a) {
 CommandRun declare_plan(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
   app.description(R"(usage: vlmtrain plan RECIPE [--preset NAME] [--world-size N] [--nproc-per-node L]
-                         [--tokens T] [--image-tokens M] [--device cpu|cuda] [--json] [--set KEY=VALUE]...
+                         [--tokens T] [--image-tokens M] [--micro-batches M] [--device cpu|cuda] [--json]
+                         [--set KEY=VALUE]...
        vlmtrain plan --preset NAME [--json] [--leaves]
 
 Builds the model on the meta device and prints every module with its parameter count,
@@ -467,11 +495,20 @@ policy and bytes per rank, plus totals.
            "op, group, inter_node, bytes, per_micro_batch, per_step}], step_1mb,\n"
            "per_extra_micro_batch}, activations {tokens, image_tokens, patches, packed, device,\n"
            "forward_bytes, peak_bytes}, step_peak {persistent_bytes, inputs_bytes, sharding_bytes,\n"
-           "activations_bytes, unit_grad_bytes, step_grad_bytes, total_bytes}, warnings");
+           "activations_bytes, unit_grad_bytes, step_grad_bytes, total_bytes}, micro_batches, warnings;\n"
+           "with dist.pp pipeline_parallel {pp, data_parallel, micro_batches, bubble,\n"
+           "link_bytes_per_micro_batch, reported_stage, stages [{stage, first_layer, end_layer,\n"
+           "params_per_rank, persistent_bytes, step_peak_bytes, in_flight, dp_intra_node_bytes_per_step,\n"
+           "dp_inter_node_bytes_per_step, tp_bytes_per_micro_batch, send_bytes_per_micro_batch,\n"
+           "next_link_inter_node, tied_gradient_bytes_per_step}]} (units and totals: reported_stage's)");
   add_flag(app, "--leaves", a->leaves, "list every parameter-owning layer instead of the sharding units");
   add_value(app, "--tokens", a->tokens, "T", "activations for a micro-batch of T tokens (default batch.max_tokens)");
   add_value(app, "--image-tokens", a->image_tokens, "M",
             "of which M merged image tokens (default min(batch.max_image_tokens, T))");
+  add_value(app, "--micro-batches", a->micro_batches, "M",
+            "micro-batches per step: the step peak (gradients accumulating) and, with dist.pp, the\n"
+            "bubble and the micro-batches in flight per stage (default 1; with dist.pp\n"
+            "min(batch.samples_per_rank, batch.max_micro_batches), one sample each)");
   add_value(app, "--device", a->device, "cpu|cuda",
             "whose kernels' activations (default cuda, cpu when dist.device = \"cpu\")");
   app.footer(R"(Bytes per rank as the engine allocates them (P unit parameters, N ranks, p / r bytes of

@@ -351,6 +351,41 @@ UnitActivation decoder_layer(const TextConfig& tc, Op o, const std::string& l, i
   return u;
 }
 
+// Pipeline parallelism: the rows of the model's stage (vlm/model/pipeline_stage.h), in call
+// order, their inputs renumbered. The schedule's slots (sharding/parallel/pipeline.h) keep a
+// later stage's received input [B, L, d] (stream_bytes, counted as a row "pipeline.input" of its
+// own) and an earlier stage's output (a row "pipeline.output" that keeps its input) until the
+// micro-batch's backward. The tower's rotary tables (vision_shared) stay on stage 0, the loss's
+// transients on the last stage.
+void keep_stage(ActivationPlan& plan, const PipelineStage& stage, double stream_bytes, double vision_shared) {
+  std::vector<UnitActivation> kept;
+  std::vector<int> index(plan.units.size(), -1);
+  if (!stage.first()) {
+    UnitActivation in;
+    in.path = "pipeline.input";
+    in.kept_bytes = stream_bytes;  // not an output: kept whether or not the first layer keeps it
+    in.needs_grad = true;
+    kept.push_back(in);
+  }
+  for (size_t i = 0; i < plan.units.size(); ++i) {
+    UnitActivation u = plan.units[i];
+    if (!stage.runs(u.path)) continue;
+    u.input_from = u.input_from >= 0 ? index[static_cast<size_t>(u.input_from)] : -1;
+    index[i] = static_cast<int>(kept.size());
+    kept.push_back(u);
+  }
+  if (!stage.last()) {
+    UnitActivation out;
+    out.path = "pipeline.output";
+    out.keeps_input = true;
+    out.input_from = static_cast<int>(kept.size()) - 1;
+    kept.push_back(out);
+    plan.head_chunk_bytes = plan.head_backward_bytes = 0;
+  }
+  if (!stage.first()) plan.shared_bytes -= vision_shared;
+  plan.units = std::move(kept);
+}
+
 UnitActivation scaled(std::string path, UnitActivation u, double rows, int input_from) {
   u.path = std::move(path);
   u.kept_bytes = u.kept_bytes * rows + u.per_call_bytes;
@@ -460,8 +495,8 @@ ActivationPlan plan_activations(VisionLanguageModelImpl& model, const MicroBatch
   // Text rotary cos / sin [B, L, R] (R rotated dims; activation dtype), M-RoPE ids [3, B, L] int64, the image
   // token mask; vision rotary cos / sin [S, Dv] fp32 (kept by the rotations when the tower
   // builds a graph).
-  plan.shared_bytes = chunk * 2 * p * static_cast<double>(tc.rotary_dim()) + tokens * (24 + 1) +
-                      (tower_grad ? patches * 2 * kF * static_cast<double>(v.head_dim()) : 0.0);
+  const double vision_shared = tower_grad ? patches * 2 * kF * static_cast<double>(v.head_dim()) : 0.0;
+  plan.shared_bytes = chunk * 2 * p * static_cast<double>(tc.rotary_dim()) + tokens * (24 + 1) + vision_shared;
   // Loss chunk: logits [m, V] in the activation dtype, their fp32 upcast, fp32 log-softmax.
   const double vocab = static_cast<double>(tc.vocab_size);
   const double m =
@@ -473,6 +508,7 @@ ActivationPlan plan_activations(VisionLanguageModelImpl& model, const MicroBatch
   const double recompute = plan.head_chunk_bytes + m * vocab * kF;
   plan.head_backward_bytes =
       head_trains ? vocab * d * kF + std::max(recompute, p < kF ? p * vocab * d : 0.0) : recompute;
+  if (!model.pipeline_stage().whole()) keep_stage(plan, model.pipeline_stage(), p * d * tokens, vision_shared);
   return plan;
 }
 

@@ -46,6 +46,11 @@
 // and bf16, trained, with a frozen tower and with LoRA. A unit under activation
 // checkpointing keeps only its input (and its output while the next unit keeps it); its
 // full set lives again while its backward recomputes it.
+// Pipeline parallelism (the model's set_pipeline_stage): the stage's units only, plus the
+// residual stream [B, L, d] a later stage received and an earlier stage's output, which the
+// schedule keeps until the micro-batch's backward (rows "pipeline.input" / "pipeline.output");
+// the vision tower's rotary tables on stage 0, the loss's transients on the last stage. Not yet
+// checked against a stage's measured storages.
 #pragma once
 #include <functional>
 #include <string>

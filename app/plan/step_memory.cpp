@@ -89,8 +89,9 @@ void StepMemoryModel::add_activations(StepMemory& m, const vlm::app::MicroBatchS
   auto ckpt = [this](const std::string& path) {
     return std::find(checkpointed_.begin(), checkpointed_.end(), path) != checkpointed_.end();
   };
-  m.act_head = std::max(m.act_head, plan.head_peak_bytes(ckpt));
-  m.act_units = std::max(m.act_units, plan.units_peak_bytes(ckpt));
+  const double others = m.in_flight > 1 ? static_cast<double>(m.in_flight - 1) * plan.forward_bytes(ckpt) : 0.0;
+  m.act_head = std::max(m.act_head, plan.head_peak_bytes(ckpt) + others);
+  m.act_units = std::max(m.act_units, plan.units_peak_bytes(ckpt) + others);
 }
 
 StepMemory StepMemoryModel::base(int64_t micro_batches) const {
@@ -101,6 +102,8 @@ StepMemory StepMemoryModel::base(int64_t micro_batches) const {
   m.grads = grads_;
   m.step_grads = step_grads_;
   m.micro_batches = micro_batches;
+  const vlm::PipelineStage& stage = model_->pipeline_stage();  // 1F1B: min(pp - s, m)
+  m.in_flight = std::max<int64_t>(1, std::min(stage.count - stage.index, micro_batches));
   m.workspace = workspace_;
   return m;
 }

@@ -24,6 +24,11 @@
 //          (cublas_workspace_bytes + cublaslt_workspace_bytes); on an H200 with PyTorch 2.11,
 //          DeviceMemory::blas_workspaces measured 3 (65 MiB), 4 (66 MiB) with checkpointing)
 //
+// Pipeline parallelism (the model's set_pipeline_stage): the activations are the stage's
+// (activation_memory.h), and 1F1B keeps min(pp - s, micro-batches) of them alive on stage s
+// at once: the moments above add the forward's end of the others in flight, each counted at
+// the size of the micro-batch whose moment it is.
+//
 // Peaks of parts that need not coincide are added, so the plan leans high; the bench row
 // (scripts/bench/memory_plan.py) measures how close it comes for each policy mix.
 #pragma once
@@ -48,6 +53,7 @@ struct StepMemory {
   double step_grads = 0;   // gradients alive until the optimizer: DDP .grad, FSDP unsharded sums
   double workspace = 0;     // CUDA: the cuBLAS / cuBLASLt workspaces (training_blas_workspace_bytes)
   int64_t micro_batches = 1;
+  int64_t in_flight = 1;   // pipeline: micro-batches whose activations are alive at once
   double activations() const { return std::max(act_head, act_units); }
   double total() const {
     const double accumulating = micro_batches > 1 ? step_grads : 0.0;
@@ -101,7 +107,8 @@ class StepMemoryModel {
  private:
   // The step's parts that do not depend on its micro-batches.
   StepMemory base(int64_t micro_batches) const;
-  // Adds one micro-batch's activation peaks (loss, units) to m's maxima.
+  // Adds one micro-batch's activation peaks (loss, units) to m's maxima, with the forward's
+  // end of m.in_flight - 1 others like it alive beside it.
   void add_activations(StepMemory& m, const vlm::app::MicroBatchShape& shape) const;
   // The CPU's loader window: prefetch_samples decoded samples, at the step's bytes per sample.
   void add_loader_window(StepMemory& m, int64_t samples) const;

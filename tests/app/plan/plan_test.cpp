@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/testing.h"
+#include "vlm/model/config.h"
+#include "vlm/model/vision_language_model.h"
 
 namespace {
 
@@ -272,6 +274,81 @@ TEST(Plan, TensorParallelHoldsAnEighthOfTheSplitParameters) {
                              "--set", "dist.tp=8"});
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("12 attention heads do not divide by tp = 8"), std::string::npos) << bad.output;
+}
+
+// Whether a stage of `stages` holding decoder layers [a, b) holds the parameter `name` (the
+// tied head's embedding on the first and the last stage), from the parameter's name alone.
+bool stage_holds(const std::string& name, int64_t s, int64_t stages, int64_t a, int64_t b, bool tied) {
+  auto starts = [&](const char* prefix) { return name.rfind(prefix, 0) == 0; };
+  if (starts("visual.")) return s == 0;
+  if (starts("model.embed_tokens.")) return s == 0 || (tied && s == stages - 1);
+  if (starts("model.norm.") || starts("lm_head.")) return s == stages - 1;
+  const std::string layers = "model.layers.";
+  EXPECT_TRUE(starts("model.layers.")) << name;
+  const int64_t i = std::stoll(name.substr(layers.size()));
+  return i >= a && i < b;
+}
+
+// Split by tensor parallelism (docs/tensor_parallel.md's table, dense decoder): a tp rank holds
+// 1 / tp of these.
+bool tp_split(const std::string& name) {
+  if (name.rfind("visual.", 0) == 0) return false;
+  for (const char* part : {".q_proj.", ".k_proj.", ".v_proj.", ".o_proj.", ".gate_proj.", ".up_proj.", ".down_proj.",
+                           "embed_tokens.", "lm_head."})
+    if (name.find(part) != std::string::npos) return true;
+  return false;
+}
+
+// dist.pp: each stage's parameters per rank are its layers' (from the stage's range), the
+// tower and embedding on stage 0, the norm and head on the last (a tied head's embedding on
+// both), split ones / tp, summed here over the model's own named_parameters; the bubble and
+// the link bytes from their formulas; the plan's step peak is its largest stage's. 72B at
+// tp 8 x pp 2 x dp 2 (untied head), 3B at pp 4 x dp 2 (tied).
+TEST(Plan, PipelineStagesHoldTheirLayersParameters) {
+  const std::string recipe = vlm::test::source_dir() + "/recipes/ocr_qwen25.toml";
+  struct Layout {
+    std::string preset;
+    int64_t world, tp, pp;
+  };
+  const int64_t m = 8, tokens = 8192;
+  for (const Layout& l : {Layout{"qwen2.5-vl-72b", 32, 8, 2}, Layout{"qwen2.5-vl-3b", 8, 1, 4}}) {
+    SCOPED_TRACE(l.preset);
+    auto r = vlm::test::run({vlm::test::vlmtrain_bin(), "plan", recipe, "--preset", l.preset, "--world-size",
+                             std::to_string(l.world), "--nproc-per-node", "8", "--tokens", std::to_string(tokens),
+                             "--image-tokens", "4096", "--micro-batches", std::to_string(m), "--set",
+                             "dist.tp=" + std::to_string(l.tp), "--set", "dist.pp=" + std::to_string(l.pp), "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto j = nlohmann::json::parse(r.output);
+    ASSERT_TRUE(j.contains("pipeline_parallel")) << r.output;
+    const auto& pp = j["pipeline_parallel"];
+    EXPECT_EQ(pp["data_parallel"].get<int64_t>(), l.world / (l.pp * l.tp));
+    EXPECT_DOUBLE_EQ(pp["bubble"].get<double>(), static_cast<double>(l.pp - 1) / static_cast<double>(m + l.pp - 1));
+    const vlm::VlmConfig cfg = vlm::preset(l.preset);
+    // [B, L, d] in bf16, forward and backward: B x L = the micro-batch's tokens.
+    EXPECT_DOUBLE_EQ(pp["link_bytes_per_micro_batch"].get<double>(),
+                     static_cast<double>(tokens) * static_cast<double>(cfg.text.hidden_size) * 2 * 2);
+    vlm::VisionLanguageModel model(cfg, torch::TensorOptions().device(torch::kMeta).dtype(torch::kBFloat16));
+    const auto& stages = pp["stages"];
+    ASSERT_EQ(static_cast<int64_t>(stages.size()), l.pp);
+    int64_t next = 0;
+    double peak = 0;
+    for (int64_t s = 0; s < l.pp; ++s) {
+      const auto& st = stages[static_cast<size_t>(s)];
+      const int64_t a = st["first_layer"], b = st["end_layer"];
+      EXPECT_EQ(a, next) << "stage " << s << ": the stages' layers are contiguous";
+      EXPECT_LT(a, b);
+      next = b;
+      int64_t want = 0;
+      for (const auto& p : model->named_parameters())
+        if (stage_holds(p.key(), s, l.pp, a, b, cfg.tie_word_embeddings))
+          want += p.value().numel() / (tp_split(p.key()) ? l.tp : 1);
+      EXPECT_EQ(st["params_per_rank"].get<int64_t>(), want) << "stage " << s;
+      EXPECT_EQ(st["in_flight"].get<int64_t>(), std::min(l.pp - s, m)) << "stage " << s;
+      peak = std::max(peak, st["step_peak_bytes"].get<double>());
+    }
+    EXPECT_EQ(next, cfg.text.num_hidden_layers);
+    EXPECT_EQ(j["step_peak"]["total_bytes"].get<double>(), peak);
+  }
 }
 
 }  // namespace
