@@ -11,21 +11,27 @@ micro-batches), the tp group's bytes x 8, the pipeline sends x 8 (forward activa
 link to the next stage, gradients on the link to the previous) and a tied head's gradient sum,
 each in its link class (ranks fill nodes of 8 in order).
 
-Step time on the CPU (pp 2 against world 1) is a placeholder row until the trainer runs pp.
+Step time on the CPU: `vlmtrain launch --nproc-per-node N train recipes/ocr_tiny.toml` on the
+built-in synthetic OCR data (--preset, default `small`), N = 1 (world 1) and N = 2 (pp 2, one
+data-parallel rank per stage), 8 samples a step in micro-batches of 2 (batch.max_tokens), one
+thread per rank, the median step_s of metrics.jsonl after the first --skip steps. Reported:
+seconds per step and the ratio; CPU seconds (N x step) against world 1's; the bubble.
 
 Writes the section "## 18. Pipeline parallelism" of bench/RESULTS.md (or prints it with --print).
 
-  python3 scripts/bench/pipeline_parallel.py [--build build] [--print]
+  python3 scripts/bench/pipeline_parallel.py [--build build] [--preset small] [--steps 12] [--print]
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TITLE = "## 18. Pipeline parallelism (dist.pp): plan"
+TITLE = "## 18. Pipeline parallelism (dist.pp): CPU step time and planned memory / traffic per rank"
 NODE = 8           # ranks per node
 MICRO_BATCHES = 8  # per step, every layout
 # (preset, world, tp, pp)
@@ -35,6 +41,24 @@ LAYOUTS = [("qwen2.5-vl-7b", 8, 1, 1), ("qwen2.5-vl-7b", 8, 4, 1), ("qwen2.5-vl-
            ("qwen2.5-vl-32b", 16, 8, 2),
            ("qwen2.5-vl-72b", 32, 1, 1), ("qwen2.5-vl-72b", 32, 8, 1), ("qwen2.5-vl-72b", 32, 1, 4),
            ("qwen2.5-vl-72b", 32, 8, 2)]
+
+
+def train(build, pp, preset, steps, max_tokens, work):
+    run_dir = os.path.join(work, f"pp{pp}")
+    cmd = [os.path.join(build, "vlmtrain"), "launch", "--nproc-per-node", str(pp), "train",
+           os.path.join(ROOT, "recipes", "ocr_tiny.toml"),
+           "--set", f"model.preset={preset}", "--set", f"run.output_dir={run_dir}",
+           "--set", f"schedule.steps={steps}", "--set", "schedule.warmup_steps=1",
+           "--set", "checkpoint.every=0", "--set", "checkpoint.save_final=false",
+           "--set", "eval.every=0", "--set", "eval.at_end=false", "--set", "data.eval=[]",
+           "--set", "log.every=1", "--set", f"dist.pp={pp}", "--set", "batch.samples_per_rank=8",
+           "--set", f"batch.max_tokens={max_tokens}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600, cwd=ROOT)
+    if out.returncode != 0:
+        sys.exit(f"pipeline_parallel.py: {' '.join(cmd)} failed ({out.returncode}):\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}")
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [j for j in map(json.loads, f) if "step_s" in j]
 
 
 def plan(build, preset, world, tp, pp):
@@ -94,15 +118,37 @@ def layout_name(world, tp, pp):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--skip", type=int, default=2, help="first steps left out (warm-up)")
+    ap.add_argument("--max-tokens", type=int, default=128, help="batch.max_tokens: micro-batches of ~2 samples")
     ap.add_argument("--print", action="store_true")
     a = ap.parse_args()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="pp-bench-") as work:
+        step, micro, bubble = {}, {}, {}
+        for pp in (1, 2):
+            rows = train(a.build, pp, a.preset, a.steps, a.max_tokens, work)[a.skip:]
+            step[pp] = statistics.median(r["step_s"] for r in rows)
+            micro[pp] = statistics.median(r["micro_batches"] for r in rows)
+            bubble[pp] = statistics.median(r.get("pipeline_bubble", 0.0) for r in rows)
+    load = " ".join(open("/proc/loadavg").read().split()[:3])
     g = 2**30
     lines = [TITLE, "",
-             "Step time on the CPU: pp 2 against world 1 through the binary, as section 17 does for tp 2.", "",
-             "| layout | s / step | vs world 1 | CPU seconds / step (ranks x s) | vs world 1 |", "|---|---|---|---|---|",
-             "| world 1 | _placeholder_ | 1.00x | _placeholder_ | 1.00x |",
-             "| pp 2 (world 2) | _placeholder: filled once `vlmtrain train` runs dist.pp_ | | | |", "",
+             f"Step time: `vlmtrain launch --nproc-per-node N train recipes/ocr_tiny.toml` with `model.preset = "
+             f"{a.preset}` on the synthetic OCR data, fp32, 8 samples a step in micro-batches of `batch.max_tokens = "
+             f"{a.max_tokens}` ({micro[1]:.0f} a step, median), one thread per rank, median `step_s` of steps "
+             f"{a.skip + 1}-{a.steps} (`python3 scripts/bench/pipeline_parallel.py`; {started}, load {load}, "
+             f"{time.time() - t0:.0f} s).", "",
+             "| layout | s / step | vs world 1 | CPU seconds / step (ranks x s) | vs world 1 | bubble |",
+             "|---|---|---|---|---|---|",
+             f"| world 1 | {step[1]:.3f} | 1.00x | {step[1]:.3f} | 1.00x | - |",
+             f"| pp 2 (world 2) | {step[2]:.3f} | {step[2] / step[1]:.2f}x | {2 * step[2]:.3f} | "
+             f"{2 * step[2] / step[1]:.2f}x | {100 * bubble[2]:.0f}% |", "",
+             "The two stages run on a core each at once: a pp 2 step takes the larger stage's share of the work (stage "
+             "0 also runs the vision tower), the bubble, in which a stage waits on the other, and the exchanges over "
+             "Gloo. World 1 runs everything on one core (one thread per rank).", "",
              f"Plan: `vlmtrain plan recipes/ocr_qwen25.toml --preset P --world-size W --nproc-per-node {NODE} "
              f"--tokens 8192 --image-tokens 4096 --micro-batches {MICRO_BATCHES} --set dist.tp=T --set dist.pp=S` "
              f"(LLM FSDP full_shard, vision frozen, layers checkpointed, bf16; `python3 scripts/bench/pipeline_parallel.py`, "

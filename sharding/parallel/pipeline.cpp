@@ -21,7 +21,10 @@ PipelineCosts pipeline_unit_costs(vlm::VisionLanguageModelImpl& model) {
     c.layers.push_back(n);
   }
   for (const auto& p : model.visual->parameters()) c.first += static_cast<double>(p.numel());
-  c.last = static_cast<double>(t.hidden_size) * static_cast<double>(t.vocab_size);
+  // The head: this rank's vocabulary rows (tensor parallelism splits them, as the layers'
+  // parameters above are this rank's slices; the vision tower is whole on every rank).
+  c.last = static_cast<double>(t.hidden_size) * static_cast<double>(t.vocab_size) /
+           static_cast<double>(std::max<int64_t>(1, t.tensor_parallel));
   return c;
 }
 

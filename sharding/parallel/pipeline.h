@@ -12,7 +12,8 @@
 //
 // Stages: pipeline_split() balances the layers by a per-unit cost (pipeline_unit_costs: the
 // parameters a token meets, i.e. FLOPs per token up to a factor: a sparse layer's experts
-// count top-k / E, the vision tower as if one patch per token, the head d x V). Units of other
+// count top-k / E, the vision tower as if one patch per token, the head d x V; under tensor
+// parallelism the rank's slices: the layers' and the head's split, the tower whole). Units of other
 // stages are never materialised (apply_policies keeps this stage's rows: keep_stage_units).
 // A tied head: stage 0 and the last stage both hold model.embed_tokens.weight; the optimizer
 // sums its gradient over ParallelDims::pp_tie() and both apply the same update
