@@ -11,8 +11,10 @@
 //   - `vlmtrain export` of the pp 2 checkpoint of step 6 holds every parameter at its shape,
 //     within 1e-4 of the world-1 run's checkpoint of step 6 (the bound of the tensor- and
 //     expert-parallel exports);
+//   - the 3D layout dp 2 x pp 2 x tp 2 at world 8 follows the world-1 curve, and its
+//     checkpoint resumes at world 1;
 //   - pp with cp stops every rank at start-up with the reason;
-//   - a rank of the last stage that dies mid-run ends the other with the op named.
+//   - a rank of either stage that dies mid-run ends the other with the op named.
 // Equality with one process to the order of float sums is sharding_pipeline_dist_test's (fp64
 // reference), so the curves are compared within 1e-5 relative.
 #include <gtest/gtest.h>
@@ -132,24 +134,44 @@ TEST_F(TrainPipelineParallel, FollowsOneProcessResumesAndExports) {
   std::printf("pp 2 checkpoint export vs world-1 checkpoint: worst |diff| %.3g (%s)\n", worst, worst_name.c_str());
 }
 
-// A rank of the last stage dies (VLMTRAIN_FAULT_EXIT: before step 3, no cleanup): the other
+// The 3D layout dp 2 x pp 2 x tp 2 at world 8 follows the world-1 curve, and its checkpoint
+// of step 3 (each stage's units in tp slices) resumes at world 1 on its curve.
+TEST_F(TrainPipelineParallel, ThreeDimensionsFollowOneProcessAndResumeAtWorldOne) {
+  TempDir one("pp3d-one"), three("pp3d-w8");
+  ASSERT_TRUE(vlm::test::all_ok(train(one / "run", 1, 1, 1)));
+  ASSERT_TRUE(vlm::test::all_ok(train(three / "run", 8, 2, 2)));
+  const auto want = vlm::test::losses_by_step(one / "run");
+  expect_pp_curve(vlm::test::losses_by_step(three / "run"), want, 1, 6, "dp 2 x pp 2 x tp 2 at world 8");
+  EXPECT_EQ(tokens_by_step(three / "run"), tokens_by_step(one / "run"));
+  TempDir dir("pp3d-to-one");
+  vlm::test::copy_checkpoint_run(three / "run", dir / "run", 3);
+  ASSERT_TRUE(vlm::test::all_ok(train(dir / "run", 1, 1, 1)));
+  expect_pp_curve(vlm::test::losses_by_step(dir / "run"), vlm::test::losses_by_step(three / "run"), 4, 6,
+                  "dp 2 x pp 2 x tp 2 -> world 1");
+}
+
+// A rank of either stage dies (VLMTRAIN_FAULT_EXIT: before step 3, no cleanup): the other
 // ends with an error naming the collective it was in, well inside the timeout (no hang).
-TEST_F(TrainPipelineParallel, DeadRankEndsTheOtherWithTheOpNamed) {
-  TempDir dir("pp-dead");
-  auto args = vlm::test::tiny_train_args(dir / "run", g_pp_data->path(), 6, 0);
-  for (const std::string& s : {"dist.pp=2", "batch.samples_per_rank=4", "batch.max_tokens=64", "dist.timeout_s=30"}) {
-    args.push_back("--set");
-    args.push_back(s);
+TEST_F(TrainPipelineParallel, DeadRankOfEitherStageEndsTheOtherWithTheOpNamed) {
+  for (int dead : {1, 0}) {
+    TempDir dir("pp-dead");
+    auto args = vlm::test::tiny_train_args(dir / "run", g_pp_data->path(), 6, 0);
+    for (const std::string& s : {"dist.pp=2", "batch.samples_per_rank=4", "batch.max_tokens=64", "dist.timeout_s=30"}) {
+      args.push_back("--set");
+      args.push_back(s);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto res = vlm::test::run_ranks(2, args, std::chrono::seconds(120), {"VLMTRAIN_FAULT_EXIT=3:" + std::to_string(dead)});
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_EQ(res.size(), 2u);
+    const auto& died = res[static_cast<size_t>(dead)];
+    const auto& other = res[static_cast<size_t>(1 - dead)];
+    EXPECT_EQ(died.exit_code, 3) << died.output;
+    EXPECT_NE(other.exit_code, 0) << other.output;
+    EXPECT_FALSE(other.timed_out) << other.output;
+    EXPECT_NE(other.output.find("comm: all_reduce"), std::string::npos) << "stage " << dead << " died\n" << other.output;
+    EXPECT_LT(seconds, 90) << "within the 30 s collective timeout and the peer reports";
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  auto res = vlm::test::run_ranks(2, args, std::chrono::seconds(120), {"VLMTRAIN_FAULT_EXIT=3:1"});
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ASSERT_EQ(res.size(), 2u);
-  EXPECT_EQ(res[1].exit_code, 3) << res[1].output;
-  EXPECT_NE(res[0].exit_code, 0) << res[0].output;
-  EXPECT_FALSE(res[0].timed_out) << res[0].output;
-  EXPECT_NE(res[0].output.find("comm: all_reduce"), std::string::npos) << res[0].output;
-  EXPECT_LT(seconds, 90) << "within the 30 s collective timeout and the peer reports";
 }
 
 TEST_F(TrainPipelineParallel, PipelineWithContextParallelismStopsEveryRankAtStartUp) {
