@@ -11,6 +11,28 @@ namespace {
 // A match that names something: not empty, not only separators.
 bool matches_any_glob_char(const std::string& s) { return s.find_first_not_of(" |") != std::string::npos; }
 
+// dist.<key> = value > 1 (`kind`: "tensor" or "pipeline" parallelism): what is not built with
+// it yet, refused by key. `load`: why it needs sharded loading; `eval_hint`: the way to evaluate.
+template <class Fail>
+void refuse_unbuilt(const Recipe& r, Purpose purpose, const std::string& key, int64_t value, const std::string& kind,
+                    const std::string& load, const std::string& eval_hint, Fail fail) {
+  const std::string k = "dist." + key, v = key + " = " + std::to_string(value);
+  if (r.dist.cp > 1 || r.dist.ep > 1)
+    fail(k, v + " with cp = " + std::to_string(r.dist.cp) + " and ep = " + std::to_string(r.dist.ep) + ": " + kind +
+                " parallelism with context or expert parallelism is not built yet (expected cp 1 and ep 1)");
+  if (r.model.router_aux_loss_coef != 0)
+    fail(k, v + ": " + kind + " parallelism has no MoE load-balancing loss yet (expected model.router_aux_loss_coef = 0)");
+  if (!r.model.sharded_load) fail(k, v + ": " + load);
+  if (purpose == Purpose::train && !r.data.eval.empty() && (r.eval.every > 0 || r.eval.at_end))
+    fail(k, v + ": evaluation inside a " + kind + "-parallel run is not built yet (expected data.eval = [] or "
+                "eval.every = 0 and eval.at_end = false" + eval_hint + ")");
+  for (const auto& rule : r.sharding.module)
+    if (rule.policy == "lora" || rule.strategy == "hybrid_shard")
+      fail(k, v + ": a sharding rule has " +
+                  (rule.policy == "lora" ? std::string("policy = \"lora\"") : "strategy = \"hybrid_shard\"") +
+                  ", which " + kind + " parallelism does not take yet (expected ddp / fsdp / freeze rules)");
+}
+
 // [dist]: the parallel dimensions' combinations that are not built yet, refused by key.
 void validate_parallelism(const Recipe& r, Purpose purpose) {
   auto fail = [&](const std::string& key, const std::string& what) {
@@ -22,48 +44,15 @@ void validate_parallelism(const Recipe& r, Purpose purpose) {
   if (r.dist.cp > 1 && r.model.router_aux_loss_coef != 0)
     fail("dist.cp", "context parallelism has no MoE load-balancing loss yet (expected model.router_aux_loss_coef = 0)");
 
-  if (r.dist.tp > 1 && purpose != Purpose::eval) {  // `vlmtrain eval` replicates the model (tp 1)
-    const std::string tp = "tp = " + std::to_string(r.dist.tp);
-    if (r.dist.cp > 1 || r.dist.ep > 1)
-      fail("dist.tp", tp + " with cp = " + std::to_string(r.dist.cp) + " and ep = " + std::to_string(r.dist.ep) +
-                          ": tensor parallelism with context or expert parallelism is not built yet (expected cp 1 "
-                          "and ep 1)");
-    if (r.model.router_aux_loss_coef != 0)
-      fail("dist.tp", tp + ": tensor parallelism has no MoE load-balancing loss yet (expected "
-                           "model.router_aux_loss_coef = 0)");
-    if (!r.model.sharded_load)
-      fail("dist.tp", tp + ": each rank loads its slices of the weights, which needs model.sharded_load = true");
-    if (purpose == Purpose::train && !r.data.eval.empty() && (r.eval.every > 0 || r.eval.at_end))
-      fail("dist.tp", tp + ": evaluation inside a tensor-parallel run is not built yet (expected data.eval = [] "
-                           "or eval.every = 0 and eval.at_end = false; `vlmtrain eval --checkpoint` evaluates its "
-                           "checkpoints, putting the slices back together)");
-    for (const auto& rule : r.sharding.module)
-      if (rule.policy == "lora" || rule.strategy == "hybrid_shard")
-        fail("dist.tp", tp + ": a sharding rule has " +
-                            (rule.policy == "lora" ? std::string("policy = \"lora\"") : "strategy = \"hybrid_shard\"") +
-                            ", which tensor parallelism does not take yet (expected ddp / fsdp / freeze rules)");
-  }
-  if (r.dist.pp > 1 && purpose != Purpose::eval) {  // `vlmtrain eval` runs the whole model
-    const std::string pp = "pp = " + std::to_string(r.dist.pp);
-    if (r.dist.cp > 1 || r.dist.ep > 1)
-      fail("dist.pp", pp + " with cp = " + std::to_string(r.dist.cp) + " and ep = " + std::to_string(r.dist.ep) +
-                          ": pipeline parallelism with context or expert parallelism is not built yet (expected cp 1 "
-                          "and ep 1)");
-    if (r.model.router_aux_loss_coef != 0)
-      fail("dist.pp", pp + ": pipeline parallelism has no MoE load-balancing loss yet (expected "
-                           "model.router_aux_loss_coef = 0)");
-    if (!r.model.sharded_load)
-      fail("dist.pp", pp + ": each stage loads only its own layers, which needs model.sharded_load = true");
-    if (purpose == Purpose::train && !r.data.eval.empty() && (r.eval.every > 0 || r.eval.at_end))
-      fail("dist.pp", pp + ": evaluation inside a pipeline-parallel run is not built yet (expected data.eval = [] "
-                           "or eval.every = 0 and eval.at_end = false; `vlmtrain eval --checkpoint` evaluates its "
-                           "checkpoints)");
-    for (const auto& rule : r.sharding.module)
-      if (rule.policy == "lora" || rule.strategy == "hybrid_shard")
-        fail("dist.pp", pp + ": a sharding rule has " +
-                            (rule.policy == "lora" ? std::string("policy = \"lora\"") : "strategy = \"hybrid_shard\"") +
-                            ", which pipeline parallelism does not take yet (expected ddp / fsdp / freeze rules)");
-  }
+  if (purpose == Purpose::eval) return;  // `vlmtrain eval` runs the whole model (tp 1, pp 1)
+  if (r.dist.tp > 1)
+    refuse_unbuilt(r, purpose, "tp", r.dist.tp, "tensor",
+                   "each rank loads its slices of the weights, which needs model.sharded_load = true",
+                   "; `vlmtrain eval --checkpoint` evaluates its checkpoints, putting the slices back together", fail);
+  if (r.dist.pp > 1)
+    refuse_unbuilt(r, purpose, "pp", r.dist.pp, "pipeline",
+                   "each stage loads only its own layers, which needs model.sharded_load = true",
+                   "; `vlmtrain eval --checkpoint` evaluates its checkpoints", fail);
 }
 
 }  // namespace

@@ -98,6 +98,25 @@ void log_step_memory_plan(const StepMemory& planned, bool main) {
                short_bytes(planned.grads), short_bytes(planned.step_grads), short_bytes(planned.total()));
 }
 
+// The ranks that share a data-parallel rank's samples, for the data line.
+namespace {
+std::string data_group_name(const vlm::sharding::ParallelDims& dims) {
+  const std::string stages = dims.pp() > 1 ? fmt::format(" in each of {} pipeline stages", dims.pp()) : "";
+  if (dims.cp() > 1) return fmt::format("group of {} context-parallel ranks{}", dims.cp(), stages);
+  if (dims.tp() > 1) return fmt::format("group of {} tensor-parallel ranks{}", dims.tp(), stages);
+  return dims.pp() > 1 ? "rank" + stages : std::string("rank");
+}
+}  // namespace
+
+void log_data(const Recipe& recipe, const TrainData& data, int64_t steps_total, vlm::sharding::ParallelDims& dims) {
+  if (!dims.is_main()) return;
+  spdlog::info("data: {} | {} steps per epoch of {} samples ({} per {}) | {} steps | packing {}",
+               data.dataset().summary(), data.steps_per_epoch(), recipe.batch.samples_per_rank * dims.dp_size(),
+               recipe.batch.samples_per_rank,
+               data_group_name(dims),
+               steps_total, recipe.batch.packing ? "on (padding-free rows)" : "off (padded rows)");
+}
+
 void log_pipeline_stages(vlm::VisionLanguageModelImpl& model, vlm::sharding::ParallelDims& dims) {
   if (!dims.is_main() || dims.pp() == 1) return;
   std::string line;

@@ -9,6 +9,7 @@
 #include "app/config/recipe.h"
 #include "app/plan/memory_plan.h"
 #include "app/plan/step_memory.h"
+#include "app/train/train_data.h"
 #include "sharding/dist/dist_env.h"
 #include "sharding/dist/parallel_dims.h"
 #include "sharding/parallel/sharded_model.h"
@@ -36,6 +37,10 @@ void log_sharded_load(const vlm::sharding::ShardedLoadStats& st, const vlm::shar
 // Rank 0 (`main`): the unit table, parameter counts, the memory per rank and its plan
 // (persistent + transient before activations), then the sharding notes as warnings.
 void log_unit_table(const vlm::sharding::ShardedModel& sm, const MemoryPlan& plan, bool main);
+
+// Rank 0: the data set, steps per epoch, the global batch and who shares a data-parallel
+// rank's samples (a cp / tp group, the pipeline's stages), the steps, packing.
+void log_data(const Recipe& recipe, const TrainData& data, int64_t steps_total, vlm::sharding::ParallelDims& dims);
 
 // Rank 0: the pipeline's stages (dist.pp > 1: their layers, which holds the vision tower and
 // the head; the unit table above is stage 0's).

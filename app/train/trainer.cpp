@@ -154,24 +154,6 @@ int64_t total_steps(const Recipe& r, int64_t steps_per_epoch) {
   return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(r.schedule.epochs * static_cast<double>(steps_per_epoch))));
 }
 
-// The ranks that share a data-parallel rank's samples, for the data line.
-std::string data_group_name(const vlm::sharding::ParallelDims& dims) {
-  const std::string stages = dims.pp() > 1 ? fmt::format(" in each of {} pipeline stages", dims.pp()) : "";
-  if (dims.cp() > 1) return fmt::format("group of {} context-parallel ranks{}", dims.cp(), stages);
-  if (dims.tp() > 1) return fmt::format("group of {} tensor-parallel ranks{}", dims.tp(), stages);
-  return dims.pp() > 1 ? "rank" + stages : std::string("rank");
-}
-
-// Rank 0: the data set, the steps, the batch.
-void log_data(const Recipe& recipe, const TrainData& data, int64_t steps_total, vlm::sharding::ParallelDims& dims) {
-  if (!dims.is_main()) return;
-  spdlog::info("data: {} | {} steps per epoch of {} samples ({} per {}) | {} steps | packing {}",
-               data.dataset().summary(), data.steps_per_epoch(), recipe.batch.samples_per_rank * dims.dp_size(),
-               recipe.batch.samples_per_rank,
-               data_group_name(dims),
-               steps_total, recipe.batch.packing ? "on (padding-free rows)" : "off (padded rows)");
-}
-
 // Collective: every rank has the same recipe, model config, unit table and data set size
 // (sharding/dist/fingerprint.h), or every rank throws naming the difference.
 void check_same_run(vlm::sharding::Comm& comm, const Recipe& recipe, const TrainModel& m, const TrainData& data) {

@@ -243,6 +243,37 @@ void ShardedModel::load_state(const StateReader& reader, int64_t optimizer_steps
   }
 }
 
+namespace {
+// Steps 0b-0e of apply_policies: the parallel dimensions that change the model. 0b expert
+// parallelism (this rank's experts, read from `source` into *expert_load, and the dispatcher);
+// 0c context parallelism (the attentions exchange over the cp group); 0d tensor parallelism
+// (the decoder's activations over the tp group); 0e pipeline parallelism (this rank's stage,
+// returned; the other stages' units are left on meta).
+vlm::PipelineStage apply_model_dimensions(vlm::VisionLanguageModelImpl& model, const ShardingOptions& opts,
+                                          ParallelDims& dims, vlm::ParamSource* source,
+                                          std::shared_ptr<ExpertParallelDispatcher>* dispatcher,
+                                          ShardedLoadStats* expert_load) {
+  const bool ep_rules = std::any_of(opts.rules.begin(), opts.rules.end(), [](const PolicyRule& r) { return r.policy == "ep"; });
+  VLM_CHECK(!ep_rules || dims.ep() > 1, "apply_policies: a sharding rule has policy = \"ep\" but dist.ep is ", dims.ep(),
+            " (hint: set dist.ep to the ranks that split the experts, a divisor of the world size and of the experts "
+            "per layer; or use ddp / fsdp for the experts)");
+  VLM_CHECK(ep_rules || dims.ep() == 1, "apply_policies: dist.ep = ", dims.ep(), " but no sharding rule has policy = "
+            "\"ep\" (hint: add [[sharding.module]] match = \"*.mlp.experts\", policy = \"ep\")");
+  const ExpertLoad eload{source, dims.device(), opts.param_dtype, expert_load};
+  if (ep_rules) *dispatcher = apply_expert_parallel(model, dims, source != nullptr ? &eload : nullptr);
+  apply_context_parallel(model, dims, vlm::parse_sequence_mode(opts.cp_mode, "ShardingOptions::cp_mode"));
+  VLM_CHECK(dims.tp() == 1 || !ep_rules, "apply_policies: dist.tp = ", dims.tp(),
+            " with an ep rule: tensor and expert parallelism together are not built yet (hint: ddp / fsdp for the "
+            "experts, which then run on each tp rank's chunk of the tokens)");
+  apply_tensor_parallel(model, dims);
+  VLM_CHECK(dims.pp() == 1 || (source != nullptr && !ep_rules), "apply_policies: dist.pp = ", dims.pp(),
+            ep_rules ? " with an ep rule: pipeline and expert parallelism together are not built yet"
+                     : " needs the model built on meta and a ParamSource (hint: model.sharded_load = true), so that "
+                       "each stage materialises only its own units");
+  return apply_pipeline_parallel(model, dims);
+}
+}  // namespace
+
 std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model, const ShardingOptions& opts,
                                              ParallelDims& dims, vlm::ParamSource* source) {
   std::unique_ptr<ShardedModel> sm(new ShardedModel());
@@ -254,29 +285,9 @@ std::unique_ptr<ShardedModel> apply_policies(vlm::VisionLanguageModelImpl& model
   sm->cfg_ = model.cfg;
   // 0. LoRA adapters on the Linear modules the lora rules select.
   attach_lora(model, opts);
-  // 0b. Expert parallelism: this rank's experts and the dispatcher.
-  const bool ep_rules = std::any_of(opts.rules.begin(), opts.rules.end(), [](const PolicyRule& r) { return r.policy == "ep"; });
-  VLM_CHECK(!ep_rules || dims.ep() > 1, "apply_policies: a sharding rule has policy = \"ep\" but dist.ep is ", dims.ep(),
-            " (hint: set dist.ep to the ranks that split the experts, a divisor of the world size and of the experts "
-            "per layer; or use ddp / fsdp for the experts)");
-  VLM_CHECK(ep_rules || dims.ep() == 1, "apply_policies: dist.ep = ", dims.ep(), " but no sharding rule has policy = "
-            "\"ep\" (hint: add [[sharding.module]] match = \"*.mlp.experts\", policy = \"ep\")");
+  // 0b-0e. Expert, context, tensor and pipeline parallelism.
   ShardedLoadStats expert_load;
-  const ExpertLoad eload{source, dims.device(), opts.param_dtype, &expert_load};
-  if (ep_rules) sm->dispatcher_ = apply_expert_parallel(model, dims, source != nullptr ? &eload : nullptr);
-  // 0c. Context parallelism: the decoder's attentions exchange over the cp group.
-  apply_context_parallel(model, dims, vlm::parse_sequence_mode(opts.cp_mode, "ShardingOptions::cp_mode"));
-  // 0d. Tensor parallelism: the decoder's activations exchange over the tp group.
-  VLM_CHECK(dims.tp() == 1 || !ep_rules, "apply_policies: dist.tp = ", dims.tp(),
-            " with an ep rule: tensor and expert parallelism together are not built yet (hint: ddp / fsdp for the "
-            "experts, which then run on each tp rank's chunk of the tokens)");
-  apply_tensor_parallel(model, dims);
-  // 0e. Pipeline parallelism: this rank's stage; the other stages' units are left on meta.
-  VLM_CHECK(dims.pp() == 1 || (source != nullptr && !ep_rules), "apply_policies: dist.pp = ", dims.pp(),
-            ep_rules ? " with an ep rule: pipeline and expert parallelism together are not built yet"
-                     : " needs the model built on meta and a ParamSource (hint: model.sharded_load = true), so that "
-                       "each stage materialises only its own units");
-  const vlm::PipelineStage stage = apply_pipeline_parallel(model, dims);
+  const vlm::PipelineStage stage = apply_model_dimensions(model, opts, dims, source, &sm->dispatcher_, &expert_load);
   sm->stage_ = stage;
   // 1. Policy table (this stage's rows).
   sm->units_ = keep_stage_units(resolve_units(model, opts), stage);

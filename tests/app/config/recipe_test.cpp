@@ -103,6 +103,29 @@ TEST(Recipe, TensorParallelKeys) {
   EXPECT_NO_THROW(e.validate(Purpose::eval));
 }
 
+TEST(Recipe, PipelineParallelKeys) {
+  Recipe r = vlm::app::parse_recipe(std::string(kMinimal) + "[dist]\npp = 2\ntp = 2\n", "a.toml");
+  r.validate(Purpose::train);
+  EXPECT_EQ(vlm::app::parallel_options(r).pp, 2);
+  EXPECT_EQ(vlm::app::parallel_options(r).tp, 2);
+  EXPECT_EQ(vlm::app::parallel_options(vlm::app::parse_recipe(kMinimal, "a.toml")).pp, 1) << "default: none";
+  const std::string pp = std::string(kMinimal) + "[dist]\npp = 2\n";
+  EXPECT_NE(error_of(pp, {"dist.ep=2"}).find("pipeline parallelism with context or expert parallelism"),
+            std::string::npos);
+  const std::string no_load = error_of(pp, {"model.sharded_load=false"});
+  EXPECT_NE(no_load.find("key 'dist.pp'"), std::string::npos) << no_load;
+  EXPECT_NE(no_load.find("each stage loads only its own layers"), std::string::npos) << no_load;
+  EXPECT_NE(error_of(pp, {"data.eval=[\"e.jsonl\"]"}).find("evaluation inside a pipeline-parallel run"),
+            std::string::npos);
+  EXPECT_EQ(error_of(pp, {"data.eval=[\"e.jsonl\"]", "eval.at_end=false"}), "") << "eval.every 0, no end eval";
+  EXPECT_NE(error_of(pp + "[[sharding.module]]\nmatch = \"model.layers.*\"\npolicy = \"lora\"\n")
+                .find("which pipeline parallelism does not take yet"),
+            std::string::npos);
+  EXPECT_NE(error_of(pp, {"model.router_aux_loss_coef=0.001"}).find("no MoE load-balancing loss"), std::string::npos);
+  Recipe e = vlm::app::parse_recipe(pp, "a.toml", {"data.eval=[\"e.jsonl\"]"});
+  EXPECT_NO_THROW(e.validate(Purpose::eval));
+}
+
 TEST(Recipe, BrokenRecipesNameFileLineAndKey) {
   const std::string base = kMinimal;  // 7 lines incl. the leading newline: new keys start at 8
   std::vector<BrokenCase> cases = {

@@ -113,25 +113,8 @@ TEST_F(TrainPipelineParallel, FollowsOneProcessResumesAndExports) {
   }
   // Export: every stage's parameters, the tied embedding once.
   const vlm::NamedTensors one_ck = vlm::app::CheckpointReader(one / "run/step-00000006").consolidated();
-  const std::string out = pp2 / "hf";
-  auto r = vlm::test::run({vlm::test::vlmtrain_bin(), "export", "--checkpoint", pp2 / "run/step-00000006", "--out", out,
-                           "--dtype", "fp32"});
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  vlm::VisionLanguageModel model(vlm::load_hf_config(out));
-  vlm::load_module_weights(*model, out);
-  std::map<std::string, torch::Tensor> exported;
-  for (const auto& p : model->named_parameters()) exported[p.key()] = p.value();
-  double worst = 0;
-  std::string worst_name;
-  for (const auto& [name, w] : one_ck) {
-    ASSERT_TRUE(exported.count(name)) << name;
-    ASSERT_EQ(exported[name].sizes(), w.sizes()) << name;
-    const double d = (exported[name] - w).abs().max().item<double>();
-    EXPECT_LE(d, 1e-4) << name;
-    if (d > worst) worst = d, worst_name = name;
-  }
-  EXPECT_EQ(exported.size(), one_ck.size());
-  std::printf("pp 2 checkpoint export vs world-1 checkpoint: worst |diff| %.3g (%s)\n", worst, worst_name.c_str());
+  vlm::test::expect_export_matches(pp2 / "run/step-00000006", pp2 / "hf", one_ck, 1e-4,
+                                   "pp 2 checkpoint export vs world-1 checkpoint");
 }
 
 // The 3D layout dp 2 x pp 2 x tp 2 at world 8 follows the world-1 curve, and its checkpoint

@@ -1,5 +1,5 @@
 // Shared by the trainer's end-to-end tests: a small synthetic OCR set, the tiny recipe's
-// command line pointed at it, and metrics.jsonl readers.
+// command line pointed at it, metrics.jsonl readers, and the check of an export.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "tests/testing.h"
+#include "vlm/io/hf_checkpoint.h"
+#include "vlm/io/safetensors.h"
 #include "vlm/model/vision_language_model.h"
 
 namespace vlm::test {
@@ -102,6 +104,37 @@ inline vlm::Batch image_text_batch(const vlm::VlmConfig& cfg, uint64_t seed, int
   b.image_grid_thw = torch::tensor({1, 4, 4, 1, 4, 4}, torch::kInt64).view({2, 3});
   b.pixel_values = torch::randn({32, cfg.vision.patch_dim()}, gen);
   return b;
+}
+
+// `vlmtrain export --checkpoint ckpt --out out --dtype fp32` of a sharded run's checkpoint,
+// then every parameter of the exported model against `want` (another run's consolidated
+// checkpoint tensors): the same names and shapes, each within `bound`. Prints and returns the
+// worst |diff|.
+inline double expect_export_matches(const std::string& ckpt, const std::string& out, const vlm::NamedTensors& want,
+                                    double bound, const std::string& what) {
+  auto r = run({vlmtrain_bin(), "export", "--checkpoint", ckpt, "--out", out, "--dtype", "fp32"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  if (r.exit_code != 0) return -1;
+  vlm::VisionLanguageModel model(vlm::load_hf_config(out));
+  vlm::load_module_weights(*model, out);
+  std::map<std::string, torch::Tensor> exported;
+  for (const auto& p : model->named_parameters()) exported[p.key()] = p.value();
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& [name, w] : want) {
+    if (!exported.count(name)) {
+      ADD_FAILURE() << what << ": " << name << " is not in the export";
+      continue;
+    }
+    EXPECT_EQ(exported[name].sizes(), w.sizes()) << what << ": " << name;
+    if (exported[name].sizes() != w.sizes()) continue;
+    const double d = (exported[name] - w).abs().max().item<double>();
+    EXPECT_LE(d, bound) << what << ": " << name;
+    if (d > worst) worst = d, worst_name = name;
+  }
+  EXPECT_EQ(exported.size(), want.size()) << what;
+  std::printf("%s: worst |diff| %.3g (%s)\n", what.c_str(), worst, worst_name.c_str());
+  return worst;
 }
 
 }  // namespace vlm::test

@@ -114,25 +114,8 @@ TEST_F(TrainTensorParallel, FollowsOneProcessResumesAndExports) {
   }
   // Export: the slices put back together.
   const vlm::NamedTensors one_ck = vlm::app::CheckpointReader(one / "run/step-00000006").consolidated();
-  const std::string out = tp2 / "hf";
-  auto r = vlm::test::run({vlm::test::vlmtrain_bin(), "export", "--checkpoint", tp2 / "run/step-00000006", "--out", out,
-                           "--dtype", "fp32"});
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  vlm::VisionLanguageModel model(vlm::load_hf_config(out));
-  vlm::load_module_weights(*model, out);
-  std::map<std::string, torch::Tensor> exported;
-  for (const auto& p : model->named_parameters()) exported[p.key()] = p.value();
-  double worst = 0;
-  std::string worst_name;
-  for (const auto& [name, w] : one_ck) {
-    ASSERT_TRUE(exported.count(name)) << name;
-    ASSERT_EQ(exported[name].sizes(), w.sizes()) << name;
-    const double d = (exported[name] - w).abs().max().item<double>();
-    EXPECT_LE(d, 1e-4) << name;
-    if (d > worst) worst = d, worst_name = name;
-  }
-  EXPECT_EQ(exported.size(), one_ck.size());
-  std::printf("tp 2 checkpoint export vs world-1 checkpoint: worst |diff| %.3g (%s)\n", worst, worst_name.c_str());
+  vlm::test::expect_export_matches(tp2 / "run/step-00000006", tp2 / "hf", one_ck, 1e-4,
+                                   "tp 2 checkpoint export vs world-1 checkpoint");
 }
 
 TEST_F(TrainTensorParallel, PackedFollowsOneProcess) {

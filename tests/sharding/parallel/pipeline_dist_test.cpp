@@ -12,8 +12,8 @@
 //   - the loss of every step (1e-5 relative) and the gradient norm (1e-5 relative);
 //   - every gradient of step 0 before clipping that this rank holds (DDP: the reduced
 //     gradients, after the tied embedding's sum between stage 0 and the last stage), max |diff|
-//     <= 1e-5 x max(max |grad| of that tensor, 1e-2) (as the tensor-parallel test: Gated
-//     DeltaNet's small per-head gradients); together the stages hold every parameter;
+//     <= 1e-5 x max(max |grad| of that tensor, 1e-2) (parallel_samples.h: Gated DeltaNet's
+//     small per-head gradients); together the stages hold every parameter;
 //   - every parameter this rank holds after the 10 steps (FSDP: gathered), 1e-5 absolute;
 //   - the parameters of other stages stay on the meta device (never materialised);
 //   - step 0's bytes on the pipeline links against the formula: B x L x d x 4 per micro-batch
@@ -38,27 +38,29 @@
 #include "sharding/parallel/pipeline.h"
 #include "sharding/parallel/tensor_parallel.h"
 #include "tests/sharding/parallel/fsdp_testing.h"
+#include "tests/sharding/parallel/parallel_samples.h"
 #include "vlm/model/meta_init.h"
 #include "vlm/model/tensor_parallel.h"
 
 namespace {
 
 using namespace vlm::sharding;
+using vlm::test::RowLayout;
+using vlm::test::grad_diff_floored;
+using vlm::test::parallel_batch;
+using vlm::test::parallel_sample;
+using vlm::test::row_layout_name;
+using vlm::test::to_fp64;
 
 constexpr int kPpSteps = 10;
 constexpr int kPpPerKind = 4;  // image samples and text-only samples per step (global)
 constexpr double kPpLr = 1e-4, kPpWd = 0.1, kPpClip = 0.5;
 constexpr uint64_t kPpSeed = 13;
 
-enum class PpLayout { kRight, kLeftMask, kPacked };
-const char* ppd_layout_name(PpLayout l) {
-  return l == PpLayout::kRight ? "right-padded" : l == PpLayout::kLeftMask ? "masked" : "packed";
-}
-
 struct PpConfig {
   std::string preset = "tiny";
   bool untie = false;          // tie_word_embeddings = false
-  PpLayout layout = PpLayout::kRight;
+  RowLayout layout = RowLayout::kRight;
   std::string policy = "ddp";  // everything: ddp | fsdp
   bool ckpt = false;           // activation checkpointing of the decoder layers
   bool filler = false;         // data-parallel group 1's last text micro-batch is a filler
@@ -69,43 +71,11 @@ struct PpConfig {
     return c;
   }
   std::string tag(const ParallelDims& dims) const {
-    return vlm::str(preset, untie ? " untied" : "", " ", ppd_layout_name(layout), " ", policy, ckpt ? " +ckpt" : "",
+    return vlm::str(preset, untie ? " untied" : "", " ", row_layout_name(layout), " ", policy, ckpt ? " +ckpt" : "",
                     filler ? " +filler" : "", " per_micro ", per_micro, " world ", dims.world_size(), " pp ", dims.pp(),
                     " tp ", dims.tp(), " rank ", dims.rank());
   }
 };
-
-// Sample i of `kind` (0 image, 1 text-only) at `step`.
-vlm::TokenizedSample ppd_sample(const vlm::VlmConfig& c, int step, int kind, int i) {
-  torch::manual_seed(1000 * step + 100 * kind + i);
-  vlm::TokenizedSample s;
-  s.index = kind * kPpPerKind + i;
-  const int64_t prompt = 3 + i, answer = 3 + (i + step) % 4;
-  auto text = torch::randint(10, 1000, {prompt + answer}, torch::kInt64);
-  for (int64_t k = 0; k < prompt; ++k) s.input_ids.push_back(text[k].item<int64_t>());
-  if (kind == 0) {
-    const std::array<int64_t, 3> grid = i % 2 == 0 ? std::array<int64_t, 3>{1, 4, 4} : std::array<int64_t, 3>{1, 4, 8};
-    const int64_t patches = grid[0] * grid[1] * grid[2];
-    s.grid_thw.push_back(grid);
-    s.pixel_values = torch::randn({patches, c.vision.patch_dim()});
-    s.input_ids.push_back(c.vision_start_token_id);
-    for (int64_t k = 0; k < patches / c.vision.merge_unit(); ++k) s.input_ids.push_back(c.image_token_id);
-    s.input_ids.push_back(c.vision_end_token_id);
-  }
-  s.labels.assign(s.input_ids.size(), -100);
-  for (int64_t k = prompt; k < prompt + answer; ++k) {
-    s.input_ids.push_back(text[k].item<int64_t>());
-    s.labels.push_back(text[k].item<int64_t>());
-  }
-  return s;
-}
-
-vlm::Batch ppd_batch(const std::vector<vlm::TokenizedSample>& samples, const vlm::VlmConfig& cfg, PpLayout layout) {
-  if (layout == PpLayout::kPacked) return vlm::collate::build_packed_micro_batch(samples, cfg).batch;
-  vlm::Batch b = vlm::collate::build_micro_batch(samples, cfg, /*pad_token_id=*/0).batch;
-  if (layout == PpLayout::kLeftMask) b.right_padded = false;  // the attention-mask path
-  return b;
-}
 
 // Data-parallel group `dp` of `groups`: its samples of each kind (i % groups == dp) in
 // micro-batches of `per` samples; the filler group's last text micro-batch a filler.
@@ -115,20 +85,15 @@ std::vector<vlm::Batch> ppd_micro_batches(const PpConfig& c, const vlm::VlmConfi
   for (int kind = 0; kind < 2; ++kind) {
     std::vector<vlm::TokenizedSample> mine;
     for (int i = 0; i < kPpPerKind; ++i)
-      if (i % groups == dp) mine.push_back(ppd_sample(cfg, step, kind, i));
+      if (i % groups == dp) mine.push_back(parallel_sample(cfg, step, kind, i, kPpPerKind));
     for (size_t a = 0; a < mine.size(); a += static_cast<size_t>(per)) {
       std::vector<vlm::TokenizedSample> part(mine.begin() + static_cast<std::ptrdiff_t>(a),
                                              mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), a + per)));
-      out.push_back(ppd_batch(part, cfg, c.layout));
+      out.push_back(parallel_batch(part, cfg, c.layout));
     }
   }
   if (c.filler && dp == 1) out.back() = vlm::collate::filler_micro_batch(0).batch;
   return out;
-}
-
-vlm::Batch ppd_fp64(vlm::Batch b) {
-  if (b.pixel_values.defined()) b.pixel_values = b.pixel_values.to(torch::kFloat64);
-  return b;
 }
 
 struct PpResult {
@@ -159,7 +124,7 @@ PpResult ppd_reference(const PpConfig& c, int groups) {
     int64_t tokens = 0;
     for (int dp = 0; dp < groups; ++dp)
       for (const vlm::Batch& b : ppd_micro_batches(c, model->cfg, step, dp, groups)) {  // a filler adds 0
-        auto out = model->forward(ppd_fp64(b));
+        auto out = model->forward(to_fp64(b));
         loss_sum = loss_sum + out.loss_sum.to(torch::kFloat64);
         tokens += out.n_tokens;
       }
@@ -266,12 +231,6 @@ PpResult ppd_sharded(ParallelDims& dims, const PpConfig& c) {
   return r;
 }
 
-// As the tensor-parallel test's tpd_grad_diff (the 1e-2 floor and why).
-double ppd_grad_diff(const torch::Tensor& got, const torch::Tensor& want) {
-  const double scale = std::max(want.abs().max().item<double>(), 1e-2);
-  return (got.to(torch::kFloat64) - want).abs().max().item<double>() / scale;
-}
-
 void ppd_check(ParallelDims& dims, const PpConfig& c) {
   const std::string tag = c.tag(dims);
   const vlm::VlmConfig cfg = c.cfg();
@@ -292,7 +251,7 @@ void ppd_check(ParallelDims& dims, const PpConfig& c) {
     ASSERT_TRUE(want.grads0.count(name)) << tag << ": " << name << " has no reference gradient";
     const torch::Tensor ref = mine(name, want.grads0.at(name));
     ASSERT_EQ(g.sizes(), ref.sizes()) << tag << ": " << name;
-    const double d = ppd_grad_diff(g, ref);
+    const double d = grad_diff_floored(g, ref);
     if (d > worst_grad) worst_grad = d, worst_grad_name = name;
   }
   EXPECT_LE(worst_grad, 1e-5) << tag << ": worst gradient " << worst_grad_name;
@@ -352,7 +311,7 @@ TEST(PipelineParallelDist, DISABLED_EqualsOneProcessWorker) {
   }
   if (dims.tp() > 1) {  // pp 2 x tp 2
     for (const char* preset : {"tiny", "tiny-qwen3", "tiny-qwen3.5"})
-      for (PpLayout layout : {PpLayout::kRight, PpLayout::kPacked}) {
+      for (RowLayout layout : {RowLayout::kRight, RowLayout::kPacked}) {
         PpConfig c;
         c.preset = preset;
         c.layout = layout;
@@ -362,13 +321,13 @@ TEST(PipelineParallelDist, DISABLED_EqualsOneProcessWorker) {
     return;
   }
   for (const char* preset : {"tiny", "tiny-qwen2.5", "tiny-qwen3", "tiny-qwen3.5", "tiny-qwen3-moe", "tiny-qwen3.5-moe"})
-    for (PpLayout layout : {PpLayout::kRight, PpLayout::kLeftMask, PpLayout::kPacked}) {
-      if (dims.dp_size() == 2 && layout == PpLayout::kLeftMask) continue;  // the mask path: at pp 2
+    for (RowLayout layout : {RowLayout::kRight, RowLayout::kLeftMask, RowLayout::kPacked}) {
+      if (dims.dp_size() == 2 && layout == RowLayout::kLeftMask) continue;  // the mask path: at pp 2
       PpConfig c;
       c.preset = preset;
       c.untie = std::string(preset) == "tiny-qwen2.5";
       c.layout = layout;
-      c.filler = dims.dp_size() == 2 && layout == PpLayout::kRight;
+      c.filler = dims.dp_size() == 2 && layout == RowLayout::kRight;
       ppd_check(dims, c);
     }
   if (dims.dp_size() == 2) {  // FSDP inside each stage, and recompute

@@ -41,6 +41,7 @@
 #include "collate/micro_batch.h"
 #include "sharding/parallel/tensor_parallel.h"
 #include "tests/sharding/parallel/fsdp_testing.h"
+#include "tests/sharding/parallel/parallel_samples.h"
 #include "vlm/model/chunked_cross_entropy.h"
 #include "vlm/model/meta_init.h"
 #include "vlm/model/tensor_parallel.h"
@@ -48,65 +49,34 @@
 namespace {
 
 using namespace vlm::sharding;
+using vlm::test::RowLayout;
+using vlm::test::grad_diff_floored;
+using vlm::test::parallel_batch;
+using vlm::test::parallel_sample;
+using vlm::test::row_layout_name;
+using vlm::test::to_fp64;
 
 constexpr int kTpSteps = 10;
 constexpr int kTpPerKind = 4;  // image samples and text-only samples per step (global)
 constexpr double kTpLr = 1e-4, kTpWd = 0.1, kTpClip = 0.5;
 constexpr uint64_t kTpSeed = 11;
 
-enum class TpLayout { kRight, kLeftMask, kPacked };
-const char* tpd_layout_name(TpLayout l) {
-  return l == TpLayout::kRight ? "right-padded" : l == TpLayout::kLeftMask ? "masked" : "packed";
-}
-
 struct TpConfig {
   std::string preset = "tiny";
-  TpLayout layout = TpLayout::kRight;
+  RowLayout layout = RowLayout::kRight;
   std::string policy = "ddp";  // everything: ddp | fsdp
   bool ckpt = false;           // activation checkpointing of the decoder layers
   bool filler = false;         // data-parallel group 1's text micro-batch is a filler
   std::string tag(const ParallelDims& dims) const {
-    return vlm::str(preset, " ", tpd_layout_name(layout), " ", policy, ckpt ? " +ckpt" : "", filler ? " +filler" : "",
+    return vlm::str(preset, " ", row_layout_name(layout), " ", policy, ckpt ? " +ckpt" : "", filler ? " +filler" : "",
                     " world ", dims.world_size(), " tp ", dims.tp(), " rank ", dims.rank());
   }
 };
 
-// Sample i of `kind` (0 image, 1 text-only) at `step` (as the context-parallel test's).
-vlm::TokenizedSample tpd_sample(const vlm::VlmConfig& c, int step, int kind, int i) {
-  torch::manual_seed(1000 * step + 100 * kind + i);
-  vlm::TokenizedSample s;
-  s.index = kind * kTpPerKind + i;
-  const int64_t prompt = 3 + i, answer = 3 + (i + step) % 4;
-  auto text = torch::randint(10, 1000, {prompt + answer}, torch::kInt64);
-  for (int64_t k = 0; k < prompt; ++k) s.input_ids.push_back(text[k].item<int64_t>());
-  if (kind == 0) {
-    const std::array<int64_t, 3> grid = i % 2 == 0 ? std::array<int64_t, 3>{1, 4, 4} : std::array<int64_t, 3>{1, 4, 8};
-    const int64_t patches = grid[0] * grid[1] * grid[2];
-    s.grid_thw.push_back(grid);
-    s.pixel_values = torch::randn({patches, c.vision.patch_dim()});
-    s.input_ids.push_back(c.vision_start_token_id);
-    for (int64_t k = 0; k < patches / c.vision.merge_unit(); ++k) s.input_ids.push_back(c.image_token_id);
-    s.input_ids.push_back(c.vision_end_token_id);
-  }
-  s.labels.assign(s.input_ids.size(), -100);
-  for (int64_t k = prompt; k < prompt + answer; ++k) {
-    s.input_ids.push_back(text[k].item<int64_t>());
-    s.labels.push_back(text[k].item<int64_t>());
-  }
-  return s;
-}
-
-vlm::Batch tpd_batch(const std::vector<vlm::TokenizedSample>& samples, const vlm::VlmConfig& cfg, TpLayout layout) {
-  if (layout == TpLayout::kPacked) return vlm::collate::build_packed_micro_batch(samples, cfg).batch;
-  vlm::Batch b = vlm::collate::build_micro_batch(samples, cfg, /*pad_token_id=*/0).batch;
-  if (layout == TpLayout::kLeftMask) b.right_padded = false;  // the attention-mask path
-  return b;
-}
-
 std::vector<vlm::TokenizedSample> tpd_samples(const vlm::VlmConfig& cfg, int step, int kind, int dp, int n) {
   std::vector<vlm::TokenizedSample> out;
   for (int i = 0; i < kTpPerKind; ++i)
-    if (dp < 0 || i % n == dp) out.push_back(tpd_sample(cfg, step, kind, i));
+    if (dp < 0 || i % n == dp) out.push_back(parallel_sample(cfg, step, kind, i, kTpPerKind));
   return out;
 }
 
@@ -115,11 +85,6 @@ vlm::VisionLanguageModel tpd_full_model(const std::string& preset) {
   vlm::VisionLanguageModel m(vlm::preset(preset), torch::TensorOptions().device(torch::kMeta).dtype(torch::kFloat64));
   vlm::materialize(*m, {torch::kCPU, torch::kFloat64, kTpSeed});
   return m;
-}
-
-vlm::Batch tpd_fp64(vlm::Batch b) {
-  if (b.pixel_values.defined()) b.pixel_values = b.pixel_values.to(torch::kFloat64);
-  return b;
 }
 
 struct TpResult {
@@ -146,7 +111,7 @@ TpResult tpd_reference(const TpConfig& c, int dp_groups) {
   TpResult r;
   {
     torch::NoGradGuard no_grad;
-    r.logits0 = model->forward(tpd_fp64(tpd_batch(tpd_samples(model->cfg, 0, 0, 0, dp_groups), model->cfg, c.layout)), true).logits;
+    r.logits0 = model->forward(to_fp64(parallel_batch(tpd_samples(model->cfg, 0, 0, 0, dp_groups), model->cfg, c.layout)), true).logits;
   }
   for (int step = 0; step < kTpSteps; ++step) {
     torch::Tensor loss_sum = torch::zeros({});
@@ -154,8 +119,8 @@ TpResult tpd_reference(const TpConfig& c, int dp_groups) {
     for (int kind = 0; kind < 2; ++kind) {
       std::vector<vlm::TokenizedSample> s;
       for (int i = 0; i < kTpPerKind; ++i)
-        if (!(c.filler && kind == 1 && i % dp_groups == 1)) s.push_back(tpd_sample(model->cfg, step, kind, i));
-      auto out = model->forward(tpd_fp64(tpd_batch(s, model->cfg, c.layout)));
+        if (!(c.filler && kind == 1 && i % dp_groups == 1)) s.push_back(parallel_sample(model->cfg, step, kind, i, kTpPerKind));
+      auto out = model->forward(to_fp64(parallel_batch(s, model->cfg, c.layout)));
       loss_sum = loss_sum + out.loss_sum.to(torch::kFloat64);
       tokens += out.n_tokens;
     }
@@ -221,11 +186,11 @@ TpResult tpd_sharded(ParallelDims& dims, const TpConfig& c) {
   TpResult r;
   {
     torch::NoGradGuard no_grad;
-    r.logits0 = model->forward(tpd_batch(tpd_samples(cfg, 0, 0, 0, groups), cfg, c.layout), true).logits;
+    r.logits0 = model->forward(parallel_batch(tpd_samples(cfg, 0, 0, 0, groups), cfg, c.layout), true).logits;
   }
   for (int step = 0; step < kTpSteps; ++step) {
-    vlm::Batch micro[2] = {tpd_batch(tpd_samples(cfg, step, 0, dp, groups), cfg, c.layout),
-                           tpd_batch(tpd_samples(cfg, step, 1, dp, groups), cfg, c.layout)};
+    vlm::Batch micro[2] = {parallel_batch(tpd_samples(cfg, step, 0, dp, groups), cfg, c.layout),
+                           parallel_batch(tpd_samples(cfg, step, 1, dp, groups), cfg, c.layout)};
     if (c.filler && dp == 1) micro[1] = vlm::collate::filler_micro_batch(0).batch;
     // The step's supervised tokens, counted once per tp group (on the control plane: the
     // data plane's lanes span a data-parallel group).
@@ -276,18 +241,6 @@ double tpd_rel(const torch::Tensor& a, const torch::Tensor& b) {
   return (a.to(torch::kFloat64) - b).abs().max().item<double>() / (scale > 0 ? scale : 1.0);
 }
 
-// A gradient's max |diff| over max(max |grad|, 1e-2), i.e. at most 1e-7 absolute for a tensor
-// whose whole gradient is below 1e-2: Gated DeltaNet's per-head A_log and dt_bias (~2e-4 to
-// 8e-3, sums over every token of the recurrence, with cancellation) carry fp32 rounding of
-// ~1e-9 absolute, 1e-5 of their largest: with a 1e-3 floor, one process in fp32 against
-// itself in fp64 reads 5e-6 on A_log and the tp 2 run 1.04e-5 (tiny-qwen3.5, 2026-11-29). A
-// wrong gradient is wrong by its own size, so the floor hides none. The model's largest
-// gradients are O(1).
-double tpd_grad_diff(const torch::Tensor& got, const torch::Tensor& want) {
-  const double scale = std::max(want.abs().max().item<double>(), 1e-2);
-  return (got.to(torch::kFloat64) - want).abs().max().item<double>() / scale;
-}
-
 void tpd_check(ParallelDims& dims, const TpConfig& c) {
   const std::string tag = c.tag(dims);
   const vlm::VlmConfig cfg = vlm::preset(c.preset);
@@ -311,7 +264,7 @@ void tpd_check(ParallelDims& dims, const TpConfig& c) {
     const torch::Tensor ref = mine(name, want.grads0.at(name));
     ASSERT_EQ(g.sizes(), ref.sizes()) << tag << ": " << name;
     split += vlm::tensor_parallel_split(cfg, name, dims.tp()).split();
-    const double d = tpd_grad_diff(g, ref);
+    const double d = grad_diff_floored(g, ref);
     if (d > worst_grad) worst_grad = d, worst_grad_name = name;
   }
   if (c.policy == "ddp") {
@@ -352,7 +305,7 @@ TEST(TensorParallelDist, DISABLED_EqualsOneProcessWorker) {
   auto dims = tpd_worker_dims();
   if (dims.tp() == 4) {  // 2 key/value heads over 4 ranks: each kv head on two (Gated DeltaNet's 2 key heads refuse)
     for (const char* preset : {"tiny", "tiny-qwen2.5", "tiny-qwen3"})
-      for (TpLayout layout : {TpLayout::kRight, TpLayout::kPacked}) {
+      for (RowLayout layout : {RowLayout::kRight, RowLayout::kPacked}) {
         TpConfig c;
         c.preset = preset;
         c.layout = layout;
@@ -365,11 +318,11 @@ TEST(TensorParallelDist, DISABLED_EqualsOneProcessWorker) {
     return;
   }
   for (const char* preset : {"tiny", "tiny-qwen2.5", "tiny-qwen3", "tiny-qwen3.5", "tiny-qwen3-moe", "tiny-qwen3.5-moe"})
-    for (TpLayout layout : {TpLayout::kRight, TpLayout::kLeftMask, TpLayout::kPacked}) {
+    for (RowLayout layout : {RowLayout::kRight, RowLayout::kLeftMask, RowLayout::kPacked}) {
       TpConfig c;
       c.preset = preset;
       c.layout = layout;
-      c.filler = dims.dp_size() == 2 && layout == TpLayout::kRight;
+      c.filler = dims.dp_size() == 2 && layout == RowLayout::kRight;
       tpd_check(dims, c);
     }
   if (dims.dp_size() == 2) {  // FSDP of the tp slices over the data-parallel group, and recompute
