@@ -194,8 +194,11 @@ std::string stage_holds(const RecipePlan& p, const vlm::PipelineStage& s) {
 
 void plan_pipeline(RecipePlan& p, const std::function<void(RecipePlan&)>& plan_stage) {
   const std::vector<vlm::PipelineStage> stages = vlm::sharding::pipeline_split(*p.model, p.pp);
-  // The residual stream [B, L, d] in the activation dtype, each way (every tp rank sends it whole).
-  p.link_bytes = 2.0 * static_cast<double>(p.pb.shape.tokens()) * static_cast<double>(p.cfg.text.hidden_size) *
+  // The residual stream [B, L, d] in the activation dtype, each way; under tp each rank sends
+  // its sequence chunk [B, ceil(L / tp), d].
+  const auto& sh = p.pb.shape;
+  const int64_t len = (sh.seq_len + p.tp - 1) / p.tp;
+  p.link_bytes = 2.0 * static_cast<double>(sh.rows * len) * static_cast<double>(p.cfg.text.hidden_size) *
                  static_cast<double>(c10::elementSize(p.opts.param_dtype));
   p.stages.clear();
   for (const auto& s : stages) {
@@ -231,10 +234,10 @@ void print_pipeline(const RecipePlan& p) {
   std::string spans;
   for (const auto& s : p.stages)
     if (s.next_inter_node) spans += (spans.empty() ? "" : ", ") + vlm::str(s.stage.index, " -> ", s.stage.index + 1);
-  std::printf("  each link per micro-batch: B x L x d x %zu B = %s forward and as much backward (%s%s); links across "
+  std::printf("  each link per micro-batch: B x %s x d x %zu B = %s forward and as much backward (%s%s); links across "
               "nodes: %s (not in the totals above)\n",
-              c10::elementSize(p.opts.param_dtype), human_bytes(p.link_bytes / 2).c_str(),
-              human_bytes(p.link_bytes).c_str(), p.tp > 1 ? "; every tp rank sends the whole [B, L, d]" : "",
+              p.tp > 1 ? "L/tp" : "L", c10::elementSize(p.opts.param_dtype), human_bytes(p.link_bytes / 2).c_str(),
+              human_bytes(p.link_bytes).c_str(), p.tp > 1 ? "; each tp rank sends its sequence chunk" : "",
               spans.empty() ? "none" : spans.c_str());
 }
 

@@ -508,7 +508,10 @@ ActivationPlan plan_activations(VisionLanguageModelImpl& model, const MicroBatch
   const double recompute = plan.head_chunk_bytes + m * vocab * kF;
   plan.head_backward_bytes =
       head_trains ? vocab * d * kF + std::max(recompute, p < kF ? p * vocab * d : 0.0) : recompute;
-  if (!model.pipeline_stage().whole()) keep_stage(plan, model.pipeline_stage(), p * d * tokens, vision_shared);
+  // The stream between stages: [B, L, d], under tensor parallelism the rank's chunk.
+  if (!model.pipeline_stage().whole())
+    keep_stage(plan, model.pipeline_stage(), p * d * tokens / static_cast<double>(std::max<int64_t>(1, tc.tensor_parallel)),
+               vision_shared);
   return plan;
 }
 

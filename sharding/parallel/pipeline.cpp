@@ -68,7 +68,8 @@ PipelineSchedule::PipelineSchedule(ParallelDims& dims, int64_t hidden, torch::Te
 
 std::vector<int64_t> PipelineSchedule::shape(int64_t k) const {
   const auto [b, l] = step_->rows_and_length(k);
-  return {b, l, hidden_};
+  const int64_t tp = dims_.tp();  // tensor parallelism: this rank's sequence chunk
+  return {b, tp > 1 ? (l + tp - 1) / tp : l, hidden_};
 }
 
 torch::Tensor PipelineSchedule::exchange(Comm& link, bool earlier, const torch::Tensor& send, bool recv, int64_t k,

@@ -32,9 +32,10 @@
 // Backward of micro-batch k runs in order k = 0 .. m - 1: before_backward(k) can set_sync(k ==
 // m - 1). The last stage's forward returns the scaled loss (backward from it); the others
 // backward their output with the received gradient. The first stage sends nothing back.
-// Bytes per micro-batch on each link: B x L x d x b forward and the same backward.
-// Under tensor parallelism each tp rank passes the whole residual stream (gathered after its
-// layers; the next stage takes its sequence chunk): tp copies on the link, no extra op.
+// Bytes per micro-batch on each link: B x L x d x b forward and the same backward. Under
+// tensor parallelism each tp rank passes its sequence chunk [B, L / tp, d] (L padded to a
+// multiple of tp) to the same tp rank of the next stage: the stream crosses once in all, with
+// no gather at the boundary (Megatron's scatter / gather of the pipeline exchange).
 #pragma once
 #include <torch/torch.h>
 

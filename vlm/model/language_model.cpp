@@ -143,7 +143,10 @@ torch::Tensor LanguageModelImpl::forward_tp_sequence(torch::Tensor embeds, torch
                                                      UnitRunner& runner, const std::string& prefix,
                                                      const DeepStackInputs* deepstack,
                                                      const std::vector<int64_t>* text_cu_seqlens, SequenceExchange& tp) {
-  const int64_t b = embeds.size(0), l = embeds.size(1), d = embeds.size(2);
+  // A pipeline stage after the first receives its sequence chunk [B, L / tp, d] (what the
+  // previous stage's layers left on this tp rank); the whole length comes from the positions.
+  const bool chunk_in = first_layer_ > 0;
+  const int64_t b = embeds.size(0), l = chunk_in ? pos.size(2) : embeds.size(1), d = embeds.size(2);
   VLM_CHECK(pos.dim() == 3 && pos.size(0) == 3 && pos.size(1) == b && pos.size(2) == l,
             "position_ids: expected [3, ", b, ", ", l, "], got ", pos.sizes());
   VLM_CHECK(!attention_mask.defined() || (attention_mask.dim() == 2 && attention_mask.size(0) == b &&
@@ -158,8 +161,10 @@ torch::Tensor LanguageModelImpl::forward_tp_sequence(torch::Tensor embeds, torch
   pos = stage_to_device(pos, dev);
   if (attention_mask.defined()) attention_mask = stage_to_device(attention_mask, dev);
   auto cu = text_cu_seqlens != nullptr ? std::make_shared<std::vector<int64_t>>(*text_cu_seqlens) : nullptr;
+  VLM_CHECK(!chunk_in || embeds.size(1) == chunk.len, "tensor parallel: a pipeline stage expects its sequence chunk [",
+            b, ", ", chunk.len, ", ", d, "], got ", embeds.sizes());
   if (pad > 0) {
-    embeds = torch::cat({embeds, torch::zeros({b, pad, d}, embeds.options())}, 1);
+    if (!chunk_in) embeds = torch::cat({embeds, torch::zeros({b, pad, d}, embeds.options())}, 1);
     pos = torch::cat({pos, pos.narrow(2, l - 1, 1).expand({3, b, pad})}, 2);
     if (attention_mask.defined())
       attention_mask = torch::cat({attention_mask, torch::zeros({b, pad}, attention_mask.options())}, 1);
@@ -189,7 +194,7 @@ torch::Tensor LanguageModelImpl::forward_tp_sequence(torch::Tensor embeds, torch
     }
   // This rank's chunk (a copy: the whole embeddings are not kept alive through a view). Its
   // backward leaves the other chunks' gradient to their ranks (tensor_parallel.h).
-  auto h = embeds.narrow(1, chunk.begin, chunk.len).clone();  // [B, L / tp, d]
+  auto h = chunk_in ? embeds : embeds.narrow(1, chunk.begin, chunk.len).clone();  // [B, L / tp, d]
   SequenceExchange* tpp = &tp;
   for (size_t i = static_cast<size_t>(first_layer_); i < static_cast<size_t>(end_layer()); ++i) {
     DecoderLayer& layer = layers[i];
@@ -199,7 +204,8 @@ torch::Tensor LanguageModelImpl::forward_tp_sequence(torch::Tensor embeds, torch
                    });
     if (i < ds.size()) h = h + ds[i].to(h.scalar_type());
   }
-  if (final_norm_) h = runner.run(prefix + ".norm", *norm, h, [n = norm](const torch::Tensor& x) mutable { return n(x); });
+  if (!final_norm_) return h;  // a pipeline stage before the last: its chunk goes to the next stage
+  h = runner.run(prefix + ".norm", *norm, h, [n = norm](const torch::Tensor& x) mutable { return n(x); });
   return tp_all_gather(tp, h, 1, "tensor parallel: the final hidden states").narrow(1, 0, l);
 }
 

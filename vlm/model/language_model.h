@@ -61,7 +61,8 @@ class LanguageModelImpl : public torch::nn::Module {
   // attention_mask and text_cu_seqlens the whole (padded) sequence's -> this rank's [B, L / cp, d].
   // tp: the tensor-parallel group (tensor_parallel.h; no sp, no aux). Every rank gives the
   // same whole inputs and gets the same whole output [B, L, d]; without a cache the layers run
-  // in the sequence-parallel layout (forward_tp_sequence), with one whole.
+  // in the sequence-parallel layout (forward_tp_sequence), with one whole. Under pipeline
+  // parallelism the stages exchange the rank's sequence chunk instead (forward_tp_sequence).
   torch::Tensor forward(const torch::Tensor& embeds, const torch::Tensor& position_ids,
                         const torch::Tensor& attention_mask, KvCache* cache, UnitRunner& runner,
                         const std::string& prefix = "model", const DeepStackInputs* deepstack = nullptr,
@@ -82,6 +83,8 @@ class LanguageModelImpl : public torch::nn::Module {
  private:
   // The training forward under tensor parallelism: pads the sequence to a multiple of tp,
   // runs the layers on this rank's chunk (sequence_chunk) and gathers the normed result.
+  // Pipeline parallelism: a stage after the first takes this rank's chunk [B, L / tp, d] as
+  // `embeds` (L from position_ids), a stage before the last returns its chunk ungathered.
   torch::Tensor forward_tp_sequence(torch::Tensor embeds, torch::Tensor position_ids, torch::Tensor attention_mask,
                                     UnitRunner& runner, const std::string& prefix, const DeepStackInputs* deepstack,
                                     const std::vector<int64_t>* text_cu_seqlens, SequenceExchange& tp);

@@ -279,9 +279,10 @@ VisionLanguageModelImpl::StageOutput VisionLanguageModelImpl::forward_stage(cons
   if (stage_.first()) {
     h = embed_inputs(batch, /*dummy_vision=*/true, &zero_term, &deepstack);
   } else {
-    VLM_CHECK(input.defined() && input.dim() == 3 && input.size(0) == b && input.size(1) == l &&
+    const int64_t len = tp_ ? sequence_chunk(l, tp_->size(), tp_->rank()).len : l;  // tp: this rank's chunk
+    VLM_CHECK(input.defined() && input.dim() == 3 && input.size(0) == b && input.size(1) == len &&
                   input.size(2) == cfg.text.hidden_size,
-              "forward_stage: stage ", stage_.index, " expects the previous stage's [", b, ", ", l, ", ",
+              "forward_stage: stage ", stage_.index, " expects the previous stage's [", b, ", ", len, ", ",
               cfg.text.hidden_size, "], got ", input.defined() ? input.sizes() : torch::IntArrayRef{});
     h = input;
   }

@@ -95,8 +95,10 @@ class VisionLanguageModelImpl : public torch::nn::Module {
   void set_pipeline_stage(const PipelineStage& stage);
   const PipelineStage& pipeline_stage() const { return stage_; }
   // The training forward of this pipeline stage on one micro-batch (labels given). input: the
-  // previous stage's output [B, L, d] (undefined on stage 0, which embeds the batch). Not the
-  // last stage: returns .hidden [B, L, d], the residual stream after its layers (stage 0 with
+  // previous stage's output [B, L, d] (undefined on stage 0, which embeds the batch; under
+  // tensor parallelism this rank's sequence chunk [B, L / tp, d], L padded to a multiple of tp,
+  // tensor_parallel.h). Not the last stage: returns .hidden [B, L, d] (tp: the chunk), the
+  // residual stream after its layers (stage 0 with
   // the dummy image's zero term added, so that its backward reaches the vision tower); the
   // last stage: .out as forward()'s (loss_sum, n_tokens). Every stage computes positions,
   // masks and packing boundaries from the host batch itself. Not with context parallelism or

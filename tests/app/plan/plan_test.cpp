@@ -324,9 +324,10 @@ TEST(Plan, PipelineStagesHoldTheirLayersParameters) {
     EXPECT_EQ(pp["data_parallel"].get<int64_t>(), l.world / (l.pp * l.tp));
     EXPECT_DOUBLE_EQ(pp["bubble"].get<double>(), static_cast<double>(l.pp - 1) / static_cast<double>(m + l.pp - 1));
     const vlm::VlmConfig cfg = vlm::preset(l.preset);
-    // [B, L, d] in bf16, forward and backward: B x L = the micro-batch's tokens.
+    // [B, L / tp, d] in bf16 (tp: each rank's sequence chunk; 8192 divides by 8), forward and
+    // backward: B x L = the micro-batch's tokens.
     EXPECT_DOUBLE_EQ(pp["link_bytes_per_micro_batch"].get<double>(),
-                     static_cast<double>(tokens) * static_cast<double>(cfg.text.hidden_size) * 2 * 2);
+                     static_cast<double>(tokens / l.tp) * static_cast<double>(cfg.text.hidden_size) * 2 * 2);
     vlm::VisionLanguageModel model(cfg, torch::TensorOptions().device(torch::kMeta).dtype(torch::kBFloat16));
     const auto& stages = pp["stages"];
     ASSERT_EQ(static_cast<int64_t>(stages.size()), l.pp);

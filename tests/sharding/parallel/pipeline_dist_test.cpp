@@ -17,7 +17,8 @@
 //   - every parameter this rank holds after the 10 steps (FSDP: gathered), 1e-5 absolute;
 //   - the parameters of other stages stay on the meta device (never materialised);
 //   - step 0's bytes on the pipeline links against the formula: B x L x d x 4 per micro-batch
-//     forward on every stage but the last, the same backward on every stage but the first.
+//     forward on every stage but the last, the same backward on every stage but the first
+//     (tp: B x ceil(L / tp) x d x 4, the rank's sequence chunk).
 // Families: tiny (Qwen2-VL, tied embeddings: the head on the last stage computes with the
 // embedding, whose gradient is summed between stage 0 and the last), tiny-qwen2.5 untied,
 // tiny-qwen3 (DeepStack into layers 0 and 1, both on stage 0), tiny-qwen3.5 (Gated DeltaNet),
@@ -25,7 +26,7 @@
 // and cool-down); dp 2 x pp 2 at world 4 (padded with a filler micro-batch and packed; FSDP
 // full_shard inside each stage, activation checkpointing); pp 4 at world 4 (one layer per
 // stage, m = 4 and m = 2, i.e. fewer micro-batches than stages); pp 2 x tp 2 at world 4 (the
-// stages' layers split by tensor parallelism, the residual stream gathered between stages).
+// stages' layers split by tensor parallelism, each tp rank passing its sequence chunk).
 // The world-4 launches are ctest entries of their own (pipeline_4_dist_test.cpp), so that
 // each entry stays well inside the dist timeout.
 #include <gtest/gtest.h>
@@ -203,7 +204,8 @@ PpResult ppd_sharded(ParallelDims& dims, const PpConfig& c) {
     if (step == 0) {
       r.sent0 = pipe.sent_bytes();
       for (const auto& b : micro) {
-        const double act = static_cast<double>(b.input_ids.size(0) * b.input_ids.size(1) * cfg.text.hidden_size) * 4;
+        const int64_t len = (b.input_ids.size(1) + dims.tp() - 1) / dims.tp();  // tp: the rank's chunk
+        const double act = static_cast<double>(b.input_ids.size(0) * len * cfg.text.hidden_size) * 4;
         if (!stage.last()) r.formula0 += act;
         if (!stage.first()) r.formula0 += act;
       }
