@@ -115,7 +115,7 @@ def main():
     if TITLE in body:
         start = body.index(TITLE)
         nxt = body.find("\n## ", start + len(TITLE))
-        body = body[:start] + text + (body[nxt + 1:] if nxt >= 0 else "")
+        body = body[:start] + text + ("\n" + body[nxt + 1:] if nxt >= 0 else "")
     elif "\n## Commands" in body:
         at = body.index("\n## Commands") + 1
         body = body[:at] + text + "\n" + body[at:]
