@@ -139,7 +139,7 @@ TEST_F(TrainPipelineParallel, DeadRankOfEitherStageEndsTheOtherWithTheOpNamed) {
   for (int dead : {1, 0}) {
     TempDir dir("pp-dead");
     auto args = vlm::test::tiny_train_args(dir / "run", g_pp_data->path(), 6, 0);
-    for (const std::string& s : {"dist.pp=2", "batch.samples_per_rank=4", "batch.max_tokens=64", "dist.timeout_s=30"}) {
+    for (const char* s : {"dist.pp=2", "batch.samples_per_rank=4", "batch.max_tokens=64", "dist.timeout_s=30"}) {
       args.push_back("--set");
       args.push_back(s);
     }
