@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+from results_section import write_section
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TITLE = "## 16. Context parallelism (dist.cp, Ulysses and ring): memory per rank and CPU overhead"
 
@@ -69,18 +71,6 @@ def section(rows, preset, started, seconds):
     return "\n".join(lines) + "\n"
 
 
-def write(text, path):
-    report = open(path).read()
-    start = report.find(TITLE)
-    if start < 0:
-        cut = report.find("\n## Commands")
-        report = report[:cut + 1] + text + "\n" + report[cut + 1:] if cut >= 0 else report + "\n" + text
-    else:
-        end = report.find("\n## ", start + len(TITLE))
-        report = report[:start] + text + (report[end + 1:] if end >= 0 else "")
-    open(path, "w").write(report)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -104,7 +94,7 @@ def main():
     if a.print:
         print(text)
     else:
-        write(text, os.path.join(ROOT, "bench", "RESULTS.md"))
+        write_section(TITLE, text, os.path.join(ROOT, "bench", "RESULTS.md"))
         print(text)
 
 

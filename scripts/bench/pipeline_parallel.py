@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from results_section import write_section
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TITLE = "## 18. Pipeline parallelism (dist.pp): CPU step time and planned memory / traffic per rank"
 NODE = 8           # ranks per node
@@ -170,19 +172,7 @@ def main():
     if a.print:
         print(text)
         return
-    path = os.path.join(ROOT, "bench", "RESULTS.md")
-    body = open(path).read()
-    if TITLE in body:
-        start = body.index(TITLE)
-        nxt = body.find("\n## ", start + len(TITLE))
-        body = body[:start] + text + ("\n" + body[nxt + 1:] if nxt >= 0 else "")
-    elif "\n## Commands" in body:
-        at = body.index("\n## Commands") + 1
-        body = body[:at] + text + "\n" + body[at:]
-    else:
-        body = body.rstrip("\n") + "\n\n" + text
-    with open(path, "w") as f:
-        f.write(body)
+    write_section(TITLE, text, os.path.join(ROOT, "bench", "RESULTS.md"))
     print(text)
 
 
